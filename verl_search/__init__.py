@@ -1,0 +1,42 @@
+"""verl-search: Search-R1 style search-agent RL on current verl.
+
+Exports are lazy so that ``import verl_search`` (which verl triggers through its ``verl.plugins`` entry point while
+``import verl`` is still running) stays cheap and cannot fail on a circular import.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["SearchTool", "SearchToolConfig", "compute_score", "run_search", "search_stats"]
+
+if TYPE_CHECKING:
+    from verl_search.config import SearchToolConfig
+    from verl_search.reward import compute_score
+    from verl_search.search_tool import SearchTool, run_search
+
+_LAZY = {
+    "SearchTool": "verl_search.search_tool",
+    "run_search": "verl_search.search_tool",
+    "SearchToolConfig": "verl_search.config",
+    "compute_score": "verl_search.reward",
+}
+
+
+def search_stats() -> dict[str, Any]:
+    """This process's search counters: calls, failures by kind, cache hits, retries, latency percentiles."""
+    from verl_search.stats import STATS
+
+    return STATS.snapshot()
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'verl_search' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -52,8 +52,10 @@ class ServiceUnavailable(RetrievalError):
     kind = "unavailable"
     retryable = True
 
-    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+    def __init__(self, message: str, *, status: int | None = None, retry_after: float | None = None) -> None:
         super().__init__(message)
+        #: HTTP status (429/503) when the service answered; None for connection failures
+        self.status = status
         self.retry_after = retry_after
 
 

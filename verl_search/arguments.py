@@ -1,0 +1,107 @@
+"""Turn whatever JSON the model put in a ``search`` call into a clean list of queries, or refuse it.
+
+Invariant: every shape a model can emit either yields 1..max_queries non-empty strings of at most max_query_chars,
+or raises :class:`InvalidArguments` with a short message naming the expected form (and nothing is sent).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl_search.errors import InvalidArguments
+
+EXPECTED = 'call search with {"query_list": ["first query", "second query"]}'
+_PREVIEW = 60
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "an empty string" if not value.strip() else "a string"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, (list, tuple)):
+        return "an empty list" if not value else "a list"
+    return type(value).__name__
+
+
+def _preview(value: Any) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= _PREVIEW else text[:_PREVIEW] + "..."
+
+
+def extract_queries(parameters: Any) -> list[str]:
+    """The raw query strings from the call's arguments (``query_list``; a bare string or ``query`` also accepted)."""
+    if isinstance(parameters, str):
+        raw: Any = [parameters]
+    elif isinstance(parameters, list):
+        raw = parameters
+    elif isinstance(parameters, dict):
+        if "query_list" in parameters:
+            raw = parameters["query_list"]
+            if isinstance(raw, str):
+                raw = [raw]
+        elif "query" in parameters:
+            raw = parameters["query"]
+            if isinstance(raw, str):
+                raw = [raw]
+        else:
+            keys = ", ".join(sorted(map(str, parameters))) or "none"
+            raise InvalidArguments(f"missing 'query_list' (got keys: {keys}); {EXPECTED}")
+    else:
+        raise InvalidArguments(f"arguments must be an object, got {_describe(parameters)}; {EXPECTED}")
+
+    if not isinstance(raw, list):
+        raise InvalidArguments(f"'query_list' must be a list of strings, got {_describe(raw)}; {EXPECTED}")
+    if not raw:
+        raise InvalidArguments(f"'query_list' is empty; {EXPECTED}")
+    for i, item in enumerate(raw, start=1):
+        if isinstance(item, (list, dict)):
+            raise InvalidArguments(f"query {i} is nested ({_preview(item)}); each query must be a plain string; {EXPECTED}")
+        if not isinstance(item, str):
+            raise InvalidArguments(f"query {i} is {_describe(item)}, not a string; {EXPECTED}")
+        if not item.strip():
+            raise InvalidArguments(f"query {i} is empty; {EXPECTED}")
+    return raw
+
+
+@dataclass
+class Queries:
+    """Queries ready to send, plus what was changed to make them fit (reported to the model)."""
+
+    queries: list[str]
+    notes: list[str] = field(default_factory=list)
+    truncated: int = 0
+    dropped: int = 0
+
+
+def normalise_query(query: str) -> str:
+    """Whitespace-collapsed query: the form sent to the retriever and the cache key."""
+    return " ".join(query.split())
+
+
+def fit_queries(raw: list[str], *, max_queries: int, max_query_chars: int) -> Queries:
+    """Normalise whitespace, cut over-long queries, keep at most ``max_queries``; record each change."""
+    out = Queries(queries=[])
+    if len(raw) > max_queries:
+        out.dropped = len(raw) - max_queries
+        out.notes.append(f"only the first {max_queries} of {len(raw)} queries were searched")
+        raw = raw[:max_queries]
+    for i, query in enumerate(raw, start=1):
+        query = normalise_query(query)
+        if len(query) > max_query_chars:
+            out.truncated += 1
+            out.notes.append(f"query {i} was cut to {max_query_chars} characters")
+            query = query[:max_query_chars].rstrip()
+        out.queries.append(query)
+    return out

@@ -1,0 +1,120 @@
+"""SearchToolConfig: every key of the tool's YAML ``config:`` block, its default and meaning, declared once.
+
+Unknown keys are an error naming the key; values are checked when verl builds the tool, never mid-rollout.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from verl_search.errors import ConfigError
+
+DEFAULT_URL = "http://127.0.0.1:8000/retrieve"
+
+
+def normalise_endpoint(url: str) -> str:
+    """``http://host:port`` or ``http://host:port/`` → ``http://host:port/retrieve``; other paths are kept."""
+    url = url.strip()
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"retrieval_service_url {url!r} is not an http(s) URL like {DEFAULT_URL!r}")
+    path = parts.path if parts.path not in ("", "/") else "/retrieve"
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+class SearchToolConfig(BaseModel):
+    """Configuration of :class:`verl_search.SearchTool` (and of the native ``search_r1_agent`` loop)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    type: Literal["native"] = Field(default="native", description="verl tool type; must be 'native'.")
+    retrieval_service_url: tuple[str, ...] = Field(
+        default=(DEFAULT_URL,),
+        description="One URL or a list of URLs of /retrieve endpoints; a bare host:port gets '/retrieve' appended. "
+        "With several, calls go to the endpoint with the fewest requests in flight and fail over.",
+    )
+    topk: int = Field(default=3, ge=1, le=100, description="Passages returned per query.")
+    num_workers: int = Field(
+        default=120, ge=1, le=100_000, description="Max concurrent HTTP requests per process (worker pool)."
+    )
+    rate_limit: float | None = Field(
+        default=150.0,
+        ge=0,
+        description="Requests per second per process (token bucket, burst = rate_limit). null or 0 = unlimited.",
+    )
+    timeout: float = Field(
+        default=30.0,
+        gt=0,
+        validation_alias=AliasChoices("timeout", "default_timeout"),
+        description="Overall deadline of one tool call in seconds, queueing and retries included. "
+        "'default_timeout' is accepted as an alias (older configs).",
+    )
+    attempt_timeout: float = Field(
+        default=10.0, gt=0, description="Deadline of one HTTP attempt in seconds (capped by what is left of timeout)."
+    )
+    max_attempts: int = Field(
+        default=3, ge=1, le=10, description="HTTP attempts per call; retries only on timeouts, connection errors, 429, 503."
+    )
+    backoff_base: float = Field(
+        default=0.1, ge=0, description="First retry waits up to this many seconds (full jitter), doubling each time."
+    )
+    backoff_max: float = Field(default=2.0, ge=0, description="Cap on a single backoff wait in seconds.")
+    eject_seconds: float = Field(
+        default=2.0, ge=0, description="An endpoint that fails is skipped this long, doubling per consecutive failure."
+    )
+    eject_max_seconds: float = Field(default=30.0, ge=0, description="Cap on one ejection in seconds.")
+    max_queries: int = Field(
+        default=8, ge=1, le=256, description="Queries per call; extra queries are dropped and the model is told."
+    )
+    max_query_chars: int = Field(
+        default=512, ge=8, le=100_000, description="Characters per query; longer queries are cut and the model is told."
+    )
+    cache_size: int = Field(
+        default=100_000, ge=0, description="Entries of the per-process LRU cache of (query, topk) results; 0 = off."
+    )
+    max_result_chars: int = Field(
+        default=6000, ge=100, description="Cap on the text returned to the model for one call (all queries)."
+    )
+    stats_log_interval: float = Field(
+        default=300.0, ge=0, description="Seconds between log lines with the per-process counters; 0 = never."
+    )
+
+    @field_validator("retrieval_service_url", mode="before")
+    @classmethod
+    def _urls(cls, value: Any) -> tuple[str, ...]:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)) or not value:
+            raise ValueError("retrieval_service_url must be a URL or a non-empty list of URLs")
+        urls = []
+        for item in value:
+            if not isinstance(item, str):
+                raise ValueError(f"retrieval_service_url entries must be strings, got {type(item).__name__}")
+            urls.append(normalise_endpoint(item))
+        return tuple(dict.fromkeys(urls))
+
+    @property
+    def rate_limited(self) -> bool:
+        return bool(self.rate_limit)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> SearchToolConfig:
+        """Build from the YAML ``config:`` mapping; raise :class:`ConfigError` naming each bad key."""
+        try:
+            return cls.model_validate(dict(raw or {}))
+        except ValidationError as e:
+            problems = []
+            for err in e.errors():
+                key = ".".join(str(p) for p in err["loc"]) or "config"
+                if err["type"] == "extra_forbidden":
+                    problems.append(f"unknown key '{key}' (known keys: {', '.join(sorted(cls.known_keys()))})")
+                else:
+                    problems.append(f"'{key}': {err['msg']}")
+            raise ConfigError("invalid search tool config: " + "; ".join(problems)) from e
+
+    @classmethod
+    def known_keys(cls) -> set[str]:
+        return set(cls.model_fields) | {"default_timeout"}

@@ -1,0 +1,55 @@
+"""Passages → the plain text the model reads, in Search-R1's format (``Doc 1(Title: "T") text``), length-capped.
+
+Invariant: the output is never JSON, always names each query when there are several, and never exceeds max_chars.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from verl_search.protocol import Document
+
+TRUNCATED = " ...(truncated)"
+
+
+def split_title(doc: Document) -> tuple[str, str]:
+    """wiki-18 ``contents`` is ``"Title"\\ntext``; a separate ``title`` field wins when present."""
+    extra = doc.model_extra or {}
+    if isinstance(extra.get("title"), str):
+        return extra["title"], doc.contents
+    head, sep, rest = doc.contents.partition("\n")
+    if not sep:
+        return "", head
+    return head, rest
+
+
+def format_passages(docs: Sequence[Document]) -> str:
+    """One query's hits as ``Doc i(Title: T) text`` lines."""
+    if not docs:
+        return "No documents found."
+    lines = []
+    for i, doc in enumerate(docs, start=1):
+        title, text = split_title(doc)
+        lines.append(f"Doc {i}(Title: {title}) {' '.join(text.split())}")
+    return "\n".join(lines)
+
+
+def _cap(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return text[: max(0, limit - len(TRUNCATED))].rstrip() + TRUNCATED
+
+
+def format_results(queries: Sequence[str], hits: Sequence[Sequence[Document]], *, max_chars: int,
+                   notes: Sequence[str] = ()) -> str:
+    """All queries' results in one text; each block gets an equal share of ``max_chars``."""
+    header = f"[note: {'; '.join(notes)}]\n" if notes else ""
+    budget = max(0, max_chars - len(header))
+    if len(queries) == 1:
+        return header + _cap(format_passages(hits[0]), budget)
+    share = budget // len(queries)
+    blocks = []
+    for i, (query, docs) in enumerate(zip(queries, hits), start=1):
+        label = f'Results for query {i} "{query}":\n'
+        blocks.append(_cap(label + format_passages(docs), max(0, share - 2)))
+    return _cap(header + "\n\n".join(blocks), max_chars)
