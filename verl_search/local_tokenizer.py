@@ -31,11 +31,17 @@ _NL = '{{ "\\n" }}'  # a newline right after a block tag would be eaten by the t
 CHAT_TEMPLATE = (
     "{% if tools %}"
     "<|im_start|>system\n"
-    "{% if messages[0].role == 'system' %}{{ messages[0].content }}{% else %}" + DEFAULT_SYSTEM + "{% endif %}"
-    + _NL + "\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content }}{% else %}"
+    + DEFAULT_SYSTEM
+    + "{% endif %}"
+    + _NL
+    + "\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-    "{% for tool in tools %}" + _NL + "{{ tool | tojson }}{% endfor %}"
-    + _NL + "</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "{% for tool in tools %}"
+    + _NL
+    + "{{ tool | tojson }}{% endfor %}"
+    + _NL
+    + "</tools>\n\nFor each function call, return a json object with function name and arguments within "
     '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}'
     "\n</tool_call><|im_end|>\n"
     "{% elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
@@ -48,13 +54,15 @@ CHAT_TEMPLATE = (
     "<|im_start|>assistant{% if message.content %}" + _NL + "{{ message.content }}{% endif %}"
     "{% for tool_call in message.tool_calls %}"
     "{% if tool_call.function is defined %}{% set tool_call = tool_call.function %}{% endif %}"
-    + _NL + '<tool_call>\n{"name": "{{ tool_call.name }}", "arguments": '
+    + _NL
+    + '<tool_call>\n{"name": "{{ tool_call.name }}", "arguments": '
     "{% if tool_call.arguments is string %}{{ tool_call.arguments }}"
     "{% else %}{{ tool_call.arguments | tojson }}{% endif %}}\n</tool_call>"
     "{% endfor %}<|im_end|>\n"
     "{% elif message.role == 'tool' %}"
     "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
-    + _NL + "<tool_response>\n{{ message.content }}\n</tool_response>"
+    + _NL
+    + "<tool_response>\n{{ message.content }}\n</tool_response>"
     "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
     "{% endif %}"
     "{% endfor %}"
@@ -62,6 +70,7 @@ CHAT_TEMPLATE = (
 )
 
 VOCAB_SIZE = 2048
+_LAYOUT = "qwen2-config-v2"  # bump when the saved directory's contents change
 _WORDS = (
     "search answer information think query question title doc the a of in is was who what when where which "
     "capital city country river film song album born died president wrote written directed released year team "
@@ -77,7 +86,7 @@ def _training_text(seed: int = 0, lines: int = 1200) -> list[str]:
     for _ in range(lines):
         words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 14)))
         out.append(words.capitalize() + rng.choice([".", "?", "!", ":", ","]) + "\n")
-        out.append(f'<search> {words} </search>\n<answer> {rng.choice(_WORDS)} </answer>\n')
+        out.append(f"<search> {words} </search>\n<answer> {rng.choice(_WORDS)} </answer>\n")
         out.append(f'{{"name": "search", "arguments": {{"query_list": ["{words}"]}}}}\n')
         out.append(f'Doc {rng.randint(1, 9)}(Title: "{words.title()}") {words} {rng.randint(0, 2025)}\n\n')
         out.append("<information>" + words + "</information>\n\n<think> " + words + " </think>\n")
@@ -109,7 +118,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def _fingerprint() -> str:
-    blob = "|".join([CHAT_TEMPLATE, str(VOCAB_SIZE), *SPECIAL_TOKENS, *ADDED_TOKENS, *_WORDS])
+    blob = "|".join([_LAYOUT, CHAT_TEMPLATE, str(VOCAB_SIZE), *SPECIAL_TOKENS, *ADDED_TOKENS, *_WORDS])
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -141,6 +150,7 @@ def ensure_tokenizer_dir(cache_dir: Path | None = None) -> Path:
             num_key_value_heads=1,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
+            architectures=["Qwen2ForCausalLM"],
         ).save_pretrained(staging)
         try:
             os.replace(staging, target)

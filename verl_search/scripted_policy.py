@@ -8,9 +8,10 @@ Invariant: the token ids returned for a call are exactly ``tokenizer.encode(text
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from verl.workers.rollout.replica import TokenOutput
@@ -44,18 +45,19 @@ class GenerateCall:
     log_probs: list[float] | None
 
 
-@dataclass
 class ScriptedServerManager:
     """Duck-types verl's ``LLMServerClient.generate`` for agent loops; the "model" is ``policy``.
 
     ``honour_stop=False`` makes it ignore ``sampling_params["stop"]`` (a server that overshoots a stop string).
+    A plain class on purpose: hydra's ``instantiate`` would turn a dataclass argument into a config node.
     """
 
-    tokenizer: Any
-    policy: Policy
-    honour_stop: bool = True
-    logprob: float = -0.25
-    calls: list[GenerateCall] = field(default_factory=list)
+    def __init__(self, tokenizer: Any, policy: Policy, *, honour_stop: bool = True, logprob: float = -0.25) -> None:
+        self.tokenizer = tokenizer
+        self.policy = policy
+        self.honour_stop = honour_stop
+        self.logprob = logprob
+        self.calls: list[GenerateCall] = []
 
     async def generate(
         self,
@@ -151,8 +153,6 @@ def tool_call_policy(reader: Reader) -> Policy:
         retrieved = _last_block(_response_part(inp.conversation), "tool_response")
         if retrieved is None:
             call = {"name": "search", "arguments": {"query_list": [question]}}
-            import json
-
             return f"<think> I should search for this. </think>\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
         return f"<think> The search results help. </think>\n<answer> {reader(question, retrieved)} </answer>"
 
