@@ -1,0 +1,207 @@
+"""``search_r1_agent``: Search-R1's native ``<search>``/``<information>`` protocol as a verl agent loop.
+
+The model writes ``<search> q </search>`` (generation stops there) or ``<answer> … </answer>``; search results come
+back as ``\\n\\n<information>…</information>\\n\\n``. Invariants: the model's tokens are kept exactly as generated
+(never re-tokenised, mask 1, their log-probs); every token the loop adds (results, Search-R1's corrective message for
+an invalid action, the last-turn instruction) has mask 0; the response never exceeds ``rollout.response_length``;
+search errors become the same labelled text as :class:`verl_search.SearchTool` shows (via ``run_search``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+from uuid import uuid4
+
+from omegaconf import DictConfig, OmegaConf
+from pydantic import BaseModel, ConfigDict, Field
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, ToolListWrap, register
+from verl.utils.profiler import simple_timer
+from verl.utils.rollout_trace import rollout_trace_op
+
+from verl_search.config import SearchToolConfig
+from verl_search.errors import ConfigError
+from verl_search.search_tool import run_search
+
+logger = logging.getLogger(__name__)
+
+AGENT_NAME = "search_r1_agent"
+STOP_STRINGS = ("</search>", "</answer>")
+# Search-R1's fixed protocol text for a turn with neither a search nor an answer (search_r1/llm_agent/generation.py).
+INVALID_ACTION_MESSAGE = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and </search>. "
+    "If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n"
+)
+_ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+
+
+class SearchR1LoopConfig(BaseModel):
+    """Keys an ``agent_loop_config_path`` YAML entry may set for ``search_r1_agent`` (besides ``name``/``_target_``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    search: dict[str, Any] | None = Field(
+        default=None,
+        description="SearchToolConfig keys for this loop. Unset: use the config of the tool named `tool_name` "
+        "loaded from actor_rollout_ref.rollout.multi_turn.tool_config_path (same YAML as the tool_agent setup).",
+    )
+    tool_name: str = Field(default="search", description="Tool whose config is reused when `search` is unset.")
+    max_turns: int | None = Field(
+        default=None,
+        ge=1,
+        description="Assistant turns per trajectory; the last one may only answer (so max_turns-1 searches). "
+        "Unset: actor_rollout_ref.rollout.multi_turn.max_assistant_turns, else 4.",
+    )
+    final_turn_instruction: str = Field(
+        default="\nI have used all my searches. I must now give the final answer between <answer> and </answer>.\n",
+        description="Added (mask 0) before the last turn, after the last search results or corrective message.",
+    )
+
+
+def parse_action(text: str) -> tuple[str | None, str]:
+    """Search-R1's rule: the first well-formed ``<search>…</search>`` or ``<answer>…</answer>`` wins."""
+    match = _ACTION.search(text)
+    if match is None:
+        return None, ""
+    return match.group(1), match.group(2).strip()
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
+
+
+@register(AGENT_NAME)
+class SearchR1AgentLoop(AgentLoopBase):
+    """Search-R1 multi-turn rollout: generate → ``<search>`` → retrieve → ``<information>`` → … → ``<answer>``.
+
+    Per-trajectory search statistics go to ``extra_fields`` (``search_calls``, ``search_failures``,
+    ``search_latency_s``, ``search_cached``, ``invalid_actions``): verl keeps ``AgentLoopMetrics`` to a fixed set of
+    timings, while ``extra_fields`` reach the reward function as ``extra_info`` and the batch's non-tensor data.
+    Time spent searching is also added to the standard ``tool_calls`` timing.
+    """
+
+    def __init__(self, *args: Any, tools: ToolListWrap | None = None, **kwargs: Any) -> None:
+        options = {k: _plain(kwargs.pop(k)) for k in list(kwargs) if k in SearchR1LoopConfig.model_fields}
+        super().__init__(*args, **kwargs)
+        try:
+            self.options = SearchR1LoopConfig(**options)
+        except ValueError as e:
+            raise ConfigError(f"invalid {AGENT_NAME} options: {e}") from e
+        self.search_config = self._search_config(tools)
+        multi_turn = self.rollout_config.multi_turn
+        self.max_turns = self.options.max_turns or multi_turn.get("max_assistant_turns") or 4
+        self.response_length = self.rollout_config.response_length
+        self.backend = self.rollout_config.get("name")
+
+    def _search_config(self, tools: ToolListWrap | None) -> SearchToolConfig:
+        if self.options.search is not None:
+            return SearchToolConfig.from_dict(self.options.search)
+        for tool in tools.tools if tools else []:
+            if getattr(tool, "name", None) == self.options.tool_name and hasattr(tool, "search_config"):
+                return tool.search_config
+        raise ConfigError(
+            f"{AGENT_NAME} has no search config: set actor_rollout_ref.rollout.multi_turn.tool_config_path to a tool "
+            f"YAML with a '{self.options.tool_name}' tool (class_name: verl_search.SearchTool), or give `search:` "
+            f"in its agent_loop_config_path entry"
+        )
+
+    def _stop_params(self, budget: int) -> dict[str, Any]:
+        params: dict[str, Any] = {"stop": list(STOP_STRINGS), "max_tokens": budget}
+        if self.backend == "vllm":
+            params["include_stop_str_in_output"] = True
+        elif self.backend == "sglang":
+            params["no_stop_trim"] = True
+        return params
+
+    def _cut_after_action(self, token_ids: list[int]) -> int:
+        """Length of the shortest prefix whose text completes a stop string (all of it when none does).
+
+        Servers stop there already; this guards against one that overshoots. Cutting keeps tokens as generated.
+        """
+
+        def has_stop(n: int) -> bool:
+            text = self.tokenizer.decode(token_ids[:n], skip_special_tokens=False)
+            return any(s in text for s in STOP_STRINGS)
+
+        if not has_stop(len(token_ids)):
+            return len(token_ids)
+        low, high = 1, len(token_ids)
+        while low < high:
+            mid = (low + high) // 2
+            if has_stop(mid):
+                high = mid
+            else:
+                low = mid + 1
+        return low
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    @rollout_trace_op
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        prompt_ids = await self.ct_build_initial_tokens(list(kwargs["raw_prompt"]))
+        request_id = uuid4().hex
+        response_ids: list[int] = []
+        mask: list[int] = []
+        logprobs: list[float] | None = []
+        timing: dict[str, float] = {}
+        stats = {
+            "search_calls": 0,
+            "search_failures": 0,
+            "search_latency_s": 0.0,
+            "search_cached": 0,
+            "invalid_actions": 0,
+        }
+        num_preempted = 0
+        assistant_turns = observations = 0
+
+        while len(response_ids) < self.response_length:
+            params = {**sampling_params, **self._stop_params(self.response_length - len(response_ids))}
+            with simple_timer("generate_sequences", timing):
+                output = await self.server_manager.generate(
+                    request_id=request_id, prompt_ids=prompt_ids + response_ids, sampling_params=params
+                )
+            assistant_turns += 1
+            num_preempted += output.num_preempted or 0
+            keep = self._cut_after_action(list(output.token_ids))
+            turn_ids = list(output.token_ids[:keep])
+            response_ids += turn_ids
+            mask += [1] * len(turn_ids)
+            if logprobs is not None and output.log_probs is not None:
+                logprobs += list(output.log_probs[:keep])
+            else:
+                logprobs = None
+
+            action, content = parse_action(self.tokenizer.decode(turn_ids, skip_special_tokens=True))
+            if action == "answer" or assistant_turns >= self.max_turns or len(response_ids) >= self.response_length:
+                break
+            if action == "search":
+                with simple_timer("tool_calls", timing):
+                    outcome = await run_search(self.search_config, [content])
+                stats["search_calls"] += 1
+                stats["search_failures"] += 0 if outcome.ok else 1
+                stats["search_latency_s"] += outcome.latency_s
+                stats["search_cached"] += outcome.cached
+                observation = f"\n\n<information>{outcome.text.strip()}</information>\n\n"
+            else:
+                stats["invalid_actions"] += 1
+                observation = INVALID_ACTION_MESSAGE
+            if assistant_turns + 1 >= self.max_turns:
+                observation += self.options.final_turn_instruction
+            obs_ids = self._encode(observation)[: self.response_length - len(response_ids)]
+            observations += 1
+            response_ids += obs_ids
+            mask += [0] * len(obs_ids)
+            if logprobs is not None:
+                logprobs += [0.0] * len(obs_ids)
+
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids,
+            response_ids=response_ids[: self.response_length],
+            response_mask=mask[: self.response_length],
+            response_logprobs=logprobs[: self.response_length] if logprobs else None,
+            num_turns=1 + assistant_turns + observations,
+            metrics={**timing, "num_preempted": num_preempted},
+            extra_fields={"turn_scores": [], "tool_rewards": [], **stats},
+        )
