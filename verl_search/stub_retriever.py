@@ -126,7 +126,7 @@ class StubServer:
         return f"http://{self.host}:{self.port}"
 
     async def _start(self) -> None:
-        self._runner = web.AppRunner(self._app, access_log=None)
+        self._runner = web.AppRunner(self._app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self._port)
         await site.start()

@@ -1,0 +1,44 @@
+# verl-search developer entry points. `make test` and `make demo` create .venv/ themselves.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install test test-all demo lint format bench clean
+
+install: $(STAMP)
+
+# torch first (a CPU build where one is available), so nothing pulls CUDA wheels; then the package with the
+# retriever and test extras, pinned by constraints.txt for reproducible CI.
+$(STAMP): setup.py constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -c constraints.txt -e ".[retriever,test]"
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -m "not slow and not gpu" -q $(PYTEST_ARGS)
+
+test-all: install
+	$(PY) -m pytest -m "not gpu" -q $(PYTEST_ARGS)
+
+demo: install
+	$(PY) -m verl_search.demo
+
+lint: install
+	$(VENV)/bin/ruff check verl_search local_dense_retriever data_preprocess benchmarks tests
+	$(VENV)/bin/ruff format --check verl_search local_dense_retriever data_preprocess benchmarks tests
+
+format: install
+	$(VENV)/bin/ruff format verl_search local_dense_retriever data_preprocess benchmarks tests
+
+bench: install
+	$(PY) benchmarks/tool_overhead.py
+	$(PY) benchmarks/retriever_load.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache
