@@ -1,0 +1,188 @@
+"""Search-R1 outcome reward for verl (``reward.custom_reward_function``): normalised match of the model's last answer.
+
+Invariants: pure and deterministic (no randomness, no printing); text inside ``<information>`` or ``<tool_response>``
+(retrieved documents) never counts as an answer, a tag or a search; every call returns the same keys.
+No ``from __future__ import annotations``: verl may load this file by path, outside ``sys.modules``, where pydantic
+could not resolve postponed annotations.
+"""
+
+import re
+import string
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from verl_search.errors import ConfigError
+
+#: keyword arguments verl's reward managers add on their own; they carry nothing for this reward
+_FRAMEWORK_KWARGS = frozenset({"reward_router_address", "reward_model_tokenizer"})
+
+_RETRIEVED = re.compile(r"<(information|tool_response)>(.*?)(?:</\1>|\Z)", re.DOTALL)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_SEARCH_BLOCK = re.compile(r"<search>.*?</search>|<tool_call>.*?</tool_call>", re.DOTALL)
+_STRUCTURE_TAG = re.compile(r"<(/?)(think|search|tool_call|answer)>")
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+class RewardOptions(BaseModel):
+    """Options set through ``reward.custom_reward_function.reward_kwargs``; the defaults give plain Search-R1 EM."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    metric: Literal["em", "subem", "f1"] = Field(
+        default="em", description="Which match of the final answer becomes the score: exact, gold-in-answer, or F1."
+    )
+    format_score: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Earned by a well-formed response whose answer is wrong or missing; a correct answer in an "
+        "ill-formed response loses it (Search-R1's structure_format_score).",
+    )
+    final_format_score: float = Field(
+        default=0.0, ge=0.0, lt=1.0, description="Earned by an ill-formed response that does give a (wrong) answer."
+    )
+    retrieval_score: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Added to format_score when a gold answer appears in the retrieved text of a well-formed "
+        "response whose answer is wrong.",
+    )
+    strict_single_answer: bool = Field(
+        default=False, description="Score 0 when the model writes more than one <answer> block."
+    )
+    max_answer_tags: int = Field(
+        default=10, ge=1, description="More <answer> or </answer> tags than this scale a correct answer's score."
+    )
+    tag_spam_factor: float = Field(
+        default=0.25, ge=0.0, le=1.0, description="Factor applied to the score when max_answer_tags is exceeded."
+    )
+
+    @model_validator(mode="after")
+    def _wrong_never_beats_right(self) -> "RewardOptions":
+        if self.format_score + self.retrieval_score >= 1.0:
+            raise ValueError("format_score + retrieval_score must stay below 1 (the score of a correct answer)")
+        return self
+
+
+def normalize_answer(text: str) -> str:
+    """Lowercase, drop ASCII punctuation, drop the words a/an/the, collapse whitespace (Search-R1/SQuAD)."""
+    text = text.lower().translate(_PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def gold_answers(ground_truth: Any) -> tuple[str, ...]:
+    """Gold answers from ``{"target": ...}``, a list/tuple/numpy array of strings, or one string."""
+    if isinstance(ground_truth, Mapping):
+        if "target" not in ground_truth:
+            raise ValueError(f"ground_truth dict has no 'target' key (keys: {sorted(ground_truth)})")
+        ground_truth = ground_truth["target"]
+    if isinstance(ground_truth, str):
+        items: Any = [ground_truth]
+    elif hasattr(ground_truth, "tolist"):
+        items = ground_truth.tolist()
+        items = items if isinstance(items, list) else [items]
+    elif isinstance(ground_truth, list | tuple):
+        items = ground_truth
+    else:
+        raise ValueError(f"ground_truth must be a dict with 'target', a list or a string, not {type(ground_truth)}")
+    answers = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, str | int | float):
+            raise ValueError(f"gold answers must be strings, got {type(item).__name__}: {item!r}")
+        answers.append(str(item))
+    if not answers:
+        raise ValueError("ground_truth holds no gold answer")
+    return tuple(answers)
+
+
+def _f1(prediction: str, gold: str) -> float:
+    pred_tokens, gold_tokens = prediction.split(), gold.split()
+    same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred_tokens), same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def answer_metrics(prediction: str, golds: tuple[str, ...]) -> dict[str, float]:
+    """em, subem and f1 of ``prediction`` against the best gold; golds normalising to nothing never match."""
+    pred = normalize_answer(prediction)
+    normalized = [g for g in (normalize_answer(gold) for gold in golds) if g]
+    if not pred or not normalized:
+        return {"em": 0.0, "subem": 0.0, "f1": 0.0}
+    return {
+        "em": float(any(pred == gold for gold in normalized)),
+        "subem": float(any(gold in pred for gold in normalized)),
+        "f1": max(_f1(pred, gold) for gold in normalized),
+    }
+
+
+def _well_formed(model_text: str, answer_count: int) -> bool:
+    """Tags balanced and never nested, exactly one answer block, and nothing but whitespace after it."""
+    if answer_count != 1:
+        return False
+    open_tag = None
+    for match in _STRUCTURE_TAG.finditer(model_text):
+        closing, name = match.group(1) == "/", match.group(2)
+        if closing != (open_tag is not None) or (closing and name != open_tag):
+            return False
+        open_tag = None if closing else name
+    return open_tag is None and not model_text[model_text.rindex("</answer>") + len("</answer>") :].strip()
+
+
+def _options(kwargs: Mapping[str, Any]) -> RewardOptions:
+    try:
+        return RewardOptions(**{k: v for k, v in kwargs.items() if k not in _FRAMEWORK_KWARGS})
+    except ValidationError as e:
+        first = e.errors()[0]
+        key = ".".join(str(p) for p in first["loc"]) or "reward_kwargs"
+        raise ConfigError(f"reward option {key}: {first['msg']}") from e
+
+
+def compute_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs: Any
+) -> dict[str, float]:
+    """Score one response (verl's custom reward signature); ``kwargs`` are RewardOptions fields.
+
+    Returns ``score`` plus ``em``, ``subem``, ``f1`` (of the final answer), ``answered`` (1.0 if the model wrote an
+    answer block) and ``num_searches`` (``<search>`` plus ``<tool_call>`` blocks the model wrote).
+    """
+    options = _options(kwargs)
+    if not isinstance(solution_str, str):
+        raise TypeError(f"solution_str must be a string, got {type(solution_str).__name__}")
+    golds = gold_answers(ground_truth)
+    retrieved = [m.group(2) for m in _RETRIEVED.finditer(solution_str)]
+    model_text = _RETRIEVED.sub("\n", solution_str)
+    answers = _ANSWER.findall(model_text)
+    answered = bool(answers)
+    metrics = answer_metrics(answers[-1].strip(), golds) if answered else {"em": 0.0, "subem": 0.0, "f1": 0.0}
+
+    value = metrics[options.metric]
+    tag_spam = max(model_text.count("<answer>"), model_text.count("</answer>")) > options.max_answer_tags
+    base = value * options.tag_spam_factor if tag_spam else value
+    if options.strict_single_answer and len(answers) > 1:
+        score = 0.0
+    elif _well_formed(model_text, len(answers)):
+        bonus = options.retrieval_score if _gold_in(retrieved, golds) else 0.0
+        score = max(base, options.format_score + bonus)
+    elif base > 0:
+        score = max(base - options.format_score, 0.0)
+    else:
+        score = options.final_format_score if answered else 0.0
+    return {
+        "score": float(score),
+        **metrics,
+        "answered": float(answered),
+        "num_searches": float(len(_SEARCH_BLOCK.findall(model_text))),
+    }
+
+
+def _gold_in(retrieved: list[str], golds: tuple[str, ...]) -> bool:
+    texts = [normalize_answer(t) for t in retrieved]
+    normalized = [g for g in (normalize_answer(gold) for gold in golds) if g]
+    return any(gold in text for text in texts for gold in normalized)
