@@ -1,0 +1,101 @@
+"""Command line of the Search-R1 preprocessing (``data_preprocess/preprocess_searchR1_dataset.py`` calls ``main``).
+
+Exit codes: 0 done, 1 a data/template/input problem (one line on stderr, no file written), 2 bad flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from verl_search.data.errors import PreprocessError
+from verl_search.data.pipeline import DEFAULT_LOCAL_DIR, VAL_SUBSET_NAME, PreprocessConfig, run_preprocess
+from verl_search.data.sources import DEFAULT_HF_REPO_ID
+from verl_search.data.templates import load_templates
+
+DESCRIPTION = f"""\
+Turn Search-R1 QA data into verl RLHFDataset parquet files that route to the `search` tool.
+
+Inputs (one of): --input_dir DIR with train.parquet/test.parquet in the Search-R1 schema; --input_jsonl FILE in the
+FlashRAG format (question, golden_answers[, id, data_source]); or, by default, the hub dataset --hf_repo_id
+({DEFAULT_HF_REPO_ID}).
+Outputs in --local_dir: train.parquet, test.parquet and, with --val_per_source N, {VAL_SUBSET_NAME} (at most N test
+rows per data source, chosen reproducibly by --seed). Nothing is written unless every row is valid."""
+
+
+def _parser(default_config: Path | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=default_config,
+        required=default_config is None,
+        help=f"prompt templates YAML (default: {default_config})",
+    )
+    parser.add_argument("--template", help="template name in --config (default: the file's `default`)")
+    parser.add_argument("--list_templates", action="store_true", help="list the templates in --config and exit")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--input_dir", type=Path, help="local dir with train.parquet / test.parquet")
+    source.add_argument("--input_jsonl", type=Path, help="FlashRAG-style jsonl file")
+    source.add_argument("--hf_repo_id", default=DEFAULT_HF_REPO_ID, help="hub dataset repo (default: %(default)s)")
+    parser.add_argument("--hf_revision", help="hub revision: branch, tag or commit")
+    parser.add_argument("--data_source", help="data source of jsonl rows without one (e.g. nq, toy)")
+    parser.add_argument(
+        "--splits",
+        nargs="+",
+        choices=["train", "test"],
+        help="splits to write (default: train test; for --input_jsonl: test, its rows go to each split listed)",
+    )
+    parser.add_argument("--local_dir", type=Path, default=Path(DEFAULT_LOCAL_DIR), help="output dir (%(default)s)")
+    parser.add_argument("--val_per_source", type=int, help=f"write {VAL_SUBSET_NAME} with at most N rows per source")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the validation subset (default: %(default)s)")
+    parser.add_argument("--no_progress", action="store_true", help="no progress bars")
+    return parser
+
+
+def _config(args: argparse.Namespace) -> PreprocessConfig:
+    return PreprocessConfig(
+        template_file=args.config,
+        template=args.template,
+        input_dir=args.input_dir,
+        input_jsonl=args.input_jsonl,
+        hf_repo_id=args.hf_repo_id,
+        hf_revision=args.hf_revision,
+        data_source=args.data_source,
+        splits=tuple(args.splits) if args.splits else None,
+        local_dir=args.local_dir,
+        val_per_source=args.val_per_source,
+        seed=args.seed,
+    )
+
+
+def main(argv: Sequence[str] | None = None, default_config: Path | None = None) -> int:
+    """Parse flags, run, print the written files with row counts per data source; returns the exit code."""
+    parser = _parser(default_config)
+    args = parser.parse_args(argv)
+    try:
+        if args.list_templates:
+            templates = load_templates(args.config)
+            for name, template in templates.templates.items():
+                mark = " (default)" if name == templates.default else ""
+                print(f"{name}{mark}: agent_name={template.agent_name}; {template.description}")
+            return 0
+        try:
+            config = _config(args)
+        except ValidationError as e:
+            first = e.errors()[0]
+            field = ".".join(str(p) for p in first["loc"])
+            parser.error(f"{field + ': ' if field else ''}{first['msg']}")
+        outputs = run_preprocess(config, progress=not args.no_progress)
+    except PreprocessError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for output in outputs:
+        print(f"{output.path}  ({output.split}, {output.total} rows)")
+        for source, count in output.counts.items():
+            print(f"    {source:<32} {count:>8}")
+    return 0

@@ -1,0 +1,164 @@
+"""The preprocessing run: read inputs, validate every row, build verl rows, write all outputs at once.
+
+Invariant: outputs are written only after every input row of every split validated (all-or-nothing), in input order,
+so the same inputs and config give byte-identical files.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from verl_search.data.errors import InputSchemaError
+from verl_search.data.rows import OUTPUT_SCHEMA, build_row
+from verl_search.data.schema import (
+    REQUIRED_JSONL_KEYS,
+    REQUIRED_PARQUET_COLUMNS,
+    QARecord,
+    check_columns,
+    parse_record,
+)
+from verl_search.data.sources import DEFAULT_HF_REPO_ID, download_split, read_jsonl_rows, read_parquet_rows
+from verl_search.data.subsample import stratified_subsample
+from verl_search.data.templates import PromptTemplate, load_templates
+from verl_search.data.writer import write_parquet_files
+
+logger = logging.getLogger(__name__)
+
+Split = Literal["train", "test"]
+VAL_SUBSET_NAME = "val_subset.parquet"
+DEFAULT_LOCAL_DIR = "~/data/searchR1_processed_direct"
+
+
+class PreprocessConfig(BaseModel):
+    """Everything one preprocessing run depends on (the CLI flags, one to one)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    template_file: Path = Field(description="prompt.yaml with the named templates.")
+    template: str | None = Field(default=None, description="Template name; None takes the file's default.")
+    input_dir: Path | None = Field(default=None, description="Local dir with train.parquet/test.parquet.")
+    input_jsonl: Path | None = Field(default=None, description="FlashRAG-style jsonl (question, golden_answers).")
+    hf_repo_id: str = Field(
+        default=DEFAULT_HF_REPO_ID, description="Hub dataset repo read when neither input_dir nor input_jsonl is set."
+    )
+    hf_revision: str | None = Field(default=None, description="Hub revision (branch, tag or commit).")
+    data_source: str | None = Field(
+        default=None, min_length=1, description="Data source of jsonl rows that carry none (e.g. nq, toy)."
+    )
+    splits: tuple[Split, ...] | None = Field(
+        default=None,
+        min_length=1,
+        description="Splits to write; default train+test for parquet/hub input, test for jsonl input "
+        "(a jsonl file's rows go to every split listed).",
+    )
+    local_dir: Path = Field(default=Path(DEFAULT_LOCAL_DIR), description="Output directory.")
+    val_per_source: int | None = Field(
+        default=None, ge=1, description="Also write val_subset.parquet: at most this many test rows per data source."
+    )
+    seed: int = Field(default=0, description="Seed of the validation subset choice.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PreprocessConfig:
+        if self.input_dir is not None and self.input_jsonl is not None:
+            raise ValueError("give either input_dir or input_jsonl, not both")
+        if self.data_source is not None and self.input_jsonl is None:
+            raise ValueError("data_source applies only to input_jsonl")
+        if self.splits is not None and len(set(self.splits)) != len(self.splits):
+            raise ValueError(f"splits listed twice: {list(self.splits)}")
+        if self.val_per_source is not None and "test" not in self.resolved_splits:
+            raise ValueError("val_per_source subsamples the test split, but test is not among the splits")
+        return self
+
+    @property
+    def resolved_splits(self) -> tuple[Split, ...]:
+        if self.splits is not None:
+            return self.splits
+        return ("test",) if self.input_jsonl is not None else ("train", "test")
+
+
+class OutputFile(BaseModel):
+    """One written file and how many rows of each data source it holds."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    split: str
+    counts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def _records_from_parquet(path: Path, progress: bool) -> list[QARecord]:
+    columns, raw_rows = read_parquet_rows(path)
+    check_columns(columns, REQUIRED_PARQUET_COLUMNS, str(path))
+    if not raw_rows:
+        raise InputSchemaError(f"{path}: no rows")
+    return [
+        parse_record(raw, f"{path} row {i}", default_id=f"{path.stem}_{i}")
+        for i, raw in enumerate(_progress(raw_rows, f"validating {path.name}", progress))
+    ]
+
+
+def _records_from_jsonl(path: Path, default_source: str | None, progress: bool) -> list[QARecord]:
+    records = []
+    for i, (line, raw) in enumerate(_progress(read_jsonl_rows(path), f"validating {path.name}", progress)):
+        where = f"{path}:{line}"
+        check_columns(raw.keys(), REQUIRED_JSONL_KEYS, where)
+        if "data_source" not in raw and default_source is None:
+            raise InputSchemaError(f"{where}: row has no data_source; pass --data_source")
+        records.append(parse_record(raw, where, default_id=f"{path.stem}_{i}", default_source=default_source))
+    return records
+
+
+def _progress(items: list, desc: str, enabled: bool) -> Any:
+    if not enabled:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, unit="row")
+
+
+def _input_records(config: PreprocessConfig, split: Split, progress: bool) -> list[QARecord]:
+    if config.input_jsonl is not None:
+        return _records_from_jsonl(config.input_jsonl, config.data_source, progress)
+    if config.input_dir is not None:
+        path = config.input_dir / f"{split}.parquet"
+    else:
+        path = download_split(config.hf_repo_id, split, revision=config.hf_revision)
+    return _records_from_parquet(path, progress)
+
+
+def _rows(records: list[QARecord], template: PromptTemplate, split: str) -> list[dict[str, Any]]:
+    return [build_row(record, template, split, index) for index, record in enumerate(records)]
+
+
+def _counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    return dict(sorted(Counter(row["data_source"] for row in rows).items()))
+
+
+def run_preprocess(config: PreprocessConfig, progress: bool = False) -> list[OutputFile]:
+    """Run the whole preprocessing; returns the files written (train, test, then the validation subset)."""
+    _, template = load_templates(config.template_file).get(config.template)
+    local_dir = config.local_dir.expanduser()
+    outputs: dict[Path, tuple[str, list[dict[str, Any]]]] = {}
+    for split in config.resolved_splits:
+        rows = _rows(_input_records(config, split, progress), template, split)
+        outputs[local_dir / f"{split}.parquet"] = (split, rows)
+        if split == "test" and config.val_per_source is not None:
+            subset = stratified_subsample(
+                rows,
+                config.val_per_source,
+                config.seed,
+                source_of=lambda row: row["data_source"],
+                key_of=lambda row: row["extra_info"]["id"],
+            )
+            outputs[local_dir / VAL_SUBSET_NAME] = ("val_subset", subset)
+    write_parquet_files({path: rows for path, (_, rows) in outputs.items()}, OUTPUT_SCHEMA)
+    return [OutputFile(path=path, split=split, counts=_counts(rows)) for path, (split, rows) in outputs.items()]

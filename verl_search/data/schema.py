@@ -1,0 +1,95 @@
+"""Input validation: raw rows (Search-R1 parquet or FlashRAG jsonl) -> QARecord, or an error naming file/row/column.
+
+Invariant: every QARecord has a non-empty question, at least one non-empty gold answer and a data source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from verl_search.data.errors import InputSchemaError
+
+#: columns every Search-R1 parquet split must have (the others of DESIGN §3.5 are optional here)
+REQUIRED_PARQUET_COLUMNS = ("question", "golden_answers", "data_source")
+#: keys every FlashRAG jsonl row must have (data_source may come from --data_source instead)
+REQUIRED_JSONL_KEYS = ("question", "golden_answers")
+SOURCE_PREFIX = "searchR1_"
+DEFAULT_ABILITY = "fact-reasoning"
+
+
+@dataclass(frozen=True)
+class QARecord:
+    """One validated question with its gold answers, before any prompt is applied."""
+
+    id: str
+    question: str
+    answers: tuple[str, ...]
+    data_source: str
+    ability: str
+
+
+def check_columns(columns: Iterable[str], required: Iterable[str], where: str) -> None:
+    """Raise InputSchemaError naming every required column missing from ``columns``."""
+    present = set(columns)
+    missing = [c for c in required if c not in present]
+    if missing:
+        raise InputSchemaError(f"{where}: missing column(s) {', '.join(missing)} (found: {sorted(present)})")
+
+
+def output_data_source(source: str) -> str:
+    """``nq`` -> ``searchR1_nq`` (the names verl's default reward routes); already prefixed names are kept."""
+    return source if source.startswith(SOURCE_PREFIX) else SOURCE_PREFIX + source
+
+
+def parse_answers(value: Any, where: str) -> tuple[str, ...]:
+    """Gold answers as a tuple of non-empty strings; accepts a list, tuple, numpy array or a single string."""
+    if isinstance(value, str):
+        items: list[Any] = [value]
+    elif hasattr(value, "tolist") and not isinstance(value, Mapping):
+        items = value.tolist()
+        items = items if isinstance(items, list) else [items]
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        raise InputSchemaError(f"{where}: column golden_answers must be a list of strings, got {type(value).__name__}")
+    answers = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, str | int | float):
+            raise InputSchemaError(f"{where}: column golden_answers holds a {type(item).__name__}, expected strings")
+        text = str(item).strip()
+        if text:
+            answers.append(text)
+    if not answers:
+        raise InputSchemaError(f"{where}: column golden_answers is empty")
+    return tuple(answers)
+
+
+def _text(raw: Mapping[str, Any], key: str, where: str) -> str:
+    value = raw.get(key)
+    if not isinstance(value, str):
+        kind = "missing" if value is None else f"a {type(value).__name__}, not a string"
+        raise InputSchemaError(f"{where}: column {key} is {kind}")
+    if not value.strip():
+        raise InputSchemaError(f"{where}: column {key} is empty")
+    return value.strip()
+
+
+def parse_record(raw: Mapping[str, Any], where: str, default_id: str, default_source: str | None = None) -> QARecord:
+    """Validate one raw row. ``where`` names it in errors (file and row); ``default_source`` fills a missing source."""
+    question = _text(raw, "question", where)
+    answers = parse_answers(raw.get("golden_answers"), where)
+    if raw.get("data_source") is None and default_source is not None:
+        source = default_source
+    else:
+        source = _text(raw, "data_source", where)
+    raw_id = raw.get("id")
+    ability = raw.get("ability")
+    return QARecord(
+        id=default_id if raw_id is None else str(raw_id),
+        question=question,
+        answers=answers,
+        data_source=output_data_source(source),
+        ability=ability if isinstance(ability, str) and ability else DEFAULT_ABILITY,
+    )
