@@ -1,0 +1,73 @@
+# Shared by the verl-search run scripts (sourced, never run): locate the checkout, prepare the run folder, run the
+# preflight, print the exact command and launch it. Every function exits non-zero with a one-line cause.
+# shellcheck shell=bash
+
+VS_REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+DRY_RUN="${DRY_RUN:-0}"
+SKIP_PREFLIGHT="${SKIP_PREFLIGHT:-0}"
+# The checkout's verl_search wins over an installed copy, here and in every Ray worker started from this shell.
+export PYTHONPATH="${VS_REPO_DIR}${PYTHONPATH:+:${PYTHONPATH}}"
+export PYTHONUNBUFFERED=1
+
+vs_die() {
+    echo "error: $*" >&2
+    exit 1
+}
+
+# vs_abs PATH: PATH made absolute against the current directory (the path need not exist yet).
+vs_abs() {
+    case "$1" in
+        /*) printf '%s\n' "$1" ;;
+        *) printf '%s\n' "${PWD}/$1" ;;
+    esac
+}
+
+# vs_write_tool_config SRC DEST URL: DEST = SRC with retrieval_service_url set to URL (SRC is never modified).
+vs_write_tool_config() {
+    "$PYTHON" -m verl_search.tool_yaml "$1" "$2" --url "$3" >/dev/null \
+        || vs_die "cannot write the run's tool config $2 from $1"
+}
+
+# vs_print_command ARGV...: the command, one argument per line, quoted so that it can be pasted into a shell.
+vs_print_command() {
+    local arg first=1
+    for arg in "$@"; do
+        if ((first)); then
+            printf '%q' "$arg"
+            first=0
+        else
+            printf ' \\\n    %q' "$arg"
+        fi
+    done
+    printf '\n'
+}
+
+# vs_preflight [PREFLIGHT_FLAGS...] -- OVERRIDES...: run the preflight, print the verl command and set VS_COMMAND
+# to it. With DRY_RUN=1 the script ends here (exit 0); a failed preflight ends it with exit 1.
+vs_preflight() {
+    local flags=()
+    while [[ $# -gt 0 && "$1" != "--" ]]; do
+        flags+=("$1")
+        shift
+    done
+    [[ $# -gt 0 ]] || vs_die "vs_preflight: missing -- before the overrides"
+    shift
+    VS_COMMAND=("$PYTHON" -m verl.trainer.main_ppo "$@")
+    if [[ "$DRY_RUN" == 1 ]]; then
+        flags+=(--dry-run)
+    fi
+    if [[ "$SKIP_PREFLIGHT" == 1 ]]; then
+        echo "warning: SKIP_PREFLIGHT=1: launching without checks" >&2
+    else
+        "$PYTHON" -m verl_search.preflight "${flags[@]}" -- "$@" \
+            || vs_die "preflight failed: fix the problems listed above (DRY_RUN=1 runs only the checks)"
+    fi
+    echo "command:"
+    vs_print_command "${VS_COMMAND[@]}"
+    if [[ "$DRY_RUN" == 1 ]]; then
+        echo "DRY_RUN=1: checks passed; not launching"
+        exit 0
+    fi
+    ulimit -n 65535 2>/dev/null || echo "warning: could not raise the open-file limit (ulimit -n)" >&2
+}

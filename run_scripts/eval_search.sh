@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Evaluate a model or a training checkpoint with search: verl's validation-only mode, greedy decoding, every
+# generation dumped as JSONL, then summarised with `python -m verl_search.report`.
+#
+#   CHECKPOINT=runs/my-exp/checkpoints RETRIEVER_URL=http://127.0.0.1:8000 bash run_scripts/eval_search.sh
+#   MODEL_PATH=Qwen/Qwen2.5-3B-Instruct VAL_DATA=$HOME/data/searchR1_processed_direct/val_subset.parquet \
+#       bash run_scripts/eval_search.sh
+#   DRY_RUN=1 bash run_scripts/eval_search.sh        # checks only, no GPU needed
+#
+# CHECKPOINT may be a verl checkpoint folder (.../global_step_N, or the folder holding
+# latest_checkpointed_iteration.txt): the actor is loaded from it on top of MODEL_PATH (the base model it was trained
+# from). Or it may be a Hugging Face model folder (e.g. after verl's model merger): it is then used as the model.
+# Extra hydra overrides go at the end. The same preflight as training runs first.
+set -euo pipefail
+
+# shellcheck source=run_scripts/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+MODEL_PATH="${MODEL_PATH:-Qwen/Qwen2.5-3B-Instruct}"
+CHECKPOINT="${CHECKPOINT:-}"
+DATA_DIR="${DATA_DIR:-${HOME}/data/searchR1_processed_direct}"
+# the full test set (51,713 rows); point it at val_subset.parquet for the per-source subsample
+VAL_DATA="${VAL_DATA:-${DATA_DIR}/test.parquet}"
+TOOL_CONFIG="${TOOL_CONFIG:-${VS_REPO_DIR}/tool_config/search_tool_config.yaml}"
+RETRIEVER_URL="${RETRIEVER_URL:-http://127.0.0.1:8000/retrieve}"
+N_GPUS="${N_GPUS:-8}"
+NNODES="${NNODES:-1}"
+MAX_TURNS="${MAX_TURNS:-4}"
+AGENT="${AGENT:-tool_agent}"
+PROJECT_NAME="${PROJECT_NAME:-search_r1_like_async_rl}"
+EXPERIMENT_NAME="${EXPERIMENT_NAME:-eval-$(basename "${CHECKPOINT:-${MODEL_PATH}}")-${AGENT}}"
+RUN_DIR="$(vs_abs "${RUN_DIR:-runs/${EXPERIMENT_NAME}}")"
+OUTPUT_DIR="$(vs_abs "${OUTPUT_DIR:-${RUN_DIR}/generations}")"
+AGENT_LOOP_CONFIG="${AGENT_LOOP_CONFIG:-${VS_REPO_DIR}/tool_config/search_r1_agent.yaml}"
+REWARD_FN_PATH="${REWARD_FN_PATH:-pkg://verl_search.reward}"
+MAX_PROMPT_LENGTH="${MAX_PROMPT_LENGTH:-4096}"
+MAX_RESPONSE_LENGTH="${MAX_RESPONSE_LENGTH:-3000}"
+MAX_TOOL_RESPONSE_LENGTH="${MAX_TOOL_RESPONSE_LENGTH:-6000}"
+ROLLOUT_TP="${ROLLOUT_TP:-1}"
+GPU_MEMORY_UTILIZATION="${GPU_MEMORY_UTILIZATION:-0.7}"
+# verl builds a training dataloader even in validation-only mode: it reads this many rows of VAL_DATA
+TRAIN_BATCH_SIZE="${TRAIN_BATCH_SIZE:-64}"
+LOGGER="${LOGGER:-[\"console\"]}"
+
+case "$AGENT" in
+    tool_agent | search_r1_agent) ;;
+    *) vs_die "AGENT=${AGENT}: choose tool_agent or search_r1_agent" ;;
+esac
+
+RESUME=(trainer.resume_mode=disable)
+if [[ -n "$CHECKPOINT" ]]; then
+    [[ -e "$CHECKPOINT" ]] || vs_die "CHECKPOINT=${CHECKPOINT}: no such folder"
+    CHECKPOINT="$(cd "$CHECKPOINT" && pwd)"
+    if [[ -f "${CHECKPOINT}/latest_checkpointed_iteration.txt" ]]; then
+        CHECKPOINT="${CHECKPOINT}/global_step_$(tr -d '[:space:]' <"${CHECKPOINT}/latest_checkpointed_iteration.txt")"
+    fi
+    if [[ -d "${CHECKPOINT}/actor" ]]; then
+        RESUME=(trainer.resume_mode=resume_path "trainer.resume_from_path=${CHECKPOINT}")
+    elif [[ -f "${CHECKPOINT}/config.json" ]]; then
+        MODEL_PATH="$CHECKPOINT"
+    else
+        vs_die "CHECKPOINT=${CHECKPOINT}: neither a verl checkpoint (no actor/) nor a Hugging Face model (no config.json)"
+    fi
+fi
+
+mkdir -p "$RUN_DIR"
+RUN_TOOL_CONFIG="${RUN_DIR}/search_tool_config.yaml"
+vs_write_tool_config "$TOOL_CONFIG" "$RUN_TOOL_CONFIG" "$RETRIEVER_URL"
+
+ARGS=(
+    algorithm.adv_estimator=grpo
+    "data.train_files=${VAL_DATA}"
+    "data.val_files=${VAL_DATA}"
+    "data.train_batch_size=${TRAIN_BATCH_SIZE}"
+    "data.train_max_samples=${TRAIN_BATCH_SIZE}"
+    "data.max_prompt_length=${MAX_PROMPT_LENGTH}"
+    "data.max_response_length=${MAX_RESPONSE_LENGTH}"
+    data.filter_overlong_prompts=True
+    data.truncation=error
+    data.return_raw_chat=True
+    "actor_rollout_ref.model.path=${MODEL_PATH}"
+    actor_rollout_ref.model.use_remove_padding=True
+    "actor_rollout_ref.actor.ppo_mini_batch_size=${TRAIN_BATCH_SIZE}"
+    actor_rollout_ref.actor.use_dynamic_bsz=True
+    actor_rollout_ref.actor.use_kl_loss=False
+    actor_rollout_ref.actor.fsdp_config.param_offload=True
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload=True
+    actor_rollout_ref.rollout.name=sglang
+    actor_rollout_ref.rollout.mode=async
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=${ROLLOUT_TP}"
+    "actor_rollout_ref.rollout.gpu_memory_utilization=${GPU_MEMORY_UTILIZATION}"
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8
+    actor_rollout_ref.rollout.val_kwargs.do_sample=False
+    actor_rollout_ref.rollout.val_kwargs.temperature=0
+    actor_rollout_ref.rollout.val_kwargs.n=1
+    actor_rollout_ref.rollout.multi_turn.enable=True
+    actor_rollout_ref.rollout.multi_turn.format=hermes
+    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=${MAX_TURNS}"
+    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=${MAX_TOOL_RESPONSE_LENGTH}"
+    actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=right
+    "actor_rollout_ref.rollout.multi_turn.tool_config_path=${RUN_TOOL_CONFIG}"
+    "actor_rollout_ref.rollout.agent.default_agent_loop=${AGENT}"
+    "reward.custom_reward_function.path=${REWARD_FN_PATH}"
+    reward.custom_reward_function.name=compute_score
+    trainer.val_only=True
+    trainer.val_before_train=True
+    "trainer.validation_data_dir=${OUTPUT_DIR}"
+    "trainer.logger=${LOGGER}"
+    "trainer.project_name=${PROJECT_NAME}"
+    "trainer.experiment_name=${EXPERIMENT_NAME}"
+    "trainer.n_gpus_per_node=${N_GPUS}"
+    "trainer.nnodes=${NNODES}"
+    "trainer.default_local_dir=${RUN_DIR}/checkpoints"
+    "${RESUME[@]}"
+)
+if [[ "$AGENT" == search_r1_agent ]]; then
+    ARGS+=("actor_rollout_ref.rollout.agent.agent_loop_config_path=${AGENT_LOOP_CONFIG}")
+fi
+ARGS+=("$@")
+
+echo "run folder: ${RUN_DIR}; generations go to ${OUTPUT_DIR}"
+echo "summarise them afterwards with: ${PYTHON} -m verl_search.report ${OUTPUT_DIR}"
+vs_preflight --agent "$AGENT" -- "${ARGS[@]}"
+"${VS_COMMAND[@]}"
+echo "generations: ${OUTPUT_DIR}"
+echo "summary:     ${PYTHON} -m verl_search.report ${OUTPUT_DIR}"

@@ -1,0 +1,97 @@
+"""Write a run's copy of a tool YAML with the retrieval URL filled in.
+
+Invariant: the user's file is only read, never modified; the copy is written atomically (temp file + rename), so a
+crash never leaves a half-written YAML where the launch expects one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from verl_search.errors import ConfigError
+
+URL_KEY = "retrieval_service_url"
+
+
+def substitute_url(tool_yaml: dict[str, Any], url: str | list[str], source: str = "tool YAML") -> int:
+    """Set ``config.retrieval_service_url`` on every tool that declares it; return how many were set.
+
+    Raises :class:`ConfigError` when the YAML has no ``tools`` list or no tool with that key (the URL would be
+    silently ignored otherwise).
+    """
+    tools = tool_yaml.get("tools") if isinstance(tool_yaml, dict) else None
+    if not isinstance(tools, list) or not tools:
+        raise ConfigError(f"{source}: no 'tools:' list")
+    count = 0
+    for tool in tools:
+        config = tool.get("config") if isinstance(tool, dict) else None
+        if isinstance(config, dict) and URL_KEY in config:
+            config[URL_KEY] = url
+            count += 1
+    if count == 0:
+        raise ConfigError(f"{source}: no tool has a 'config.{URL_KEY}' key to receive the retriever URL")
+    return count
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same directory and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_tool_config(source: Path, dest: Path, url: str | list[str]) -> Path:
+    """Copy ``source`` to ``dest`` with the retrieval URL set; return ``dest``. ``source`` is never written."""
+    source, dest = Path(source), Path(dest)
+    if not source.is_file():
+        raise ConfigError(f"tool config {source} does not exist")
+    if source.resolve() == dest.resolve():
+        raise ConfigError(f"refusing to overwrite the tool config {source} with its own run copy")
+    try:
+        data = yaml.safe_load(source.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"tool config {source} is not valid YAML: {str(e).splitlines()[0]}") from e
+    substitute_url(data, url, source=str(source))
+    header = f"# Generated from {source.resolve()} with {URL_KEY} set for this run; edit the source, not this copy.\n"
+    atomic_write_text(dest, header + yaml.safe_dump(data, sort_keys=False))
+    return dest
+
+
+def parse_urls(value: str) -> str | list[str]:
+    """``a,b`` → ``[a, b]`` (several retrievers); a single URL stays a string."""
+    urls = [u.strip() for u in value.split(",") if u.strip()]
+    if not urls:
+        raise ConfigError("the retriever URL is empty")
+    return urls[0] if len(urls) == 1 else urls
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source", type=Path, help="the tool YAML to copy (never modified)")
+    parser.add_argument("dest", type=Path, help="where to write the copy")
+    parser.add_argument("--url", required=True, help="retriever URL, or several separated by commas")
+    args = parser.parse_args(argv)
+    try:
+        write_tool_config(args.source, args.dest, parse_urls(args.url))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(args.dest)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
