@@ -43,8 +43,15 @@ def output_data_source(source: str) -> str:
     return source if source.startswith(SOURCE_PREFIX) else SOURCE_PREFIX + source
 
 
+def _missing(value: Any) -> bool:
+    """None, or the NaN pandas puts in a string column for a null."""
+    return value is None or (isinstance(value, float) and value != value)
+
+
 def parse_answers(value: Any, where: str) -> tuple[str, ...]:
     """Gold answers as a tuple of non-empty strings; accepts a list, tuple, numpy array or a single string."""
+    if _missing(value):
+        raise InputSchemaError(f"{where}: column golden_answers is missing")
     if isinstance(value, str):
         items: list[Any] = [value]
     elif hasattr(value, "tolist") and not isinstance(value, Mapping):
@@ -57,7 +64,7 @@ def parse_answers(value: Any, where: str) -> tuple[str, ...]:
     answers = []
     for item in items:
         if isinstance(item, bool) or not isinstance(item, str | int | float):
-            raise InputSchemaError(f"{where}: column golden_answers holds a {type(item).__name__}, expected strings")
+            raise InputSchemaError(f"{where}: column golden_answers must hold strings, got {type(item).__name__}")
         text = str(item).strip()
         if text:
             answers.append(text)
@@ -69,8 +76,9 @@ def parse_answers(value: Any, where: str) -> tuple[str, ...]:
 def _text(raw: Mapping[str, Any], key: str, where: str) -> str:
     value = raw.get(key)
     if not isinstance(value, str):
-        kind = "missing" if value is None else f"a {type(value).__name__}, not a string"
-        raise InputSchemaError(f"{where}: column {key} is {kind}")
+        if _missing(value):
+            raise InputSchemaError(f"{where}: column {key} is missing")
+        raise InputSchemaError(f"{where}: column {key} must be a string, got {type(value).__name__}")
     if not value.strip():
         raise InputSchemaError(f"{where}: column {key} is empty")
     return value.strip()
@@ -80,14 +88,14 @@ def parse_record(raw: Mapping[str, Any], where: str, default_id: str, default_so
     """Validate one raw row. ``where`` names it in errors (file and row); ``default_source`` fills a missing source."""
     question = _text(raw, "question", where)
     answers = parse_answers(raw.get("golden_answers"), where)
-    if raw.get("data_source") is None and default_source is not None:
+    if _missing(raw.get("data_source")) and default_source is not None:
         source = default_source
     else:
         source = _text(raw, "data_source", where)
     raw_id = raw.get("id")
     ability = raw.get("ability")
     return QARecord(
-        id=default_id if raw_id is None else str(raw_id),
+        id=default_id if _missing(raw_id) else str(raw_id),
         question=question,
         answers=answers,
         data_source=output_data_source(source),
