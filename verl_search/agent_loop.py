@@ -33,6 +33,10 @@ INVALID_ACTION_MESSAGE = (
     "\nMy previous action is invalid. If I want to search, I should put the query between <search> and </search>. "
     "If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n"
 )
+# What verl's AgentLoopWorker passes to every loop; any other key comes from the agent-loop YAML and must be ours.
+_BASE_KWARGS = frozenset(
+    {"trainer_config", "server_manager", "tokenizer", "processor", "dataset_cls", "data_config", "hf_model_type"}
+)
 _ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 
 
@@ -82,12 +86,13 @@ class SearchR1AgentLoop(AgentLoopBase):
     """
 
     def __init__(self, *args: Any, tools: ToolListWrap | None = None, **kwargs: Any) -> None:
-        options = {k: _plain(kwargs.pop(k)) for k in list(kwargs) if k in SearchR1LoopConfig.model_fields}
-        super().__init__(*args, **kwargs)
+        kwargs.pop("name", None)  # the agent_loop_config_path entry's own name
+        options = {k: _plain(kwargs.pop(k)) for k in list(kwargs) if k not in _BASE_KWARGS}
         try:
             self.options = SearchR1LoopConfig(**options)
         except ValueError as e:
-            raise ConfigError(f"invalid {AGENT_NAME} options: {e}") from e
+            raise ConfigError(f"invalid {AGENT_NAME} options in the agent loop config: {e}") from e
+        super().__init__(*args, **kwargs)
         self.search_config = self._search_config(tools)
         multi_turn = self.rollout_config.multi_turn
         self.max_turns = self.options.max_turns or multi_turn.get("max_assistant_turns") or 4

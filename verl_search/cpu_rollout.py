@@ -8,6 +8,7 @@ are batched the way ``RLHFDataset`` + ``collate_fn`` batch them. Invariant: what
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -157,9 +158,11 @@ async def run_rows(
     ``agent_name`` overrides the rows' own column; ``compute_score`` (e.g. verl's ``default_compute_score``) scores
     each decoded response against ``reward_model.ground_truth``; ``rollout_options`` go to :func:`rollout_overrides`.
     """
+    from transformers import AutoTokenizer
+    from verl.experimental.agent_loop import agent_loop as agent_loop_module
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
-    model_path = Path(tokenizer_dir) if tokenizer_dir is not None else ensure_tokenizer_dir()
+    model_path = Path(tokenizer_dir) if tokenizer_dir is not None else await asyncio.to_thread(ensure_tokenizer_dir)
     config = verl_trainer_config(
         rollout_overrides(
             model_path=model_path,
@@ -170,12 +173,15 @@ async def run_rows(
         )
         + list(overrides)
     )
-    from transformers import AutoTokenizer
-
-    server = ScriptedServerManager(AutoTokenizer.from_pretrained(model_path), policy, honour_stop=honour_stop)
-    worker = AgentLoopWorker(config, llm_client=server)
-    batch = rows_to_batch(rows, agent_name)
-    output = await worker.generate_sequences(batch)
+    tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, model_path)
+    server = ScriptedServerManager(tokenizer, policy, honour_stop=honour_stop)
+    saved_registry = dict(agent_loop_module._agent_loop_registry)
+    try:  # AgentLoopWorker writes agent_loop_config_path entries into verl's global registry: undo that afterwards
+        worker = await asyncio.to_thread(AgentLoopWorker, config, llm_client=server)  # loads files: off the loop
+        output = await worker.generate_sequences(rows_to_batch(rows, agent_name))
+    finally:
+        agent_loop_module._agent_loop_registry.clear()
+        agent_loop_module._agent_loop_registry.update(saved_registry)
     trajectories = [_unpad(output, i, worker.tokenizer, output.non_tensor_batch) for i in range(len(rows))]
     if compute_score is not None:
         for row, trajectory in zip(rows, trajectories, strict=True):

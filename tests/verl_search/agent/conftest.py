@@ -1,0 +1,134 @@
+"""Fixtures for the agent-loop tests: a real /retrieve server (FastAPI under uvicorn on 127.0.0.1), the locally
+trained tokenizer (built once per session), tool/agent-loop YAMLs pointing at the server, and Search-R1 rows."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from verl_search.background_server import BackgroundServer
+from verl_search.client import RetrievalClient
+from verl_search.local_tokenizer import ensure_tokenizer_dir
+from verl_search.protocol import RetrieveRequest
+
+REPO = Path(__file__).resolve().parents[3]
+CORPUS = [
+    {"id": "0", "contents": '"Hamlet"\nHamlet is a tragedy written by William Shakespeare around 1600.'},
+    {"id": "1", "contents": '"Paris"\nParis is the capital and largest city of France.'},
+    {"id": "2", "contents": '"Danube"\nThe Danube flows through Vienna, Budapest and Belgrade.'},
+]
+QUESTIONS = {
+    "who wrote hamlet?": ["William Shakespeare", "Shakespeare"],
+    "what is the capital of france?": ["Paris"],
+    "who painted the mona lisa?": ["Leonardo da Vinci"],  # not in the corpus: the oracle reader says "unknown"
+}
+PROMPT = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get new "
+    "information. After reasoning, if you find you lack some knowledge, you can call a search engine by <search> "
+    "query </search> and it will return the top searched results between <information> and </information>. If you "
+    "find no further external knowledge needed, you can directly provide the answer inside <answer> and </answer>. "
+    "Question: {question}\n"
+)
+_WORD = re.compile(r"\w+")
+
+
+class Retriever:
+    """The running stub: its URL, the queries it received, and a switch to make it fail with HTTP 500."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.queries: list[str] = []
+        self.failing = False
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.post("/retrieve")
+        async def retrieve(request: RetrieveRequest):
+            self.queries.extend(request.queries)
+            if self.failing:
+                return JSONResponse({"error": "internal", "detail": "stub told to fail"}, status_code=500)
+            result = []
+            for query in request.queries:
+                words = set(_WORD.findall(query.lower()))
+                ranked = sorted(CORPUS, key=lambda d: -len(words & set(_WORD.findall(d["contents"].lower()))))
+                result.append(ranked[: request.topk or 3])
+            return {"result": result}
+
+        return app
+
+
+@pytest.fixture(scope="session")
+def retriever_server():
+    retriever = Retriever()
+    with BackgroundServer(retriever.app()) as server:
+        retriever.url = f"{server.url}/retrieve"
+        yield retriever
+
+
+@pytest.fixture
+async def retriever(retriever_server):
+    """The shared stub, answering normally with no recorded queries; HTTP sessions closed after the test."""
+    retriever_server.queries.clear()
+    retriever_server.failing = False
+    yield retriever_server
+    retriever_server.failing = False
+    await RetrievalClient.close_all()
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    return ensure_tokenizer_dir(tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+@pytest.fixture
+def tool_yaml(retriever, tmp_path) -> Path:
+    """The repo's tool_config/search_tool_config.yaml with its URL pointed at the stub (fast failure settings)."""
+    config = yaml.safe_load((REPO / "tool_config" / "search_tool_config.yaml").read_text())
+    config["tools"][0]["config"].update(retrieval_service_url=retriever.url, timeout=5.0, max_attempts=1)
+    path = tmp_path / "search_tool_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def make_row(question: str, agent_name: str, index: int = 0) -> dict:
+    """A row in the preprocessed (RLHFDataset) form of DESIGN §3.5."""
+    return {
+        "data_source": "searchR1_nq",
+        "prompt": [{"role": "user", "content": PROMPT.format(question=question)}],
+        "ability": "fact-reasoning",
+        "reward_model": {"style": "rule", "ground_truth": {"target": QUESTIONS[question]}},
+        "extra_info": {
+            "index": index,
+            "split": "test",
+            "question": question,
+            "need_tools_kwargs": True,
+            "tools_kwargs": {"search": {"create_kwargs": {}}},
+        },
+        "agent_name": agent_name,
+    }
+
+
+@pytest.fixture
+def rows():
+    return make_row
+
+
+@pytest.fixture
+def oracle():
+    """ORACLE READER over the test questions: the gold answer if retrieved, else "unknown"."""
+    from verl_search.scripted_policy import OracleReader
+
+    return OracleReader(QUESTIONS)
