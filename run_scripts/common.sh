@@ -29,16 +29,16 @@ vs_write_tool_config() {
         || vs_die "cannot write the run's tool config $2 from $1"
 }
 
-# vs_print_command ARGV...: the command, one argument per line, quoted so that it can be pasted into a shell.
+# vs_print_command ARGV...: the command quoted for pasting into a shell: the program and its flags on the first line,
+# then one override (key=value) per line.
 vs_print_command() {
-    local arg first=1
+    local arg sep=""
     for arg in "$@"; do
-        if ((first)); then
-            printf '%q' "$arg"
-            first=0
-        else
-            printf ' \\\n    %q' "$arg"
+        if [[ -n "$sep" && "$arg" == *=* ]]; then
+            sep=$' \\\n    '
         fi
+        printf '%s%q' "$sep" "$arg"
+        sep=" "
     done
     printf '\n'
 }
