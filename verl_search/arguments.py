@@ -67,7 +67,9 @@ def extract_queries(parameters: Any) -> list[str]:
         raise InvalidArguments(f"'query_list' is empty; {EXPECTED}")
     for i, item in enumerate(raw, start=1):
         if isinstance(item, (list, dict)):
-            raise InvalidArguments(f"query {i} is nested ({_preview(item)}); each query must be a plain string; {EXPECTED}")
+            raise InvalidArguments(
+                f"query {i} is nested ({_preview(item)}); each query must be a plain string; {EXPECTED}"
+            )
         if not isinstance(item, str):
             raise InvalidArguments(f"query {i} is {_describe(item)}, not a string; {EXPECTED}")
         if not item.strip():

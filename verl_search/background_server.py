@@ -20,8 +20,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class BackgroundServer:
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, log_level: str = "warning",
-                 startup_timeout: float = 30.0, **uvicorn_kwargs: Any) -> None:
+    def __init__(
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        log_level: str = "warning",
+        startup_timeout: float = 30.0,
+        **uvicorn_kwargs: Any,
+    ) -> None:
         import uvicorn
 
         self.host = host

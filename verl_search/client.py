@@ -158,9 +158,11 @@ class RetrievalClient:
         self.stats.add(cache_hits=sum(1 for k in keys if k in results), coalesced=sum(1 for k in keys if k in waits))
 
         if owned:
-            fetch = asyncio.ensure_future(self._fetch(list(owned), topk, owned, deadline))
-            waits.update(owned)
-            fetch.add_done_callback(_consume)
+            # Fetched in this task (no extra tasks on the hot path): _request itself never runs past the deadline,
+            # and _fetch resolves every owned future, also for twins that joined meanwhile.
+            await self._fetch(list(owned), topk, owned, deadline)
+            for key, fut in owned.items():
+                results[key] = fut.result()
         if waits:
             remaining = deadline - self._loop.time()
             gathered = asyncio.gather(*(asyncio.shield(f) for f in waits.values()))
@@ -168,11 +170,13 @@ class RetrievalClient:
                 values = await asyncio.wait_for(gathered, max(remaining, 0.0))
             except asyncio.TimeoutError as e:
                 raise DeadlineExceeded(f"no answer within the {self.config.timeout:g} s deadline") from e
-            results.update(zip(waits, values))
+            results.update(zip(waits, values, strict=True))
         return [results[k] for k in keys], reused
 
     # ------------------------------------------------------------------ internals
-    async def _fetch(self, keys: list[CacheKey], topk: int, futures: dict[CacheKey, asyncio.Future], deadline: float) -> None:
+    async def _fetch(
+        self, keys: list[CacheKey], topk: int, futures: dict[CacheKey, asyncio.Future], deadline: float
+    ) -> None:
         """Request the owned keys; resolve each future with its hits or the error (never leaves one pending)."""
         try:
             hits = await self._request([q for q, _ in keys], topk, deadline)
@@ -186,7 +190,7 @@ class RetrievalClient:
             if not isinstance(e, Exception):
                 raise
             return
-        for key, docs in zip(keys, hits):
+        for key, docs in zip(keys, hits, strict=True):
             self.cache.put(key, docs)
             self._in_flight.pop(key, None)
             fut = futures[key]
@@ -206,7 +210,9 @@ class RetrievalClient:
                     remaining = deadline - self._loop.time()
                     if remaining <= 0:
                         raise DeadlineExceeded(f"no answer within the {self.config.timeout:g} s deadline")
-                    hits = await self._post(endpoint, payload, min(remaining, self.config.attempt_timeout), len(queries))
+                    hits = await self._post(
+                        endpoint, payload, min(remaining, self.config.attempt_timeout), len(queries)
+                    )
                 self.endpoints.succeeded(endpoint)
                 return hits
             except RetrievalError as e:
@@ -283,8 +289,3 @@ def _seconds(value: str | None) -> float | None:
         return max(0.0, float(value)) if value else None
     except ValueError:
         return None
-
-
-def _consume(task: asyncio.Future) -> None:
-    if not task.cancelled():
-        task.exception()

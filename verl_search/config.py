@@ -56,7 +56,10 @@ class SearchToolConfig(BaseModel):
         default=10.0, gt=0, description="Deadline of one HTTP attempt in seconds (capped by what is left of timeout)."
     )
     max_attempts: int = Field(
-        default=3, ge=1, le=10, description="HTTP attempts per call; retries only on timeouts, connection errors, 429, 503."
+        default=3,
+        ge=1,
+        le=10,
+        description="HTTP attempts per call; retries only on timeouts, connection errors, 429, 503.",
     )
     backoff_base: float = Field(
         default=0.1, ge=0, description="First retry waits up to this many seconds (full jitter), doubling each time."

@@ -40,8 +40,9 @@ def _cap(text: str, limit: int) -> str:
     return text[: max(0, limit - len(TRUNCATED))].rstrip() + TRUNCATED
 
 
-def format_results(queries: Sequence[str], hits: Sequence[Sequence[Document]], *, max_chars: int,
-                   notes: Sequence[str] = ()) -> str:
+def format_results(
+    queries: Sequence[str], hits: Sequence[Sequence[Document]], *, max_chars: int, notes: Sequence[str] = ()
+) -> str:
     """All queries' results in one text; each block gets an equal share of ``max_chars``."""
     header = f"[note: {'; '.join(notes)}]\n" if notes else ""
     budget = max(0, max_chars - len(header))
@@ -49,7 +50,7 @@ def format_results(queries: Sequence[str], hits: Sequence[Sequence[Document]], *
         return header + _cap(format_passages(hits[0]), budget)
     share = budget // len(queries)
     blocks = []
-    for i, (query, docs) in enumerate(zip(queries, hits), start=1):
+    for i, (query, docs) in enumerate(zip(queries, hits, strict=True), start=1):
         label = f'Results for query {i} "{query}":\n'
         blocks.append(_cap(label + format_passages(docs), max(0, share - 2)))
     return _cap(header + "\n\n".join(blocks), max_chars)

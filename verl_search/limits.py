@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
 
 from verl_search.errors import DeadlineExceeded
 
@@ -25,7 +24,9 @@ class TokenBucket:
     exactly until its token is due.
     """
 
-    def __init__(self, rate: float, burst: float | None = None, *, clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep):
+    def __init__(
+        self, rate: float, burst: float | None = None, *, clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep
+    ):
         if rate <= 0:
             raise ValueError("rate must be > 0 (use no limiter for unlimited)")
         self.rate = float(rate)

@@ -75,8 +75,9 @@ async def run_search(config: SearchToolConfig, queries: Any) -> SearchOutcome:
     deadline = started + config.timeout
     num_queries = len(queries) if isinstance(queries, list) else 0
     try:
-        fitted = fit_queries(extract_queries(queries), max_queries=config.max_queries,
-                             max_query_chars=config.max_query_chars)
+        fitted = fit_queries(
+            extract_queries(queries), max_queries=config.max_queries, max_query_chars=config.max_query_chars
+        )
         num_queries = len(fitted.queries)
         client = RetrievalClient.shared(config)
         hits, reused = await client.search(fitted.queries, config.topk, deadline=deadline)
@@ -88,7 +89,9 @@ async def run_search(config: SearchToolConfig, queries: Any) -> SearchOutcome:
     except Exception as e:  # noqa: BLE001 - a bug must not crash a rollout; it is logged loudly and labelled
         logger.exception("unexpected error in search")
         outcome = SearchOutcome(
-            text=f"[search failed: internal] {type(e).__name__}. {_AFTER_FAILURE}", ok=False, failure="internal",
+            text=f"[search failed: internal] {type(e).__name__}. {_AFTER_FAILURE}",
+            ok=False,
+            failure="internal",
             num_queries=num_queries,
         )
     outcome.latency_s = loop.time() - started

@@ -31,6 +31,7 @@ class StubState:
     slow_seconds: float = 5.0
     retry_after: float | None = None
     requests: int = 0
+    record_queries: bool = True
     queries: list[str] = field(default_factory=list)
 
     def set_fault(self, fault: str, count: int = -1, **kw: float) -> None:
@@ -57,8 +58,10 @@ class StubIndex:
 
     def search(self, query: str, k: int) -> list[tuple[dict, float]]:
         if not self.corpus:
-            return [({"id": f"{query}#{i}", "contents": f'"{query}"\nPassage {i + 1} about {query}.'}, 1.0 / (i + 1))
-                    for i in range(k)]
+            return [
+                ({"id": f"{query}#{i}", "contents": f'"{query}"\nPassage {i + 1} about {query}.'}, 1.0 / (i + 1))
+                for i in range(k)
+            ]
         q = set(_WORD.findall(query.lower()))
         scored = sorted(((len(q & w), -i) for i, w in enumerate(self._words)), reverse=True)[:k]
         return [(self.corpus[-neg_i], float(score)) for score, neg_i in scored]
@@ -76,13 +79,15 @@ def make_app(state: StubState, corpus: Sequence[dict] | None = None, default_top
             scores = bool(body.get("return_scores", False))
         except (ValueError, KeyError, TypeError):
             return web.json_response({"error": "invalid_request", "detail": "bad body"}, status=422)
-        state.queries.extend(queries)
+        if state.record_queries:
+            state.queries.extend(queries)
         if fault == "slow":
             await asyncio.sleep(state.slow_seconds)
         elif fault in ("500", "503", "429", "400"):
             headers = {"Retry-After": str(state.retry_after)} if state.retry_after is not None else None
-            return web.json_response({"error": "stub", "detail": f"stub fault {fault}"}, status=int(fault),
-                                     headers=headers)
+            return web.json_response(
+                {"error": "stub", "detail": f"stub fault {fault}"}, status=int(fault), headers=headers
+            )
         elif fault == "bad_json":
             return web.Response(text="<html>not json", content_type="application/json")
         elif fault == "wrong_shape":
@@ -103,9 +108,13 @@ def make_app(state: StubState, corpus: Sequence[dict] | None = None, default_top
     async def health(request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    async def stats(request: web.Request) -> web.Response:
+        return web.json_response({"requests": state.requests, "queries": len(state.queries)})
+
     app = web.Application(client_max_size=8 * 1024 * 1024)
     app.router.add_post("/retrieve", retrieve)
     app.router.add_get("/health", health)
+    app.router.add_get("/stats", stats)
     return app
 
 
@@ -137,9 +146,16 @@ class StubServer:
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    async def _stop(self) -> None:
         if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+            await self._runner.cleanup()
+        pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._loop.close()
@@ -155,7 +171,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.corpus_path:
         with open(args.corpus_path, encoding="utf-8") as f:
             corpus = [json.loads(line) for line in f if line.strip()]
-    web.run_app(make_app(StubState(), corpus), host=args.host, port=args.port, access_log=None, print=None)
+    web.run_app(
+        make_app(StubState(record_queries=False), corpus), host=args.host, port=args.port, access_log=None, print=None
+    )
 
 
 if __name__ == "__main__":

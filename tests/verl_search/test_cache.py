@@ -1,4 +1,4 @@
-"""The per-process result cache: GRPO's repeated queries hit the retriever once; identical in-flight queries coalesce."""
+"""Per-process result cache: GRPO's repeated queries reach the retriever once; identical in-flight queries coalesce."""
 
 from __future__ import annotations
 

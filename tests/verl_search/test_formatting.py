@@ -40,4 +40,4 @@ def test_single_query_text_is_capped():
 
 def test_notes_are_prefixed():
     text = format_results(["q"], [[doc('"T"\nx')]], max_chars=500, notes=["query 1 was cut to 8 characters"])
-    assert text.startswith("[note: query 1 was cut to 8 characters]\nDoc 1(Title: \"T\") x")
+    assert text.startswith('[note: query 1 was cut to 8 characters]\nDoc 1(Title: "T") x')

@@ -1,0 +1,189 @@
+"""Tool overhead: SearchTool driven like verl's ToolAgentLoop vs a bare shared-session aiohttp client, same stub.
+
+    python benchmarks/tool_overhead.py [--trajectories 512] [--calls 4] [--rounds 3]
+
+The instant stub runs in a subprocess on 127.0.0.1 (its own core). Each trajectory makes ``--calls`` sequential
+calls; all trajectories run concurrently. Rounds alternate bare/tool and the median round is reported. The GRPO run
+groups trajectories by prompt (5 samples each, first query shared) and counts the HTTP requests the stub received
+with the cache on and off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import subprocess
+import sys
+import time
+from datetime import date
+
+import aiohttp
+
+from verl_search import SearchTool
+from verl_search.background_server import free_port
+from verl_search.client import RetrievalClient
+from verl_search.stats import STATS, percentile
+
+
+def start_stub() -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "verl_search.stub_retriever", "--port", str(port)])
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    import urllib.request
+
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1).read()
+            return proc, url
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("stub server did not start")
+
+
+def stub_requests(url: str) -> int:
+    import urllib.request
+
+    return json.loads(urllib.request.urlopen(url + "/stats", timeout=5).read())["requests"]
+
+
+async def run_bare(url: str, trajectories: int, calls: int, tag: str) -> tuple[float, list[float]]:
+    latencies: list[float] = []
+    connector = aiohttp.TCPConnector(limit=trajectories)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def trajectory(t: int) -> None:
+            for c in range(calls):
+                start = time.perf_counter()
+                payload = {"queries": [f"{tag} q{t}-{c}"], "topk": 3, "return_scores": False}
+                async with session.post(url + "/retrieve", json=payload) as resp:
+                    body = await resp.json()
+                assert len(body["result"]) == 1
+                latencies.append(time.perf_counter() - start)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(trajectory(t) for t in range(trajectories)))
+        return time.perf_counter() - start, latencies
+
+
+async def run_tool(
+    tool: SearchTool, trajectories: int, calls: int, tag: str, query_of=None
+) -> tuple[float, list[float], int]:
+    latencies: list[float] = []
+    failures = 0
+
+    async def trajectory(t: int) -> None:
+        nonlocal failures
+        for c in range(calls):
+            start = time.perf_counter()
+            query = query_of(t, c) if query_of else f"{tag} q{t}-{c}"
+            instance_id, _ = await tool.create(create_kwargs={})
+            response, _, metrics = await tool.execute(instance_id, {"query_list": [query]}, agent_data=None)
+            await tool.release(instance_id)
+            failures += not metrics["ok"]
+            latencies.append(time.perf_counter() - start)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(trajectory(t) for t in range(trajectories)))
+    return time.perf_counter() - start, latencies, failures
+
+
+def summary(name: str, elapsed: float, latencies: list[float]) -> dict:
+    lat = sorted(latencies)
+    return {
+        "name": name,
+        "calls": len(lat),
+        "calls_per_s": len(lat) / elapsed,
+        "p50_ms": 1000 * percentile(lat, 50),
+        "p99_ms": 1000 * percentile(lat, 99),
+    }
+
+
+async def main_async(args: argparse.Namespace, url: str) -> dict:
+    fast = {
+        "type": "native",
+        "retrieval_service_url": url,
+        "rate_limit": None,
+        "num_workers": max(args.trajectories, 1),
+        "stats_log_interval": 0,
+    }
+    tool = SearchTool(dict(fast))
+    bare_rounds, tool_rounds = [], []
+    failures = 0
+    for r in range(args.rounds):
+        elapsed, lat = await run_bare(url, args.trajectories, args.calls, f"bare{r}")
+        bare_rounds.append(summary("bare aiohttp client", elapsed, lat))
+        elapsed, lat, failed = await run_tool(tool, args.trajectories, args.calls, f"tool{r}")
+        failures += failed
+        tool_rounds.append(summary("SearchTool (create/execute/release)", elapsed, lat))
+    bare = sorted(bare_rounds, key=lambda s: s["calls_per_s"])[len(bare_rounds) // 2]
+    tool_med = sorted(tool_rounds, key=lambda s: s["calls_per_s"])[len(tool_rounds) // 2]
+
+    # GRPO-like: prompts x 5 samples; every sample's first query is the prompt's question.
+    grpo = {}
+    samples = 5
+    prompts = max(1, args.trajectories // samples)
+    for label, cache_size in (("cache on", 100_000), ("cache off", 0)):
+        STATS.reset()
+        grpo_tool = SearchTool({**fast, "cache_size": cache_size})
+        before = stub_requests(url)
+
+        def query_of(t: int, c: int, label=label) -> str:
+            prompt, sample = divmod(t, samples)
+            return f"grpo {label} prompt {prompt} question" if c == 0 else f"grpo {label} p{prompt} s{sample} c{c}"
+
+        elapsed, lat, failed = await run_tool(grpo_tool, prompts * samples, args.calls, "", query_of)
+        failures += failed
+        grpo[label] = {
+            "calls": len(lat),
+            "http_requests": stub_requests(url) - before,
+            "calls_per_s": len(lat) / elapsed,
+            "cache_hits": STATS.snapshot()["cache_hits"] + STATS.snapshot()["coalesced"],
+        }
+    await RetrievalClient.close_all()
+    return {
+        "bare": bare,
+        "tool": tool_med,
+        "ratio": tool_med["calls_per_s"] / bare["calls_per_s"],
+        "rounds": {"bare": bare_rounds, "tool": tool_rounds},
+        "grpo": grpo,
+        "failures": failures,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trajectories", type=int, default=512)
+    parser.add_argument("--calls", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args()
+    proc, url = start_stub()
+    try:
+        result = asyncio.run(main_async(args, url))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    print(
+        f"# tool overhead — {date.today()} — {platform.node()} {platform.processor() or platform.machine()}, "
+        f"{args.trajectories} trajectories x {args.calls} calls, median of {args.rounds} rounds"
+    )
+    print(f"{'client':40s} {'calls/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s}")
+    for row in (result["bare"], result["tool"]):
+        print(f"{row['name']:40s} {row['calls_per_s']:9.0f} {row['p50_ms']:8.1f} {row['p99_ms']:8.1f}")
+    print(f"SearchTool / bare = {result['ratio']:.2f}; failed calls: {result['failures']}")
+    for label, g in result["grpo"].items():
+        print(
+            f"GRPO-like ({label}): {g['calls']} calls -> {g['http_requests']} HTTP requests "
+            f"({g['cache_hits']} served by cache/coalescing), {g['calls_per_s']:.0f} calls/s"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
