@@ -1,0 +1,92 @@
+"""The CPU harness itself: tokenizer, scripted server semantics, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf.errors import ConfigKeyError
+
+from verl_search.agent_loop import SearchR1LoopConfig, parse_action
+from verl_search.cpu_rollout import rows_to_batch, verl_trainer_config
+from verl_search.local_tokenizer import ensure_tokenizer_dir
+from verl_search.scripted_policy import OracleReader, ScriptedServerManager, question_of, scripted_turns
+
+
+def test_tokenizer_dir_is_built_once_and_renders_qwen_markup(tokenizer_dir, tokenizer):
+    assert ensure_tokenizer_dir(tokenizer_dir.parent) == tokenizer_dir  # cached, not rebuilt
+    for token in ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"):
+        assert len(tokenizer.encode(token, add_special_tokens=False)) == 1, token
+    assert tokenizer.encode("\n", add_special_tokens=False) != []
+    text = tokenizer.apply_chat_template(
+        [
+            {"role": "user", "content": "q"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"type": "function", "function": {"name": "search", "arguments": {"query_list": ["q"]}}}
+                ],
+            },
+            {"role": "tool", "content": "Doc 1"},
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert text.endswith(
+        '<|im_start|>assistant\n<tool_call>\n{"name": "search", "arguments": {"query_list": ["q"]}}\n</tool_call>'
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\nDoc 1\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+async def test_scripted_server_stops_like_a_rollout_server(tokenizer):
+    server = ScriptedServerManager(tokenizer, scripted_turns("<search> q </search> more"))
+    out = await server.generate(
+        "r", prompt_ids=[1], sampling_params={"stop": ["</search>"], "include_stop_str_in_output": True, "logprobs": 1}
+    )
+    assert tokenizer.decode(out.token_ids) == "<search> q </search>"  # stopped, no EOS
+    assert out.log_probs == [-0.25] * len(out.token_ids)
+    out = await server.generate("r", prompt_ids=[1], sampling_params={"max_tokens": 3})
+    assert len(out.token_ids) == 3 and out.log_probs is None
+    out = await server.generate("s", prompt_ids=[1], sampling_params={})
+    assert out.token_ids[-1] == tokenizer.eos_token_id  # no stop string: the turn ends with EOS
+    assert [c.request_id for c in server.calls] == ["r", "r", "s"]
+
+
+async def test_policy_returning_non_text_is_a_clear_error(tokenizer):
+    server = ScriptedServerManager(tokenizer, lambda inp: None)
+    with pytest.raises(TypeError, match="policy must return the assistant text"):
+        await server.generate("r", prompt_ids=[1], sampling_params={})
+
+
+def test_oracle_reader_answers_only_what_was_retrieved():
+    reader = OracleReader({"who wrote hamlet?": ["William Shakespeare"]})
+    assert reader("who wrote hamlet?", 'Doc 1(Title: "Hamlet") written by William Shakespeare') == "William Shakespeare"
+    assert reader("who wrote hamlet?", "nothing useful") == "unknown"
+    assert reader("never asked", "William Shakespeare") == "unknown"
+
+
+def test_question_of_reads_the_first_user_turn():
+    convo = "<|im_start|>user\nAnswer it. Question: who wrote hamlet?\n<|im_end|>\n<|im_start|>assistant\n"
+    assert question_of(convo) == "who wrote hamlet?"
+    with pytest.raises(ValueError, match="no user turn"):
+        question_of("<|im_start|>assistant\n")
+    with pytest.raises(ValueError, match="at least one text"):
+        scripted_turns()
+
+
+def test_parse_action_follows_search_r1():
+    assert parse_action("<think>x</think><search> a b </search>") == ("search", "a b")
+    assert parse_action("<answer> Paris </answer><search> q </search>") == ("answer", "Paris")
+    assert parse_action("<search> unterminated") == (None, "")
+
+
+def test_bad_rows_and_config_keys_are_rejected():
+    with pytest.raises(ValueError, match="rows is empty"):
+        rows_to_batch([])
+    with pytest.raises(ValueError, match="needs 'prompt'"):
+        rows_to_batch([{"agent_name": "tool_agent"}])
+    with pytest.raises(ValueError, match="no 'agent_name'"):
+        rows_to_batch([{"prompt": [{"role": "user", "content": "q"}]}])
+    with pytest.raises(ConfigKeyError):
+        verl_trainer_config(["actor_rollout_ref.rollout.multi_turn.max_asistant_turns=3"])
+    with pytest.raises(ValueError, match="extra"):
+        SearchR1LoopConfig(max_turn=3)
