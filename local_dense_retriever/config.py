@@ -1,0 +1,121 @@
+"""ServerConfig: every retrieval-server setting with its default and meaning, declared once (CLI flags derive it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Backend = Literal["auto", "torch", "faiss", "bm25"]
+Pooling = Literal["auto", "mean", "cls"]
+Device = Literal["auto", "cpu", "cuda"]
+IndexDtype = Literal["auto", "float32", "float16", "bfloat16"]
+
+
+def default_cache_dir() -> Path:
+    """``${VERL_SEARCH_CACHE:-~/.cache/verl_search}``: where the embedded default corpus and index live."""
+    return Path(os.environ.get("VERL_SEARCH_CACHE") or Path.home() / ".cache" / "verl_search")
+
+
+class ServerConfig(BaseModel):
+    """Configuration of the local retrieval service. Unknown keys are rejected."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # --- what to serve (the published Search-R1 flags) ---
+    index_path: Path | None = Field(
+        default=None,
+        description="Flat/any faiss index file, a .npy of passage vectors, or a bm25s index directory. "
+        "None (with corpus_path None) serves the embedded toy default.",
+    )
+    corpus_path: Path | None = Field(default=None, description="Corpus jsonl, one {id, contents} per line; row = id.")
+    topk: int = Field(default=3, ge=1, description="Passages per query when a request sends topk=null.")
+    retriever_name: str = Field(
+        default="e5", description="Model family ('e5' adds query:/passage: prefixes; 'bm25' selects the bm25 backend)."
+    )
+    retriever_model: str = Field(
+        default="intfloat/e5-base-v2", description="HF model id or local folder of the query encoder."
+    )
+    faiss_gpu: bool = Field(default=False, description="faiss backend: shard an fp16 copy of the index over all GPUs.")
+
+    # --- our own flags ---
+    host: str = Field(default="127.0.0.1", description="Bind address (loopback unless you mean to expose it).")
+    port: int = Field(default=8000, ge=0, le=65535, description="TCP port (0 picks a free one).")
+    backend: Backend = Field(
+        default="auto",
+        description="'auto': bm25 when retriever_name is bm25, torch for flat IP indexes and .npy, faiss otherwise.",
+    )
+    device: Device = Field(default="auto", description="'auto' uses CUDA when available.")
+    fp16: bool = Field(default=True, description="On CUDA, run the encoder in fp16 (CPU always runs fp32).")
+    index_dtype: IndexDtype = Field(
+        default="auto", description="torch backend vector dtype; 'auto' = float16 on CUDA, float32 on CPU."
+    )
+    pooling: Pooling = Field(default="auto", description="'auto' = cls for bge models, mean otherwise.")
+    query_max_length: int = Field(default=256, ge=8, le=8192, description="Tokens kept per query.")
+    num_threads: int = Field(default=0, ge=0, description="torch/faiss CPU threads; 0 = all cores.")
+
+    # --- batching ---
+    batching: bool = Field(
+        default=True,
+        description="Coalesce concurrent requests into one encode + search. False = per-request reference mode "
+        "(each request encodes and searches on its own in a thread pool, like the public servers).",
+    )
+    max_batch_size: int = Field(default=256, ge=1, description="Most queries encoded and searched together.")
+    max_wait_ms: float = Field(
+        default=2.0, ge=0, description="How long a non-full batch waits for more requests before running."
+    )
+    max_queue: int = Field(default=4096, ge=1, description="Most queries waiting; more are answered 429.")
+    unbatched_threads: int = Field(default=40, ge=1, description="Thread pool size of the per-request mode.")
+
+    # --- request limits ---
+    max_queries_per_request: int = Field(default=64, ge=1, description="Most queries in one request.")
+    max_query_chars: int = Field(default=4096, ge=1, description="Most characters in one query.")
+    max_topk: int = Field(default=100, ge=1, description="Largest topk a request may ask for.")
+    max_body_bytes: int = Field(default=1 << 20, ge=64, description="Largest request body in bytes.")
+
+    # --- embedded default ---
+    toy_passages: int = Field(
+        default=2_000, ge=50, description="Passages of the embedded default corpus (encoded on first start)."
+    )
+    cache_dir: Path = Field(default_factory=default_cache_dir, description="Where the embedded default is cached.")
+
+    @model_validator(mode="after")
+    def _check(self) -> ServerConfig:
+        if (self.index_path is None) != (self.corpus_path is None) and self.resolved_backend() != "bm25":
+            raise ValueError("give both --index_path and --corpus_path, or neither (embedded default)")
+        if self.topk > self.max_topk:
+            raise ValueError(f"topk={self.topk} exceeds max_topk={self.max_topk}")
+        return self
+
+    @property
+    def embedded_default(self) -> bool:
+        """True when no corpus was given: serve the generated toy corpus with the bundled MiniLM."""
+        return self.corpus_path is None
+
+    def resolved_backend(self) -> Literal["torch", "faiss", "bm25"]:
+        """The backend actually used (resolves 'auto' from the retriever name and the index file)."""
+        if self.backend != "auto":
+            return self.backend
+        if self.retriever_name.lower() == "bm25":
+            return "bm25"
+        if self.faiss_gpu:
+            return "faiss"
+        return "torch" if self.index_path is None or _is_flat_ip(self.index_path) else "faiss"
+
+    def resolved_pooling(self) -> Literal["mean", "cls"]:
+        if self.pooling != "auto":
+            return self.pooling
+        return "cls" if "bge" in f"{self.retriever_name} {self.retriever_model}".lower() else "mean"
+
+
+def _is_flat_ip(path: Path) -> bool:
+    """A .npy or a faiss IndexFlatIP file (read from its 4-byte header, without loading it)."""
+    if path.suffix == ".npy":
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"IxFI"
+    except OSError:
+        return False

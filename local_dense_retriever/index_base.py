@@ -1,0 +1,60 @@
+"""The search-backend interface: ``search(queries, k) -> (scores, ids)``, one row per query, best first.
+
+Invariant: ids are corpus row numbers; a row may be shorter than ``k`` only when the index holds fewer than ``k``
+passages (missing slots never appear as -1 to callers).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import torch
+
+
+class IndexLoadError(RuntimeError):
+    """The index file is missing, of the wrong kind for the backend, or does not fit the encoder."""
+
+
+class VectorIndex(Protocol):
+    """Inner-product search over passage vectors."""
+
+    dim: int
+
+    def __len__(self) -> int: ...
+
+    def search(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``queries`` (n, dim) float → (scores float32 (n, k), ids int64 (n, k))."""
+        ...
+
+    def describe(self) -> str: ...
+
+
+class SearchBackend(Protocol):
+    """Texts in, (scores, ids) out; what the engine calls from its worker thread."""
+
+    def __len__(self) -> int: ...
+
+    def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def describe(self) -> str: ...
+
+
+class DenseSearch:
+    """An encoder followed by a vector index."""
+
+    def __init__(self, encoder, index: VectorIndex) -> None:
+        if encoder.dim != index.dim:
+            raise IndexLoadError(f"encoder width {encoder.dim} does not match index width {index.dim}")
+        self.encoder = encoder
+        self.index = index
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        vectors = self.encoder.encode(queries, is_query=True)
+        return self.index.search(vectors, min(k, len(self.index)))
+
+    def describe(self) -> str:
+        return self.index.describe()

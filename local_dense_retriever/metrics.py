@@ -1,0 +1,62 @@
+"""Server counters: requests, statuses, queue depth, batch-size histogram and latency percentiles (GET /metrics).
+
+Invariant: updated only from the event-loop thread, so no locks are needed; latency percentiles cover the most
+recent ``window`` requests.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+
+class Metrics:
+    """In-process counters of one server."""
+
+    def __init__(self, *, window: int = 10_000) -> None:
+        self.started = time.time()
+        self.requests = 0
+        self.queries = 0
+        self.status_counts: collections.Counter[int] = collections.Counter()
+        self.error_counts: collections.Counter[str] = collections.Counter()
+        self.batches = 0
+        self.batched_queries = 0
+        self.batch_sizes: collections.Counter[int] = collections.Counter()  # bucket upper bound (power of two)
+        self.failed_batches = 0
+        self._latencies: collections.deque[float] = collections.deque(maxlen=window)
+        self.queue_depth: Callable[[], int] = lambda: 0
+
+    def observe_request(self, status: int, latency_s: float, n_queries: int, error: str | None = None) -> None:
+        self.requests += 1
+        self.queries += n_queries
+        self.status_counts[status] += 1
+        if error:
+            self.error_counts[error] += 1
+        self._latencies.append(latency_s)
+
+    def observe_batch(self, size: int, *, failed: bool = False) -> None:
+        self.batches += 1
+        self.batched_queries += size
+        self.batch_sizes[1 << max(size - 1, 0).bit_length()] += 1
+        if failed:
+            self.failed_batches += 1
+
+    def snapshot(self) -> dict:
+        lat = np.asarray(self._latencies, dtype=np.float64)
+        pct = {f"p{p}": (float(np.percentile(lat, p)) * 1000 if lat.size else None) for p in (50, 90, 99)}
+        return {
+            "uptime_s": time.time() - self.started,
+            "requests_total": self.requests,
+            "queries_total": self.queries,
+            "responses_by_status": {str(k): v for k, v in sorted(self.status_counts.items())},
+            "errors_by_kind": dict(self.error_counts),
+            "queue_depth": self.queue_depth(),
+            "batches_total": self.batches,
+            "failed_batches_total": self.failed_batches,
+            "mean_batch_size": self.batched_queries / self.batches if self.batches else None,
+            "batch_size_histogram": {f"<={k}": v for k, v in sorted(self.batch_sizes.items())},
+            "latency_ms": {**pct, "window": int(lat.size)},
+        }

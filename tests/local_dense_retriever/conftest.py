@@ -1,0 +1,124 @@
+"""Shared fixtures: a tiny hashing encoder (API tests), small toy corpora and their MiniLM index (built once)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from local_dense_retriever.corpus_store import CorpusStore
+from local_dense_retriever.engine import RetrievalEngine
+from local_dense_retriever.index_base import DenseSearch
+from local_dense_retriever.index_torch import TorchFlatIndex
+
+TOY_PASSAGES = 300  # MiniLM encodes this in well under a minute on 2 shared cores
+
+
+class HashEncoder:
+    """Fake encoder for tests where the model is not the point: bag of hashed words, L2-normalised."""
+
+    dim = 16384
+    device = torch.device("cpu")
+
+    def encode(self, texts: list[str], *, is_query: bool = True) -> torch.Tensor:
+        out = torch.zeros(len(texts), self.dim)
+        for row, text in enumerate(texts):
+            for word in re.findall(r"\w+", text.lower()):
+                out[row, int(hashlib.md5(word.encode()).hexdigest(), 16) % self.dim] += 1.0
+        return torch.nn.functional.normalize(out + 1e-6, dim=-1)
+
+
+def write_corpus(path: Path, texts: list[str]) -> Path:
+    with open(path, "w", encoding="utf-8") as f:
+        for i, text in enumerate(texts):
+            f.write(json.dumps({"id": str(i), "contents": f'"Doc {i}"\n{text}'}) + "\n")
+    return path
+
+
+def hash_engine(corpus_path: Path) -> RetrievalEngine:
+    corpus = CorpusStore(corpus_path, progress=False)
+    enc = HashEncoder()
+    vectors = enc.encode([corpus.get(i)["contents"] for i in range(len(corpus))], is_query=False).numpy()
+    return RetrievalEngine(DenseSearch(enc, TorchFlatIndex(vectors, device=torch.device("cpu"))), corpus)
+
+
+ANIMALS = ["aardvark", "badger", "camel", "dingo", "emu", "ferret", "gecko", "heron", "ibis", "jackal"]
+
+
+@pytest.fixture(scope="session")
+def animal_corpus(tmp_path_factory) -> Path:
+    """50 passages; passage i names animal i % 10 and the number word 'item{i}'."""
+    texts = [f"The {ANIMALS[i % 10]} number item{i} lives here." for i in range(50)]
+    return write_corpus(tmp_path_factory.mktemp("animals") / "corpus.jsonl", texts)
+
+
+@pytest.fixture(scope="session")
+def hash_encoder_cls() -> type[HashEncoder]:
+    return HashEncoder
+
+
+@pytest.fixture(scope="session")
+def make_hash_engine():
+    """Factory: corpus path → engine with the hashing encoder and a torch flat index."""
+    return hash_engine
+
+
+@pytest.fixture(scope="session")
+def make_corpus():
+    """Factory: (path, texts) → corpus jsonl with rows {id, contents}."""
+    return write_corpus
+
+
+@pytest.fixture(scope="session")
+def toy_dataset(tmp_path_factory):
+    from local_dense_retriever.toy_corpus import generate_toy_dataset
+
+    return generate_toy_dataset(tmp_path_factory.mktemp("toy"), num_passages=TOY_PASSAGES, seed=0)
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    from local_dense_retriever.encoder import bundled_minilm_path
+
+    return bundled_minilm_path()
+
+
+@pytest.fixture(scope="session")
+def minilm_encoder(minilm_path):
+    from local_dense_retriever.encoder import HFEncoder
+
+    return HFEncoder(minilm_path, retriever_name="minilm", pooling="mean", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def minilm_index(toy_dataset, minilm_encoder) -> dict[str, Path]:
+    """The toy corpus encoded once with MiniLM, written both as .npy and as a faiss IndexFlatIP file."""
+    from local_dense_retriever.build_index import build_flat_index
+
+    out = toy_dataset.corpus_path.parent
+    paths = {"npy": out / "minilm.npy", "faiss": out / "minilm_Flat.index"}
+    build_flat_index(
+        toy_dataset.corpus_path,
+        list(paths.values()),
+        minilm_encoder,
+        model_id="minilm",
+        batch_size=32,
+        shard_size=128,
+        progress=False,
+    )
+    return paths
+
+
+@pytest.fixture(scope="session")
+def toy_questions(toy_dataset) -> list[dict]:
+    return [json.loads(line) for line in toy_dataset.qa_path.read_text().splitlines()]
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(0)

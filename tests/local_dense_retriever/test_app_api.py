@@ -1,0 +1,211 @@
+"""The HTTP service on a real uvicorn server: the /retrieve contract, health, metrics, limits and error answers."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+
+from local_dense_retriever.app import create_app
+from local_dense_retriever.config import ServerConfig
+from local_dense_retriever.engine import RetrievalEngine
+from verl_search.background_server import BackgroundServer
+from verl_search.protocol import RetrieveResponse
+
+
+@pytest.fixture(scope="module")
+def engine(animal_corpus, make_hash_engine) -> RetrievalEngine:
+    return make_hash_engine(animal_corpus)
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    config = ServerConfig(max_queries_per_request=8, max_query_chars=200, max_topk=20, max_body_bytes=4096)
+    with BackgroundServer(create_app(config, engine=engine)) as srv:
+        yield srv
+
+
+def post(server, body=None, **kw) -> httpx.Response:
+    return httpx.post(f"{server.url}/retrieve", json=body, timeout=30, **kw)
+
+
+def test_retrieve_plain_documents(server):
+    r = post(server, {"queries": ["item17", "item3 dingo"], "topk": 2, "return_scores": False})
+    assert r.status_code == 200
+    result = r.json()["result"]
+    assert [len(hits) for hits in result] == [2, 2]
+    assert result[0][0] == {"id": "17", "contents": '"Doc 17"\nThe heron number item17 lives here.'}
+    assert result[1][0]["id"] == "3"
+    RetrieveResponse.model_validate(r.json())
+
+
+def test_retrieve_with_scores_and_default_topk(server):
+    r = post(server, {"queries": ["item42"], "return_scores": True})
+    result = r.json()["result"]
+    assert len(result[0]) == 3  # server default topk
+    assert result[0][0]["document"]["id"] == "42"
+    scores = [hit["score"] for hit in result[0]]
+    assert scores == sorted(scores, reverse=True)
+    RetrieveResponse.model_validate(r.json())
+
+
+def test_topk_null_and_return_scores_omitted(server):
+    r = post(server, {"queries": ["camel"], "topk": None})
+    assert r.status_code == 200 and set(r.json()["result"][0][0]) == {"id", "contents"}
+
+
+def test_health_metrics_and_docs(server):
+    health = httpx.get(f"{server.url}/health").json()
+    assert health["status"] == "ready" and health["passages"] == 50
+    post(server, {"queries": ["emu"]})
+    metrics = httpx.get(f"{server.url}/metrics").json()
+    assert metrics["requests_total"] >= 1 and metrics["responses_by_status"]["200"] >= 1
+    assert metrics["latency_ms"]["p50"] is not None and "batch_size_histogram" in metrics
+    assert "/retrieve" in httpx.get(f"{server.url}/openapi.json").json()["paths"]
+    assert httpx.get(f"{server.url}/docs").status_code == 200
+
+
+MALFORMED = [
+    ("not json", dict(content=b"{not json", headers={"content-type": "application/json"}), 400, "invalid_json"),
+    ("json array", dict(json=["q"]), 422, "invalid_request"),
+    ("no queries key", dict(json={"topk": 3}), 422, "invalid_request"),
+    ("queries is a string", dict(json={"queries": "who"}), 422, "invalid_request"),
+    ("non-string query", dict(json={"queries": ["ok", 5]}), 422, "invalid_request"),
+    ("null query", dict(json={"queries": [None]}), 422, "invalid_request"),
+    ("empty query list", dict(json={"queries": []}), 422, "invalid_request"),
+    ("too many queries", dict(json={"queries": ["q"] * 9}), 422, "invalid_request"),
+    ("query too long", dict(json={"queries": ["x" * 201]}), 422, "invalid_request"),
+    ("topk huge", dict(json={"queries": ["q"], "topk": 1_000_000_000}), 422, "invalid_request"),
+    ("topk zero", dict(json={"queries": ["q"], "topk": 0}), 422, "invalid_request"),
+    ("topk negative", dict(json={"queries": ["q"], "topk": -3}), 422, "invalid_request"),
+    ("topk not a number", dict(json={"queries": ["q"], "topk": "many"}), 422, "invalid_request"),
+    ("topk fractional", dict(json={"queries": ["q"], "topk": 2.5}), 422, "invalid_request"),
+    ("unknown key", dict(json={"queries": ["q"], "tpok": 3}), 422, "invalid_request"),
+    ("return_scores not bool", dict(json={"queries": ["q"], "return_scores": "maybe"}), 422, "invalid_request"),
+    ("body too large", dict(json={"queries": ["q" * 5000]}), 413, "body_too_large"),
+    ("empty body", dict(content=b"", headers={"content-type": "application/json"}), 422, "invalid_request"),
+]
+
+
+@pytest.mark.parametrize(("case", "kwargs", "status", "error"), MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_requests_get_a_json_4xx_and_the_server_stays_up(server, case, kwargs, status, error):
+    r = httpx.post(f"{server.url}/retrieve", timeout=30, **kwargs)
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["error"] == error and body["detail"]
+    assert post(server, {"queries": ["item5"], "topk": 1}).json()["result"][0][0]["id"] == "5"
+
+
+def test_unknown_route_and_wrong_method_are_json(server):
+    r = httpx.get(f"{server.url}/nope")
+    assert r.status_code == 404 and r.json()["error"] == "not_found"
+    r = httpx.get(f"{server.url}/retrieve")
+    assert r.status_code == 405 and r.json()["error"] == "method_not_allowed"
+
+
+def test_concurrent_clients_each_get_their_own_results(server):
+    results: dict[int, str] = {}
+
+    def client(i: int) -> None:
+        with httpx.Client(timeout=30) as c:
+            results[i] = c.post(f"{server.url}/retrieve", json={"queries": [f"item{i}"], "topk": 1}).json()["result"][
+                0
+            ][0]["id"]
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {i: str(i) for i in range(40)}
+
+
+class _Backend:
+    """A search backend whose behaviour the test steers: block until released, or raise."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.release = threading.Event()
+        self.error: Exception | None = None
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def describe(self) -> str:
+        return "steerable"
+
+    def search(self, queries, k):
+        self.release.wait(20)
+        if self.error is not None:
+            raise self.error
+        return self.inner.search(queries, k)
+
+
+def test_overload_answers_429_and_engine_failure_500_then_recovers(engine):
+    backend = _Backend(engine.backend)
+    steerable = RetrievalEngine(backend, engine.corpus)
+    config = ServerConfig(max_queue=2, max_wait_ms=0, max_batch_size=1)
+    with BackgroundServer(create_app(config, engine=steerable)) as srv:
+        blocked = []
+        for i in range(3):  # the first is taken by the worker, the next two fill the queue
+            t = threading.Thread(target=lambda i=i: blocked.append(post(srv, {"queries": [f"item{i}"]})))
+            t.start()
+            blocked.append(t)
+        deadline = 100
+        while httpx.get(f"{srv.url}/metrics").json()["queue_depth"] < 2 and deadline:
+            threading.Event().wait(0.05)
+            deadline -= 1
+        r = post(srv, {"queries": ["one more"]})
+        assert r.status_code == 429 and r.json()["error"] == "overloaded"
+        assert r.headers["retry-after"]
+        backend.error = RuntimeError("index shard lost")
+        backend.release.set()
+        for t in [b for b in blocked if isinstance(b, threading.Thread)]:
+            t.join(30)
+        answers = [b for b in blocked if isinstance(b, httpx.Response)]
+        assert [a.status_code for a in answers] == [500, 500, 500]
+        assert all("index shard lost" in a.json()["detail"] for a in answers)
+        backend.error = None
+        assert post(srv, {"queries": ["item9"], "topk": 1}).json()["result"][0][0]["id"] == "9"
+
+
+def test_health_is_503_while_loading_and_after_a_failed_load(engine):
+    loaded = threading.Event()
+
+    def slow_loader() -> RetrievalEngine:
+        loaded.wait(20)
+        return engine
+
+    with BackgroundServer(create_app(ServerConfig(), loader=slow_loader)) as srv:
+        r = httpx.get(f"{srv.url}/health")
+        assert r.status_code == 503 and r.json()["status"] == "loading"
+        r = post(srv, {"queries": ["x"]})
+        assert r.status_code == 503 and r.json()["error"] == "not_ready"
+        loaded.set()
+        for _ in range(200):
+            if httpx.get(f"{srv.url}/health").status_code == 200:
+                break
+            threading.Event().wait(0.05)
+        assert post(srv, {"queries": ["item1"], "topk": 1}).json()["result"][0][0]["id"] == "1"
+
+    failures = []
+
+    def broken_loader() -> RetrievalEngine:
+        raise FileNotFoundError("e5_Flat.index")
+
+    with BackgroundServer(create_app(ServerConfig(), loader=broken_loader, on_load_failed=failures.append)) as srv:
+        for _ in range(200):
+            if failures:
+                break
+            threading.Event().wait(0.05)
+        r = httpx.get(f"{srv.url}/health")
+        assert r.status_code == 503 and r.json()["status"] == "failed" and "e5_Flat.index" in r.json()["detail"]
+    assert isinstance(failures[0], FileNotFoundError)
+
+
+def test_unbatched_reference_mode_serves_the_same_results(engine):
+    with BackgroundServer(create_app(ServerConfig(batching=False), engine=engine)) as srv:
+        r = post(srv, {"queries": ["item7", "item8"], "topk": 1})
+        assert [hits[0]["id"] for hits in r.json()["result"]] == ["7", "8"]
+        assert httpx.get(f"{srv.url}/health").json()["batching"] is False
