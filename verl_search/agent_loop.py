@@ -144,9 +144,10 @@ class SearchR1AgentLoop(AgentLoopBase):
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     @rollout_trace_op
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+    async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs: Any) -> AgentLoopOutput:
         prompt_ids = await self.ct_build_initial_tokens(list(kwargs["raw_prompt"]))
-        request_id = uuid4().hex
+        priority = int(priority)
+        request_id = f"det-{priority}" if self.rollout_config.get("full_determinism", False) else uuid4().hex
         response_ids: list[int] = []
         mask: list[int] = []
         logprobs: list[float] | None = []
@@ -165,7 +166,10 @@ class SearchR1AgentLoop(AgentLoopBase):
             params = {**sampling_params, **self._stop_params(self.response_length - len(response_ids))}
             with simple_timer("generate_sequences", timing):
                 output = await self.server_manager.generate(
-                    request_id=request_id, prompt_ids=prompt_ids + response_ids, sampling_params=params
+                    request_id=request_id,
+                    prompt_ids=prompt_ids + response_ids,
+                    sampling_params=params,
+                    priority=priority,
                 )
             assistant_turns += 1
             num_preempted += output.num_preempted or 0

@@ -182,3 +182,10 @@ def _caused_by(error: BaseException | None, kind: type, text: str) -> bool:
             return True
         error = error.__cause__ or error.__context__
     return False
+
+
+async def test_sglang_is_asked_to_keep_the_stop_string(run, oracle):
+    trajectory, calls = await run(native_search_policy(oracle), rollout_name="sglang")
+    params = calls[0].sampling_params
+    assert params["no_stop_trim"] is True and "include_stop_str_in_output" not in params
+    assert trajectory.score == 1.0
