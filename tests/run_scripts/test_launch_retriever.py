@@ -1,0 +1,77 @@
+"""run_scripts/launch_retriever.sh: starts the real retrieval server, waits for /health, prints RETRIEVER_URL."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+import pytest
+import requests
+
+from verl_search.background_server import free_port
+
+READY = re.compile(r"stop it with: kill (\d+)")
+
+
+def stop(output: str) -> None:
+    match = READY.search(output)
+    if match:
+        os.kill(int(match.group(1)), signal.SIGTERM)
+
+
+def test_missing_index_fails_before_starting_anything(run_script, tmp_path):
+    result = run_script("launch_retriever.sh", DATA_DIR=str(tmp_path), PORT=str(free_port()))
+    assert result.returncode == 1
+    assert f"INDEX_PATH={tmp_path}/e5_Flat.index does not exist" in result.stderr
+    assert "download.py --save_path" in result.stderr
+
+
+def test_a_server_that_dies_at_start_up_is_reported_with_its_log(run_script, tmp_path):
+    log = tmp_path / "retriever.log"
+    result = run_script(
+        "launch_retriever.sh", "--max_batch_size", "0", EMBEDDED="1", PORT=str(free_port()), LOG_FILE=str(log)
+    )
+    assert result.returncode == 1
+    assert "the retriever exited during start-up" in result.stderr
+    assert "max_batch_size" in result.stderr  # the server's own one-line cause, from the log tail
+    with pytest.raises(ProcessLookupError):  # nothing left running
+        os.kill(int((tmp_path / "retriever.log.pid").read_text()), 0)
+
+
+def test_port_zero_is_refused(run_script):
+    result = run_script("launch_retriever.sh", EMBEDDED="1", PORT="0")
+    assert result.returncode == 1
+    assert "PORT=0: give a fixed port number" in result.stderr
+
+
+@pytest.mark.slow
+def test_embedded_retriever_serves_the_training_preflight(run_script, small_env, tmp_path):
+    """launch_retriever.sh → its RETRIEVER_URL → the training script's DRY_RUN passes against the real server."""
+    env = {
+        "EMBEDDED": "1",
+        "PORT": str(free_port()),
+        "LOG_FILE": str(tmp_path / "retriever.log"),
+        "VERL_SEARCH_CACHE": str(tmp_path / "cache"),
+    }
+    result = run_script("launch_retriever.sh", "--toy_passages", "50", **env)
+    try:
+        assert result.returncode == 0, result.stdout + result.stderr
+        last = result.stdout.strip().splitlines()[-1]
+        assert last == f"RETRIEVER_URL=http://127.0.0.1:{env['PORT']}"
+        url = last.split("=", 1)[1]
+        assert requests.get(f"{url}/health", timeout=5).status_code == 200
+        train_env = small_env(tmp_path / "run")
+        train_env["RETRIEVER_URL"] = url
+        train = run_script("run_qwen2.5-3b_instruct_search_multiturn.sh", **train_env)
+        assert train.returncode == 0, train.stdout + train.stderr
+        assert f"OK      retriever: {url}/retrieve answered a probe" in train.stderr
+    finally:
+        stop(result.stdout)
+
+
+def test_something_already_on_the_port_is_refused(run_script, retriever_url):
+    port = retriever_url.rsplit(":", 1)[1]
+    result = run_script("launch_retriever.sh", EMBEDDED="1", PORT=port)
+    assert result.returncode == 1
+    assert f"something already answers on 127.0.0.1:{port}" in result.stderr
