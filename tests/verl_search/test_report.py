@@ -164,34 +164,43 @@ def test_cli_prints_the_table(tmp_path: Path, val_parquet: Path, write_generatio
     assert out.rstrip().endswith(f"wrote {dump / 'report.md'} and {dump / 'report.json'}")
 
 
-def _one_line_error(args: list[str]) -> str:
-    rc, out, err = _run(*args)
+def test_cli_error_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    rc, out, err = _run(str(tmp_path / "missing"))
     assert rc == 1 and out == ""
-    assert err.startswith("report: error: ") and err.count("\n") == 1
+    assert err == f"report: error: {tmp_path / 'missing'} is not a folder (pass trainer.validation_data_dir)\n"
+
+
+def _one_line_error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    capsys.readouterr()
+    assert main(args) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("report: error: ") and err.count("\n") == 1
     return err
 
 
-def test_bad_inputs_fail_with_one_line(tmp_path: Path, val_parquet: Path, write_generations) -> None:
-    assert "is not a folder" in _one_line_error([str(tmp_path / "missing")])
+def test_bad_inputs_fail_with_one_line(
+    tmp_path: Path, val_parquet: Path, write_generations, capsys: pytest.CaptureFixture[str]
+) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert "holds no validation dumps" in _one_line_error([str(empty)])
+    assert "holds no validation dumps" in _one_line_error([str(empty)], capsys)
     dump = tmp_path / "val"
     _dump(write_generations, dump, 7, PLAN)
-    assert "no dump for step 3" in _one_line_error([str(dump), "--step", "3"])
-    assert "steps found: 7" in _one_line_error([str(dump), "--step", "3"])
-    assert "pass --data" in _one_line_error([str(dump)])
-    assert "cannot read validation data" in _one_line_error([str(dump), "--data", str(tmp_path / "nope.parquet")])
+    err = _one_line_error([str(dump), "--step", "3"], capsys)
+    assert "no dump for step 3" in err and "steps found: 7" in err
+    assert "pass --data" in _one_line_error([str(dump)], capsys)
+    missing = str(tmp_path / "nope.parquet")
+    assert "cannot read validation data" in _one_line_error([str(dump), "--data", missing], capsys)
     with open(dump / "7.jsonl", "a", encoding="utf-8") as f:
         f.write("{truncated\n")
-    assert "7.jsonl:17: not valid JSON" in _one_line_error([str(dump), "--data", str(val_parquet)])
+    assert "7.jsonl:17: not valid JSON" in _one_line_error([str(dump), "--data", str(val_parquet)], capsys)
     (dump / "8.jsonl").write_text(json.dumps({"output": "x", "gts": {"target": ["x"]}}) + "\n")
-    assert "neither 'em' nor 'score'" in _one_line_error([str(dump), "--data", str(val_parquet)])
+    assert "neither 'em' nor 'score'" in _one_line_error([str(dump), "--data", str(val_parquet)], capsys)
     assert not (dump / "report.json").exists()
 
 
 def test_rows_of_another_validation_set_are_reported_as_unmatched(
-    tmp_path: Path, val_parquet: Path, write_generations
+    tmp_path: Path, val_parquet: Path, write_generations, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dump = tmp_path / "val"
     _dump(write_generations, dump, 1, PLAN)
@@ -205,4 +214,4 @@ def test_rows_of_another_validation_set_are_reported_as_unmatched(
     other = tmp_path / "other"
     other.mkdir()
     (other / "1.jsonl").write_text(json.dumps({"input": "q", "output": "", "gts": ["zzz"], "score": 0}) + "\n")
-    assert "none of the 1 rows matched" in _one_line_error([str(other), "--data", str(val_parquet)])
+    assert "none of the 1 rows matched" in _one_line_error([str(other), "--data", str(val_parquet)], capsys)
