@@ -1,8 +1,11 @@
-"""Fixtures for the preprocessing tests: small Search-R1-schema parquet splits, a toy jsonl, the CLI, a tokenizer."""
+"""Fixtures for the preprocessing tests: Search-R1-schema parquet splits, a toy jsonl, the CLI, a tokenizer, a hub."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pandas as pd
@@ -119,3 +122,49 @@ def qwen_tokenizer(tmp_path_factory):
     from verl_search.local_tokenizer import load_tokenizer
 
     return load_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+class _HubHandler(BaseHTTPRequestHandler):
+    """Answers ``/datasets/{repo}/resolve/{rev}/{file}`` like the Hugging Face hub (HEAD + GET, 404 otherwise)."""
+
+    files: dict[str, Path] = {}
+
+    def log_message(self, *args) -> None:  # keep test output clean
+        pass
+
+    def _answer(self, with_body: bool) -> None:
+        repo_and_name = self.path.split("/resolve/", 1)
+        name = repo_and_name[-1].split("/", 1)[-1]
+        path = self.files.get(name)
+        if len(repo_and_name) != 2 or path is None:
+            self.send_response(404)
+            self.send_header("X-Error-Code", "EntryNotFound")
+            self.end_headers()
+            return
+        data = path.read_bytes()
+        self.send_response(200)
+        self.send_header("X-Repo-Commit", "0" * 40)
+        self.send_header("ETag", f'"{hashlib.sha1(data).hexdigest()}"')
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if with_body:
+            self.wfile.write(data)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._answer(with_body=False)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._answer(with_body=True)
+
+
+@pytest.fixture
+def fake_hub(search_r1_dir):
+    """A local stand-in for the hub serving ``search_r1_dir``'s parquet files; yields its endpoint URL."""
+    handler = type("Handler", (_HubHandler,), {"files": {p.name: p for p in search_r1_dir.glob("*.parquet")}})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+    thread.join()

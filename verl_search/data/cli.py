@@ -22,7 +22,7 @@ Turn Search-R1 QA data into verl RLHFDataset parquet files that route to the `se
 
 Inputs (one of): --input_dir DIR with train.parquet/test.parquet in the Search-R1 schema; --input_jsonl FILE in the
 FlashRAG format (question, golden_answers[, id, data_source]); or, by default, the hub dataset --hf_repo_id
-({DEFAULT_HF_REPO_ID}).
+({DEFAULT_HF_REPO_ID}; cached under $HF_HOME, mirrors via $HF_ENDPOINT; offline without a cache is an error).
 Outputs in --local_dir: train.parquet, test.parquet and, with --val_per_source N, {VAL_SUBSET_NAME} (at most N test
 rows per data source, chosen reproducibly by --seed). Nothing is written unless every row is valid."""
 
