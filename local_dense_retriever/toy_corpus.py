@@ -17,6 +17,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from local_dense_retriever.atomic import atomic_path
+from local_dense_retriever.toy_questions import generate_questions, max_questions
 from local_dense_retriever.toy_world import MIN_PASSAGES, ToyWorld
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ def _write_corpus(world: ToyWorld, path: Path, progress: bool) -> int:
 
 def _write_qa(world: ToyWorld, path: Path, num_questions: int) -> int:
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        for row in world.questions(num_questions):
+        for row in generate_questions(world, num_questions):
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     return path.stat().st_size
 
@@ -117,9 +118,9 @@ def generate_toy_dataset(
         logger.info("reusing complete toy dataset in %s", out_dir)
         return dataset
     world = ToyWorld(num_passages, seed)  # validates the seed
-    if num_questions < 0 or num_questions > world.max_questions():
+    if not 0 <= num_questions <= max_questions(world):
         raise ValueError(
-            f"num_questions must be between 0 and {world.max_questions()} for {num_passages} passages, "
+            f"num_questions must be between 0 and {max_questions(world)} for {num_passages} passages, "
             f"got {num_questions}"
         )
     out_dir.mkdir(parents=True, exist_ok=True)

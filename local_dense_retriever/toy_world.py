@@ -7,8 +7,6 @@ passages named by its ``supporting_ids``. Names are unique across all titles.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 
 from local_dense_retriever import toy_vocab as V
@@ -227,104 +225,5 @@ class ToyWorld:
             )
         )
 
-    # ---- questions ------------------------------------------------------------------------------------------------
-    def max_questions(self) -> int:
-        """How many distinct questions this world can produce."""
-        sizes = {PERSON: len(self.rows[PERSON]), CITY: len(self.rows[CITY]), ORG: len(self.rows[ORG])}
-        return sum(sizes[subject] for subject, _ in _SINGLE + _TWO)
-
-    def questions(self, num_questions: int) -> Iterator[dict]:
-        """Yield ``num_questions`` FlashRAG-style rows, alternating single-hop and two-hop."""
-        if num_questions < 0:
-            raise ValueError(f"num_questions must be non-negative, got {num_questions}")
-        if num_questions > self.max_questions():
-            raise ValueError(
-                f"num_questions={num_questions} is more than a {self.num_passages}-passage corpus supports "
-                f"({self.max_questions()})"
-            )
-        rng = np.random.default_rng([self.seed, 0x9E57])
-        templates = _SINGLE + _TWO
-        pools = {k: rng.permutation(self.rows[subject]).tolist() for k, (subject, _) in enumerate(templates)}
-        used = dict.fromkeys(pools, 0)
-        k_single = k_two = 0
-        q = 0
-        while q < num_questions:
-            if q % 2 == 0:
-                k, k_single = k_single % len(_SINGLE), k_single + 1
-            else:
-                k, k_two = len(_SINGLE) + k_two % len(_TWO), k_two + 1
-            if used[k] >= len(pools[k]):
-                continue
-            row = pools[k][used[k]]
-            used[k] += 1
-            text, answers, support = templates[k][1](self, row)
-            yield {
-                "id": f"q{q}",
-                "question": text,
-                "golden_answers": answers,
-                "data_source": "toy",
-                "metadata": {"hops": len(support), "supporting_ids": [str(s) for s in support]},
-            }
-            q += 1
-
     def _birth_city(self, p: int) -> int:
         return self.p_birth_city[self.local[p]]
-
-
-def _river_answers(w: ToyWorld, r: int) -> list[str]:
-    return [w.name[r], w.river_short[r]]
-
-
-_SINGLE = [
-    (PERSON, lambda w, p: (f"In which city was {w.name[p]} born?", [w.name[w._birth_city(p)]], [p])),
-    (
-        CITY,
-        lambda w, c: (
-            f"Which river flows through the city of {w.name[c]}?",
-            _river_answers(w, w.c_river[w.local[c]]),
-            [c],
-        ),
-    ),
-    (ORG, lambda w, o: (f"Who founded the {w.name[o]}?", [w.name[w.o_founder[w.local[o]]]], [o])),
-    (PERSON, lambda w, p: (f"In what year was {w.name[p]} born?", [str(w.p_birth_year[w.local[p]])], [p])),
-    (CITY, lambda w, c: (f"In which country is {w.name[c]}?", [w.countries[w.c_country[w.local[c]]]], [c])),
-    (PERSON, lambda w, p: (f"What was the profession of {w.name[p]}?", [V.PROFESSIONS[w.p_prof[w.local[p]]]], [p])),
-]
-
-
-def _two_hop_river(w: ToyWorld, p: int) -> tuple[str, list[str], list[int]]:
-    c = w._birth_city(p)
-    return (
-        f"Which river flows through the city where {w.name[p]} was born?",
-        _river_answers(w, w.c_river[w.local[c]]),
-        [p, c],
-    )
-
-
-def _two_hop_founder_city(w: ToyWorld, o: int) -> tuple[str, list[str], list[int]]:
-    f = w.o_founder[w.local[o]]
-    return f"In which city was the founder of the {w.name[o]} born?", [w.name[w._birth_city(f)]], [o, f]
-
-
-def _two_hop_employer_founder(w: ToyWorld, p: int) -> tuple[str, list[str], list[int]]:
-    o = w.p_employer[w.local[p]]
-    return f"Who founded the organisation that {w.name[p]} joined?", [w.name[w.o_founder[w.local[o]]]], [p, o]
-
-
-def _two_hop_country(w: ToyWorld, p: int) -> tuple[str, list[str], list[int]]:
-    c = w._birth_city(p)
-    return f"In which country was {w.name[p]} born?", [w.countries[w.c_country[w.local[c]]]], [p, c]
-
-
-def _two_hop_founder_year(w: ToyWorld, o: int) -> tuple[str, list[str], list[int]]:
-    f = w.o_founder[w.local[o]]
-    return f"In what year was the founder of the {w.name[o]} born?", [str(w.p_birth_year[w.local[f]])], [o, f]
-
-
-_TWO = [
-    (PERSON, _two_hop_river),
-    (ORG, _two_hop_founder_city),
-    (PERSON, _two_hop_employer_founder),
-    (PERSON, _two_hop_country),
-    (ORG, _two_hop_founder_year),
-]

@@ -157,3 +157,15 @@ def test_cli_prints_paths_and_counts_and_fails_with_one_line(tmp_path: Path) -> 
     bad = subprocess.run([*cmd, "--num_passages", "5"], capture_output=True, text=True, check=False)
     assert bad.returncode == 1
     assert bad.stderr.strip().count("\n") == 0 and "at least 50" in bad.stderr
+
+
+def test_the_largest_question_set_uses_every_subject_once(tmp_path: Path) -> None:
+    from local_dense_retriever.toy_questions import max_questions
+    from local_dense_retriever.toy_world import ToyWorld
+
+    most = max_questions(ToyWorld(60, 0))
+    ds = generate_toy_dataset(tmp_path, num_passages=60, seed=0, num_questions=most)
+    qa = _rows(ds.qa_path)
+    assert len(qa) == most and len({q["question"] for q in qa}) == most
+    contents = [r["contents"] for r in _rows(ds.corpus_path)]
+    assert all(a in contents[int(q["metadata"]["supporting_ids"][-1])] for q in qa for a in q["golden_answers"])
