@@ -80,12 +80,13 @@ def rows_to_batch(rows: Sequence[Mapping[str, Any]], agent_name: str | None = No
         raise ValueError("rows is empty")
     items = []
     for i, row in enumerate(rows):
-        if "prompt" not in row or not isinstance(row["prompt"], (list, tuple)):
+        prompt = row.get("prompt")
+        if not isinstance(prompt, (list, tuple, np.ndarray)) or not all(isinstance(m, Mapping) for m in prompt):
             raise ValueError(f"row {i} needs 'prompt' as a list of chat messages")
         item = dict(row)
         extra = dict(item.get("extra_info") or {})
         item["extra_info"] = extra
-        item["raw_prompt"] = [dict(m) for m in row["prompt"]]
+        item["raw_prompt"] = [dict(m) for m in prompt]  # parquet readers give numpy arrays; verl's loops want lists
         item["index"] = extra.get("index", i)
         item["tools_kwargs"] = extra.get("tools_kwargs", {})
         item["interaction_kwargs"] = extra.get("interaction_kwargs", {})
