@@ -29,7 +29,7 @@ golds = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
 @given(response=responses, gold=golds)
 def test_em_equals_verls_search_r1_reward_on_plain_responses(response, gold):
     """Plain responses (no retrieved blocks), golds that normalise to something: identical to verl's score."""
