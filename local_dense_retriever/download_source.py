@@ -44,10 +44,10 @@ class FileSource(Protocol):
 class HubSource:
     """Dataset repos on the Hugging Face hub (``HF_ENDPOINT`` and ``HF_TOKEN`` are honoured by huggingface_hub)."""
 
-    def __init__(self, *, connect_timeout: float = 5.0) -> None:
+    def __init__(self, endpoint: str | None = None, *, connect_timeout: float = 5.0) -> None:
         from huggingface_hub import constants
 
-        self.endpoint = constants.ENDPOINT
+        self.endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
         self.offline = constants.HF_HUB_OFFLINE
         self.connect_timeout = connect_timeout
         self._checked = False
@@ -98,7 +98,7 @@ class HubSource:
 
         self._preflight()
         try:
-            path = hf_hub_download(repo_id, filename, repo_type="dataset", local_dir=dest_dir)
+            path = hf_hub_download(repo_id, filename, repo_type="dataset", local_dir=dest_dir, endpoint=self.endpoint)
         except (httpx.HTTPError, OSError, ValueError, EntryNotFoundError) as e:
             raise DownloadError(f"downloading {repo_id}/{filename} failed: {e}".splitlines()[0]) from e
         return Path(path)
