@@ -43,11 +43,14 @@ def rollout_overrides(
     max_turns: int = 4,
     prompt_length: int = 2048,
     response_length: int = 1024,
-    max_tool_response_length: int = 4096,
+    max_tool_response_length: int = 8192,
     rollout_name: str = "vllm",
     calculate_log_probs: bool = True,
 ) -> list[str]:
-    """The overrides a Search-R1 run sets (multi-turn on, hermes, tool YAML, turn limit, lengths)."""
+    """The overrides a Search-R1 run sets (multi-turn on, hermes, tool YAML, turn limit, lengths).
+
+    ``max_tool_response_length`` (characters) stays above the tool's ``max_result_chars`` so verl never cuts results.
+    """
     prefix = "actor_rollout_ref.rollout"
     out = [
         f"actor_rollout_ref.model.path={model_path}",
@@ -109,7 +112,7 @@ class Trajectory:
     response_logprobs: list[float] | None
     response_text: str  # decoded like verl's reward path: special tokens skipped
     num_turns: int
-    extra_fields: dict[str, Any]
+    extra_fields: dict[str, Any]  # the row's non-tensor batch fields, the loop's extra_fields included
     score: Any = None
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 from verl.utils.reward_score import default_compute_score
@@ -11,6 +13,7 @@ from verl_search.cpu_rollout import run_rows
 from verl_search.errors import ConfigError
 from verl_search.scripted_policy import native_search_policy, scripted_turns
 
+REPO = Path(__file__).resolve().parents[3]
 AGENT = "search_r1_agent"
 HAMLET = "who wrote hamlet?"
 FINAL = SearchR1LoopConfig().final_turn_instruction
@@ -143,11 +146,7 @@ async def test_response_length_is_never_exceeded(run):
 
 
 async def test_agent_loop_yaml_options_are_applied(run, retriever, tmp_path, oracle):
-    entries = yaml.safe_load(
-        (
-            pytest.importorskip("pathlib").Path(__file__).resolve().parents[3] / "tool_config" / "search_r1_agent.yaml"
-        ).read_text()
-    )
+    entries = yaml.safe_load((REPO / "tool_config" / "search_r1_agent.yaml").read_text())
     assert entries[0]["name"] == AGENT
     entries[0].update(max_turns=2, search={"retrieval_service_url": retriever.url, "topk": 1})
     path = tmp_path / "agent.yaml"
