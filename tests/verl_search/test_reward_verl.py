@@ -42,6 +42,11 @@ def test_em_equals_verls_search_r1_reward_on_plain_responses(response, gold):
 
 
 GENERATED_CONFIG = os.path.join(os.path.dirname(verl.__file__), "trainer", "config", "_generated_ppo_trainer.yaml")
+#: the two keys a user sets to use this reward (README / launch scripts)
+OUR_REWARD = (
+    "reward.custom_reward_function.path=pkg://verl_search.reward",
+    "reward.custom_reward_function.name=compute_score",
+)
 RESPONSE = "<search>capital of china</search><information>Beijing</information><answer>Beijing city</answer>"
 
 
@@ -90,3 +95,51 @@ def test_bad_reward_kwargs_fail_at_first_call_naming_the_key():
     fn = get_custom_reward_fn(config)
     with pytest.raises(ValueError, match="metirc"):
         fn(data_source="searchR1_nq", solution_str=RESPONSE, ground_truth=["Beijing"])
+
+
+async def test_scores_a_tool_agent_trajectory_through_verls_reward_manager(tmp_path):
+    """verl's naive reward manager decodes the response tokens (special tokens skipped) and calls our reward."""
+    import numpy as np
+    import torch
+    from verl import DataProto
+    from verl.trainer.ppo.reward import load_reward_manager
+
+    from verl_search.local_tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tmp_path)
+    config = _trainer_config(
+        "reward.custom_reward_function.path=pkg://verl_search.reward",
+        "reward.custom_reward_function.name=compute_score",
+    )
+    manager = load_reward_manager(config, tokenizer)
+
+    def trajectory(final_answer: str) -> str:
+        return (
+            '<think>look it up</think>\n<tool_call>\n{"name": "search", "arguments": {"query_list": ["hamlet"]}}\n'
+            "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nDoc 1(Title: Hamlet) <answer>William "
+            "Shakespeare</answer> wrote it\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+            f"<answer>{final_answer}</answer><|im_end|>"
+        )
+
+    async def score(response: str) -> dict:
+        prompt_ids = tokenizer.encode("<|im_start|>user\nwho wrote hamlet?<|im_end|>\n<|im_start|>assistant\n")
+        response_ids = tokenizer.encode(response)
+        data = DataProto.from_dict(
+            tensors={
+                "prompts": torch.tensor([prompt_ids]),
+                "responses": torch.tensor([response_ids]),
+                "attention_mask": torch.ones(1, len(prompt_ids) + len(response_ids), dtype=torch.long),
+            },
+            non_tensors={
+                "data_source": np.array(["searchR1_nq"], dtype=object),
+                "reward_model": np.array([{"ground_truth": {"target": np.array(["William Shakespeare"])}}]),
+                "extra_info": np.array([{"index": 0}], dtype=object),
+            },
+        )
+        return await manager.run_single(data)
+
+    right, wrong = await score(trajectory("Shakespeare, William")), await score(trajectory("Marlowe"))
+    assert right["reward_score"] == 0.0  # "Shakespeare, William" is not an exact match
+    assert right["reward_extra_info"]["f1"] == 1.0 and right["reward_extra_info"]["num_searches"] == 1.0
+    assert (await score(trajectory("William Shakespeare")))["reward_score"] == 1.0
+    assert wrong["reward_score"] == 0.0  # the gold answer in the tool response never counts
