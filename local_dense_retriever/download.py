@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         source = MirrorSource(args.mirror) if args.mirror else HubSource()
         outputs = download(args.save_path, artifacts, source, delete_parts=args.delete_parts)
-    except DownloadError as e:
+    except (DownloadError, OSError) as e:  # OSError: e.g. the disk filled up while joining
         print(f"download.py: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
