@@ -137,6 +137,7 @@ def test_missing_jsonl(tmp_path, run_cli):
         (["--data_source", "nq"], "data_source applies only to input_jsonl"),
         (["--val_per_source", "0"], "val_per_source"),
         (["--splits", "test", "test"], "splits listed twice"),
+        (["--hf_revision", "main"], "hf_revision applies only to hub input"),
     ],
 )
 def test_inconsistent_flags_are_usage_errors(args, message, search_r1_dir, tmp_path, run_cli):

@@ -66,6 +66,8 @@ class PreprocessConfig(BaseModel):
     def _consistent(self) -> PreprocessConfig:
         if self.input_dir is not None and self.input_jsonl is not None:
             raise ValueError("give either input_dir or input_jsonl, not both")
+        if self.hf_revision is not None and (self.input_dir is not None or self.input_jsonl is not None):
+            raise ValueError("hf_revision applies only to hub input (no input_dir / input_jsonl)")
         if self.data_source is not None and self.input_jsonl is None:
             raise ValueError("data_source applies only to input_jsonl")
         if self.splits is not None and len(set(self.splits)) != len(self.splits):
