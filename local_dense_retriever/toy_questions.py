@@ -59,7 +59,7 @@ def _next_template(groups: list[list[int]], turns: list[int], preferred: int, av
 
 
 def _river_answers(w: ToyWorld, r: int) -> list[str]:
-    return [w.name[r], w.river_short[r]]
+    return [w.name[r], w.word[r]]
 
 
 _SINGLE = [

@@ -1,8 +1,8 @@
-"""The generated world behind the toy corpus: entities, passages and QA pairs, a pure function of (size, seed).
+"""The generated world behind the toy corpus: entities and their passages, a pure function of (size, seed).
 
 Every entity has exactly one passage (row ``i`` of the corpus); every cross-reference (birthplace, employer,
 founder, river) points at the row of another entity of the right type, so a question's answer is always in the
-passages named by its ``supporting_ids``. Names are unique across all titles.
+passages named by its ``supporting_ids`` (see toy_questions.py). Names are unique across all titles.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _word(codes: np.ndarray, syllables: int) -> list[str]:
 
 
 class ToyWorld:
-    """All entities of one toy corpus; ``passage(row)`` and ``questions(n)`` read it."""
+    """All entities of one toy corpus, as per-type attribute lists; ``passage(row)`` renders one of them."""
 
     def __init__(self, num_passages: int, seed: int) -> None:
         if num_passages < MIN_PASSAGES:
@@ -73,12 +73,12 @@ class ToyWorld:
             self.name[r] = f"{given_pool[given[i]]} {word_of_row[r]}"
         for r in rows[RIVER].tolist():
             self.name[r] = f"{word_of_row[r]} River"
-        self.river_short = word_of_row
         org_kind = rng.integers(len(V.ORG_KINDS), size=counts[ORG]).tolist()
         for i, r in enumerate(rows[ORG].tolist()):
             self.name[r] = f"{word_of_row[r]} {V.ORG_KINDS[org_kind[i]]}"
         for r in rows[MOUNTAIN].tolist():
             self.name[r] = f"Mount {word_of_row[r]}"
+        #: the bare unique word of each row (a person's surname, a river's name without "River")
         self.word = word_of_row
 
         def pick(t: int, n: int) -> list[int]:
