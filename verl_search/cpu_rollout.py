@@ -113,6 +113,7 @@ class Trajectory:
     response_text: str  # decoded like verl's reward path: special tokens skipped
     num_turns: int
     extra_fields: dict[str, Any]  # the row's non-tensor batch fields, the loop's extra_fields included
+    metrics: dict[str, Any]  # the loop's AgentLoopMetrics (generate_sequences / tool_calls seconds, num_preempted)
     score: Any = None
 
 
@@ -140,6 +141,7 @@ def _unpad(batch: Any, i: int, tokenizer: Any, non_tensor: Mapping[str, Any]) ->
         response_text=tokenizer.decode(response_ids, skip_special_tokens=True),
         num_turns=int(non_tensor["__num_turns__"][i]),
         extra_fields=extra,
+        metrics=dict(batch.meta_info["metrics"][i]),
     )
 
 

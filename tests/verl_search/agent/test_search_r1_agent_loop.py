@@ -70,6 +70,7 @@ async def test_search_then_answer_is_token_exact(run, retriever, tokenizer, orac
     assert trajectory.extra_fields["search_failures"] == 0
     assert trajectory.extra_fields["invalid_actions"] == 0
     assert trajectory.extra_fields["search_latency_s"] > 0
+    assert trajectory.metrics["tool_calls"] > 0 and trajectory.metrics["generate_sequences"] > 0
 
 
 async def test_generation_stops_at_search_and_answer_tags(run, oracle):
