@@ -35,12 +35,12 @@ class RewardOptions(BaseModel):
     metric: Literal["em", "subem", "f1"] = Field(
         default="em", description="Which match of the final answer becomes the score: exact, gold-in-answer, or F1."
     )
-    format_score: float = Field(
+    structure_format_score: float = Field(
         default=0.0,
         ge=0.0,
         lt=1.0,
         description="Earned by a well-formed response whose answer is wrong or missing; a correct answer in an "
-        "ill-formed response loses it (Search-R1's structure_format_score).",
+        "ill-formed response loses it (as in Search-R1's structured reward).",
     )
     final_format_score: float = Field(
         default=0.0, ge=0.0, lt=1.0, description="Earned by an ill-formed response that does give a (wrong) answer."
@@ -49,7 +49,7 @@ class RewardOptions(BaseModel):
         default=0.0,
         ge=0.0,
         lt=1.0,
-        description="Added to format_score when a gold answer appears in the retrieved text of a well-formed "
+        description="Added to structure_format_score when a gold answer appears in the retrieved text of a well-formed "
         "response whose answer is wrong.",
     )
     strict_single_answer: bool = Field(
@@ -64,8 +64,10 @@ class RewardOptions(BaseModel):
 
     @model_validator(mode="after")
     def _wrong_never_beats_right(self) -> "RewardOptions":
-        if self.format_score + self.retrieval_score >= 1.0:
-            raise ValueError("format_score + retrieval_score must stay below 1 (the score of a correct answer)")
+        if self.structure_format_score + self.retrieval_score >= 1.0:
+            raise ValueError(
+                "structure_format_score + retrieval_score must stay below 1 (the score of a correct answer)"
+            )
         return self
 
 
@@ -149,6 +151,12 @@ def compute_score(
 ) -> dict[str, float]:
     """Score one response (verl's custom reward signature); ``kwargs`` are RewardOptions fields.
 
+    The final answer is the last ``<answer>...</answer>`` the model wrote; its ``metric`` value is the base, times
+    ``tag_spam_factor`` when the model wrote more than ``max_answer_tags`` answer tags. A well-formed response (tags
+    balanced and unnested, one answer block, nothing after it) scores ``max(base, structure_format_score [+
+    retrieval_score])``; an ill-formed one scores ``base - structure_format_score`` when right, ``final_format_score``
+    when it answered wrong, else 0. ``strict_single_answer`` scores 0 when there is more than one answer block.
+
     Returns ``score`` plus ``em``, ``subem``, ``f1`` (of the final answer), ``answered`` (1.0 if the model wrote an
     answer block) and ``num_searches`` (``<search>`` plus ``<tool_call>`` blocks the model wrote).
     """
@@ -169,9 +177,9 @@ def compute_score(
         score = 0.0
     elif _well_formed(model_text, len(answers)):
         bonus = options.retrieval_score if _gold_in(retrieved, golds) else 0.0
-        score = max(base, options.format_score + bonus)
+        score = max(base, options.structure_format_score + bonus)
     elif base > 0:
-        score = max(base - options.format_score, 0.0)
+        score = max(base - options.structure_format_score, 0.0)
     else:
         score = options.final_format_score if answered else 0.0
     return {

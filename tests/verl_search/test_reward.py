@@ -148,7 +148,7 @@ def test_tag_spam_scales_f1_too():
     assert compute_score("x", response, GOLD, metric="f1")["score"] == pytest.approx(0.25 * 2 / 3)
 
 
-FORMAT = {"format_score": 0.2, "final_format_score": 0.1, "retrieval_score": 0.1}
+FORMAT = {"structure_format_score": 0.2, "final_format_score": 0.1, "retrieval_score": 0.1}
 WELL_FORMED_WRONG = "<think>hm</think><search>q</search><information>Doc</information><answer>Shanghai</answer>"
 
 
@@ -192,8 +192,8 @@ def test_strict_single_answer():
     [
         ({"metric": "accuracy"}, "reward option metric"),
         ({"formatscore": 0.1}, "reward option formatscore"),
-        ({"format_score": 1.5}, "reward option format_score"),
-        ({"format_score": 0.6, "retrieval_score": 0.5}, "must stay below 1"),
+        ({"structure_format_score": 1.5}, "reward option structure_format_score"),
+        ({"structure_format_score": 0.6, "retrieval_score": 0.5}, "must stay below 1"),
         ({"max_answer_tags": 0}, "reward option max_answer_tags"),
     ],
 )
