@@ -4,8 +4,8 @@ Steps: build the embedded toy corpus and its MiniLM index (cached), start the re
 the toy QA set with ``data_preprocess/prompt.yaml``, roll the questions out through verl's real ``AgentLoopWorker``
 (``tool_agent`` + ``SearchTool``, and the native ``search_r1_agent``), score with our reward, print one trajectory
 and a summary. No language model runs: the policy searches the question, and if the passages do not contain the
-gold answer it searches once more with the first sentence of the passage about the question's entity (the second hop); its "answer" is the gold answer when
-retrieval surfaced it. EM here therefore measures the retrieval pipeline, not a model.
+gold answer it searches once more with the first sentence of the passage about the question's entity (the second
+hop); its "answer" is the gold answer when retrieval surfaced it. EM here measures the pipeline, not a model.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@
         ├── RequestRejected      the service answered 4xx (our request was wrong; never retried)
         ├── ServerError          the service answered 5xx other than 503 (never retried)
         └── BadResponse          the reply was not JSON or not the /retrieve shape (never retried)
+    (verl_search.data.errors.PreprocessError and its subclasses: the preprocessing CLI's input/template failures)
 
 Helpers raise these; exactly one boundary (``SearchTool.execute`` and the native agent loop) turns them into
 model-facing text plus metrics. ``kind`` is the stable label used in texts and counters.
