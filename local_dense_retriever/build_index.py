@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     from local_dense_retriever.encoder import HFEncoder
 
     try:
+        CorpusStore(args.corpus_path).close()  # fail fast (and build the offsets table) before loading a model
         pooling = ServerConfig(
             retriever_name=args.retriever_name, retriever_model=args.retriever_model, pooling=args.pooling
         ).resolved_pooling()

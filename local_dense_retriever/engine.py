@@ -83,6 +83,8 @@ def load_engine(config: ServerConfig, *, progress: bool = True) -> RetrievalEngi
             }
         )
     assert config.corpus_path is not None
+    if config.index_path is not None and not Path(config.index_path).exists():  # fail before any slow loading
+        raise IndexLoadError(f"index file not found: {config.index_path}")
     with _Timer(timings, "corpus"):
         corpus = CorpusStore(Path(config.corpus_path), progress=progress)
     backend_name = config.resolved_backend()

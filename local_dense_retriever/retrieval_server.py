@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"retrieval_server: error: {where}: {first['msg']}", file=sys.stderr)
         return 2
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # its CPU-feature probing is noise
     import uvicorn
 
     from local_dense_retriever.app import create_app
@@ -87,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         config.port,
         config.batching,
     )
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled after a clean shutdown
+        pass
     if failures:
         print(f"retrieval_server: error: {failures[0]}", file=sys.stderr)
         return 1

@@ -1,0 +1,149 @@
+"""retrieval_server.py: the published Search-R1 command line, our flags, the embedded default, clear failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from local_dense_retriever.retrieval_server import config_from_args, main
+from verl_search.background_server import free_port
+
+SCRIPT = Path(__file__).resolve().parents[2] / "local_dense_retriever" / "retrieval_server.py"
+
+PUBLISHED = ["--index_path", "e5_Flat.index", "--corpus_path", "wiki-18.jsonl", "--topk", "3",
+             "--retriever_name", "e5", "--retriever_model", "intfloat/e5-base-v2"]  # fmt: skip
+
+
+def test_published_command_line_parses_to_the_same_settings():
+    config, _ = config_from_args([*PUBLISHED, "--faiss_gpu"])
+    assert config.index_path == Path("e5_Flat.index") and config.corpus_path == Path("wiki-18.jsonl")
+    assert (config.topk, config.retriever_name, config.retriever_model) == (3, "e5", "intfloat/e5-base-v2")
+    assert config.faiss_gpu and config.resolved_backend() == "faiss"
+    assert config.resolved_pooling() == "mean"
+    assert config.host == "127.0.0.1" and config.batching
+
+
+def test_our_flags():
+    config, level = config_from_args(
+        [*PUBLISHED, "--host", "0.0.0.0", "--port", "9000", "--backend", "torch", "--no_batching",
+         "--max_batch_size", "128", "--max_wait_ms", "1.5", "--no_fp16", "--max_topk", "50", "--log_level", "DEBUG"]
+    )  # fmt: skip
+    assert (config.host, config.port, config.backend, config.batching) == ("0.0.0.0", 9000, "torch", False)
+    assert (config.max_batch_size, config.max_wait_ms, config.fp16, config.max_topk) == (128, 1.5, False, 50)
+    assert level == "DEBUG"
+
+
+def test_backend_auto_follows_the_index_kind(tmp_path):
+    import faiss
+    import numpy as np
+
+    flat, hnsw = tmp_path / "flat.index", tmp_path / "hnsw.index"
+    faiss.write_index(faiss.IndexFlatIP(4), str(flat))
+    h = faiss.IndexHNSWFlat(4, 4, faiss.METRIC_INNER_PRODUCT)
+    h.add(np.eye(4, dtype="float32"))
+    faiss.write_index(h, str(hnsw))
+    assert config_from_args(["--index_path", str(flat), "--corpus_path", "c"])[0].resolved_backend() == "torch"
+    assert config_from_args(["--index_path", str(hnsw), "--corpus_path", "c"])[0].resolved_backend() == "faiss"
+    assert config_from_args(["--corpus_path", "c", "--retriever_name", "bm25"])[0].resolved_backend() == "bm25"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--topk", "0"], "topk"),
+        ([*PUBLISHED, "--topk", "500"], "exceeds max_topk"),
+        (["--index_path", "x.index"], "give both --index_path and --corpus_path"),
+        (["--max_batch_size", "0"], "max_batch_size"),
+    ],
+)
+def test_bad_settings_exit_2_with_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("retrieval_server: error:") and message in err[0]
+
+
+def test_unknown_choice_is_rejected_by_argparse(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--backend", "elasticsearch"])
+    assert exc.value.code == 2
+
+
+def _start(args: list[str], env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *args, "--port", str(port), "--num_threads", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _wait_ready(proc: subprocess.Popen, url: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited {proc.returncode}: {proc.stdout.read()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("server never became ready")
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    return out
+
+
+def test_published_command_serves_a_faiss_flat_index(minilm_index, toy_dataset, minilm_path, toy_questions):
+    index, corpus = str(minilm_index["faiss"]), str(toy_dataset.corpus_path)
+    proc, url = _start(["--index_path", index, "--corpus_path", corpus, "--topk", "3",
+                        "--retriever_name", "minilm", "--retriever_model", str(minilm_path)])  # fmt: skip
+    try:
+        _wait_ready(proc, url)
+        q = next(q for q in toy_questions if q["metadata"]["hops"] == 1)
+        r = httpx.post(f"{url}/retrieve", json={"queries": [q["question"]], "topk": 3, "return_scores": False})
+        assert r.status_code == 200
+        assert set(q["metadata"]["supporting_ids"]) & {d["id"] for d in r.json()["result"][0]}
+    finally:
+        out = _stop(proc)
+    assert "loaded encoder in" in out and "loaded torch index in" in out and "ready:" in out
+
+
+def test_missing_index_exits_1_with_the_cause(toy_dataset, tmp_path, minilm_path):
+    proc, _ = _start(["--index_path", str(tmp_path / "e5_Flat.index"), "--corpus_path", str(toy_dataset.corpus_path),
+                      "--retriever_name", "minilm", "--retriever_model", str(minilm_path)])  # fmt: skip
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 1
+    assert (
+        out.strip().splitlines()[-1] == f"retrieval_server: error: index file not found: {tmp_path / 'e5_Flat.index'}"
+    )
+
+
+def test_no_arguments_serves_the_embedded_default_and_caches_it(tmp_path):
+    env = {"VERL_SEARCH_CACHE": str(tmp_path)}
+    proc, url = _start(["--toy_passages", "60"], env)
+    try:
+        _wait_ready(proc, url)
+        r = httpx.post(f"{url}/retrieve", json={"queries": ["Who founded it?"], "topk": 2, "return_scores": True})
+        assert len(r.json()["result"][0]) == 2
+    finally:
+        first = _stop(proc)
+    assert "building the embedded default index" in first
+    assert (tmp_path / "toy-60" / "minilm_flat.npy").is_file()
+    proc, url = _start(["--toy_passages", "60"], env)
+    try:
+        _wait_ready(proc, url)
+    finally:
+        second = _stop(proc)
+    assert "building the embedded default index" not in second and "loaded embedded default in" in second

@@ -1,0 +1,80 @@
+"""Retrieval quality with the real all-MiniLM-L6-v2 and with BM25 on the toy QA set; torch and faiss agree."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from local_dense_retriever.corpus_store import CorpusStore
+from local_dense_retriever.engine import RetrievalEngine
+from local_dense_retriever.index_base import DenseSearch
+from local_dense_retriever.index_bm25 import BM25Search, bm25_dir_for
+from local_dense_retriever.index_faiss import FaissIndex
+from local_dense_retriever.index_torch import TorchFlatIndex
+
+
+def recall_at_k(engine: RetrievalEngine, questions: list[dict], k: int) -> float:
+    hits = engine.search([q["question"] for q in questions], k)
+    found = [
+        bool({d["id"] for d, _ in per_q} & set(q["metadata"]["supporting_ids"]))
+        for q, per_q in zip(questions, hits, strict=True)
+    ]
+    return sum(found) / len(found)
+
+
+@pytest.fixture(scope="module")
+def single_hop(toy_questions) -> list[dict]:
+    qs = [q for q in toy_questions if q["metadata"]["hops"] == 1]
+    assert len(qs) >= 10
+    return qs
+
+
+@pytest.fixture(scope="module")
+def corpus(toy_dataset) -> CorpusStore:
+    return CorpusStore(toy_dataset.corpus_path, progress=False)
+
+
+def test_minilm_recall_at_3_on_single_hop(minilm_encoder, minilm_index, corpus, single_hop):
+    index = TorchFlatIndex.from_file(minilm_index["npy"], device=torch.device("cpu"))
+    engine = RetrievalEngine(DenseSearch(minilm_encoder, index), corpus)
+    assert recall_at_k(engine, single_hop, 3) >= 0.9
+
+
+def test_bm25_recall_at_3_on_single_hop(toy_dataset, corpus, single_hop):
+    engine = RetrievalEngine(BM25Search(bm25_dir_for(toy_dataset.corpus_path), corpus, progress=False), corpus)
+    assert recall_at_k(engine, single_hop, 3) >= 0.9
+
+
+def test_torch_and_faiss_backends_agree_on_the_minilm_index(minilm_encoder, minilm_index, toy_questions, corpus):
+    queries = minilm_encoder.encode([q["question"] for q in toy_questions[:64]])
+    t_scores, t_ids = TorchFlatIndex.from_file(minilm_index["faiss"], device=torch.device("cpu")).search(queries, 5)
+    f_scores, f_ids = FaissIndex(minilm_index["faiss"]).search(queries, 5)
+    np.testing.assert_array_equal(t_ids, f_ids)
+    np.testing.assert_allclose(t_scores, f_scores, rtol=1e-5, atol=1e-5)
+    npy = np.load(minilm_index["npy"])
+    assert npy.shape == (len(corpus), 384)
+    np.testing.assert_allclose(np.linalg.norm(npy, axis=1), 1.0, rtol=1e-4)
+
+
+def test_encoder_prefixes_and_pooling(minilm_path):
+    from local_dense_retriever.encoder import BGE_QUERY_INSTRUCTION, HFEncoder, text_prefixes
+
+    assert text_prefixes("e5", "intfloat/e5-base-v2") == ("query: ", "passage: ")
+    assert text_prefixes("bge", "BAAI/bge-large-en-v1.5") == (BGE_QUERY_INSTRUCTION, "")
+    assert text_prefixes("minilm", str(minilm_path)) == ("", "")
+    cls = HFEncoder(minilm_path, pooling="cls", device="cpu")
+    mean = HFEncoder(minilm_path, pooling="mean", device="cpu")
+    a, b = cls.encode(["a river"]), mean.encode(["a river"])
+    assert a.shape == b.shape == (1, 384)
+    assert not torch.allclose(a, b)
+    e5 = HFEncoder(minilm_path, retriever_name="e5", device="cpu")  # e5 naming turns the prefixes on
+    assert not torch.allclose(e5.encode(["a river"]), mean.encode(["a river"]))
+    assert torch.allclose(e5.encode(["a river"], is_query=False), mean.encode(["passage: a river"]), atol=1e-5)
+
+
+def test_missing_model_is_a_clear_error(tmp_path):
+    from local_dense_retriever.encoder import EncoderError, HFEncoder
+
+    with pytest.raises(EncoderError, match="cannot load encoder"):
+        HFEncoder(tmp_path / "no-model-here", device="cpu")
