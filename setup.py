@@ -13,6 +13,10 @@ CORE = [
     "pyyaml>=6",
     "requests>=2.31",
     "cachetools>=5",  # imported by verl's agent loop but not declared by verl
+    "pandas>=2",  # preprocessing (verl needs them too; declared because we import them)
+    "pyarrow>=14",
+    "huggingface_hub>=0.23",
+    "tqdm>=4.66",
 ]
 
 EXTRAS = {
@@ -59,6 +63,7 @@ setup(
         "verl.plugins": ["verl_search = verl_search.plugin"],
         "console_scripts": [
             "verl-search-retriever = local_dense_retriever.retrieval_server:main",
+            "verl-search-preprocess = verl_search.data.cli:main",
         ],
     },
     license="Apache-2.0",
