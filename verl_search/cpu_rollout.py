@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -155,6 +156,7 @@ async def run_rows(
     max_turns: int = 4,
     tokenizer_dir: str | os.PathLike | None = None,
     compute_score: ScoreFn | None = None,
+    reward_function: str | os.PathLike | None = None,
     overrides: Sequence[str] = (),
     honour_stop: bool = True,
     **rollout_options: Any,
@@ -162,7 +164,10 @@ async def run_rows(
     """Roll out ``rows`` through verl's ``AgentLoopWorker`` with ``policy`` as the model; call inside an event loop.
 
     ``agent_name`` overrides the rows' own column; ``compute_score`` (e.g. verl's ``default_compute_score``) scores
-    each decoded response against ``reward_model.ground_truth``; ``rollout_options`` go to :func:`rollout_overrides`.
+    each decoded response here, against ``reward_model.ground_truth``. ``reward_function`` (a file defining
+    ``compute_score``, e.g. ``verl_search/reward.py``) instead scores inside verl's own streaming reward loop, as in
+    training: the score is verl's ``rm_scores`` and the function's extra keys land in ``extra_fields``.
+    ``rollout_options`` go to :func:`rollout_overrides`.
     """
     from transformers import AutoTokenizer
     from verl.experimental.agent_loop import agent_loop as agent_loop_module
@@ -177,18 +182,30 @@ async def run_rows(
             max_turns=max_turns,
             **rollout_options,
         )
+        + ([f"reward.custom_reward_function.path={reward_function}"] if reward_function is not None else [])
         + list(overrides)
     )
     tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, model_path)
     server = ScriptedServerManager(tokenizer, policy, honour_stop=honour_stop)
     saved_registry = dict(agent_loop_module._agent_loop_registry)
     try:  # AgentLoopWorker writes agent_loop_config_path entries into verl's global registry: undo that afterwards
-        worker = await asyncio.to_thread(AgentLoopWorker, config, llm_client=server)  # loads files: off the loop
+        reward_handles = None
+        if reward_function is not None:
+            from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+
+            # built on the loop's thread: it keeps a reference to the current event loop
+            reward_handles = [_LocalActor(RewardLoopWorker(config))]
+        worker = await asyncio.to_thread(  # loads files: off the event loop
+            AgentLoopWorker, config, llm_client=server, reward_loop_worker_handles=reward_handles
+        )
         output = await worker.generate_sequences(rows_to_batch(rows, agent_name))
     finally:
         agent_loop_module._agent_loop_registry.clear()
         agent_loop_module._agent_loop_registry.update(saved_registry)
     trajectories = [_unpad(output, i, worker.tokenizer, output.non_tensor_batch) for i in range(len(rows))]
+    if reward_function is not None:
+        for i, trajectory in enumerate(trajectories):
+            trajectory.score = float(output.batch["rm_scores"][i].sum())
     if compute_score is not None:
         for row, trajectory in zip(rows, trajectories, strict=True):
             trajectory.score = compute_score(
@@ -198,3 +215,13 @@ async def run_rows(
                 row.get("extra_info"),
             )
     return RolloutResult(trajectories=trajectories, calls=server.calls, batch=output)
+
+
+class _LocalActor:
+    """Calls an in-process object the way verl calls a Ray actor handle: ``await handle.method.remote(...)``."""
+
+    def __init__(self, target: Any) -> None:
+        self._target = target
+
+    def __getattr__(self, name: str) -> Any:
+        return SimpleNamespace(remote=getattr(self._target, name))

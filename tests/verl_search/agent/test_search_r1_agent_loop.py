@@ -25,11 +25,11 @@ def run(retriever, tool_yaml, tokenizer_dir, rows):
 
     async def go(policy, **kwargs):
         kwargs.setdefault("tool_config_path", tool_yaml)
+        kwargs.setdefault("compute_score", default_compute_score)
         result = await run_rows(
             [rows(HAMLET, AGENT)],
             policy=policy,
             tokenizer_dir=tokenizer_dir,
-            compute_score=default_compute_score,
             **kwargs,
         )
         return result.trajectories[0], result.calls
@@ -189,3 +189,28 @@ async def test_sglang_is_asked_to_keep_the_stop_string(run, oracle):
     params = calls[0].sampling_params
     assert params["no_stop_trim"] is True and "include_stop_str_in_output" not in params
     assert trajectory.score == 1.0
+
+
+REWARD_FN = """
+from verl.utils.reward_score import default_compute_score
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return {
+        "score": float(default_compute_score(data_source, solution_str, ground_truth)),
+        "searches_seen": float(extra_info["search_calls"]),
+        "failures_seen": float(extra_info["search_failures"]),
+    }
+"""
+
+
+async def test_search_stats_reach_verls_reward_loop(run, retriever, tmp_path, oracle):
+    """Through verl's own RewardLoopWorker (as in training): the loop's stats arrive in extra_info, and the reward
+    function's extra keys come back as reward_extra_info, which verl logs."""
+    reward_file = tmp_path / "my_reward.py"
+    reward_file.write_text(REWARD_FN)
+    retriever.failing = True
+    trajectory, _ = await run(native_search_policy(oracle), reward_function=reward_file, compute_score=None)
+    assert trajectory.score == 0.0  # the failed search retrieved nothing, so the oracle answered "unknown"
+    assert trajectory.extra_fields["searches_seen"] == 1.0
+    assert trajectory.extra_fields["failures_seen"] == 1.0
