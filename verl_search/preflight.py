@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from verl_search import preflight_checks as checks
+from verl_search import preflight_resources as resources
 from verl_search.launch_config import LaunchConfigError, compose_launch_config
 from verl_search.preflight_checks import LaunchContext, PreflightError, PreflightWarning
 
@@ -50,28 +51,27 @@ def planned_checks(ctx: LaunchContext) -> list[tuple[str, Callable[[], str]]]:
         ("tool parser", lambda: checks.check_tool_parser(ctx)),
         ("verl validation", lambda: checks.check_verl_validation(ctx)),
         ("agent loops", lambda: checks.check_agent_loops(ctx)),
-        ("tools", lambda: checks.check_tools_build(ctx)),
-        ("tool response length", lambda: checks.check_tool_response_length(ctx)),
+        ("tools", lambda: resources.check_tools_build(ctx)),
+        ("tool response length", lambda: resources.check_tool_response_length(ctx)),
     ]
-    urls: list[str] = []
     try:
-        for cfg in checks.search_tool_configs(ctx):
-            urls += [u for u in cfg.retrieval_service_url if u not in urls]
-    except PreflightError:
-        pass  # reported by the "tools" check
+        urls = resources.retriever_urls(ctx)
+    except PreflightError as e:  # the cause is reported by the "tools" check
+        urls = []
+        plan.append(("retriever", lambda e=e: _raise(f"not probed: {e}", PreflightWarning)))
     for url in urls:
-        plan.append(("retriever", lambda url=url: checks.probe_retriever(url, ctx.probe_timeout)))
+        plan.append(("retriever", lambda url=url: resources.probe_retriever(url, ctx.probe_timeout)))
     plan += [
-        ("reward", lambda: checks.check_reward(ctx)),
-        ("tokenizer", lambda: checks.check_tokenizer(ctx)),
-        ("checkpoint", lambda: checks.check_checkpoint(ctx)),
-        ("gpus", lambda: checks.check_gpus(ctx)),
+        ("reward", lambda: resources.check_reward(ctx)),
+        ("tokenizer", lambda: resources.check_tokenizer(ctx)),
+        ("checkpoint", lambda: resources.check_checkpoint(ctx)),
+        ("gpus", lambda: resources.check_gpus(ctx)),
     ]
     return plan
 
 
-def _raise(message: str) -> str:
-    raise PreflightError(message)
+def _raise(message: str, kind: type[PreflightError] = PreflightError) -> str:
+    raise kind(message)
 
 
 def run_check(name: str, check: Callable[[], str]) -> Finding:

@@ -3,6 +3,7 @@ and a runner for the real scripts in a subprocess."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -10,7 +11,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from fastapi import FastAPI
 
@@ -19,7 +19,7 @@ from verl_search.protocol import RetrieveRequest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "run_scripts"
-QUESTIONS = [("who wrote hamlet?", "William Shakespeare"), ("capital of france?", "Paris")] * 4
+QUESTIONS = [("who wrote hamlet", "William Shakespeare"), ("what is the capital of france", "Paris")] * 4
 
 
 def retrieval_app() -> FastAPI:
@@ -57,39 +57,50 @@ def closed_port_url() -> str:
     return f"http://127.0.0.1:{port}/retrieve"
 
 
-def write_rows(path: Path, agent_name: str = "tool_agent", n: int = len(QUESTIONS)) -> Path:
-    """Rows in the DESIGN §3.5 schema, as data_preprocess writes them."""
-    rows = []
-    for i, (question, answer) in enumerate((QUESTIONS * (n // len(QUESTIONS) + 1))[:n]):
-        ground_truth = {"target": [answer]}
-        rows.append(
-            {
-                "data_source": "searchR1_nq",
-                "prompt": [{"role": "user", "content": f"Answer the question: {question}"}],
-                "ability": "fact-reasoning",
-                "reward_model": {"style": "rule", "ground_truth": ground_truth},
-                "extra_info": {
-                    "index": i,
-                    "split": "test",
-                    "question": question,
-                    "need_tools_kwargs": True,
-                    "tools_kwargs": {"search": {"create_kwargs": {"ground_truth": ground_truth}}},
-                },
-                "agent_name": agent_name,
-            }
+def preprocess(out_dir: Path, template: str) -> Path:
+    """Run the real preprocessing script on a small FlashRAG-style jsonl; returns ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    qa = out_dir / "qa.jsonl"
+    qa.write_text(
+        "".join(
+            json.dumps({"question": f"{q} ({i})", "golden_answers": [a], "data_source": source}) + "\n"
+            for i, (q, a) in enumerate(QUESTIONS)
+            for source in ("nq", "hotpotqa")
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_parquet(path)
-    return path
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "data_preprocess" / "preprocess_searchR1_dataset.py"),
+            "--input_jsonl",
+            str(qa),
+            "--splits",
+            "train",
+            "test",
+            "--val_per_source",
+            "2",
+            "--template",
+            template,
+            "--local_dir",
+            str(out_dir),
+            "--no_progress",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return out_dir
 
 
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> Path:
-    """``train.parquet``, ``val_subset.parquet`` and ``test.parquet`` with 8 rows each."""
-    root = tmp_path_factory.mktemp("data")
-    for name in ("train.parquet", "val_subset.parquet", "test.parquet"):
-        write_rows(root / name)
-    return root
+    """``train.parquet`` and ``test.parquet`` (16 rows) and ``val_subset.parquet`` (4 rows) for ``tool_agent``."""
+    return preprocess(tmp_path_factory.mktemp("data"), "tool_call")
+
+
+@pytest.fixture(scope="session")
+def native_data_dir(tmp_path_factory) -> Path:
+    """The same data with the Search-R1 native template (rows ask for ``search_r1_agent``)."""
+    return preprocess(tmp_path_factory.mktemp("native-data"), "search_r1")
 
 
 @pytest.fixture(scope="session")
