@@ -67,7 +67,7 @@ def check_override_syntax(overrides: list[str]) -> None:
             )
         if "=" not in arg and not arg.startswith("~"):
             raise LaunchConfigError(f"argument '{arg}' is not a key=value override")
-        if arg.split("=", 1)[-1].startswith("~"):
+        if "=" in arg and arg.split("=", 1)[1].startswith("~"):
             raise LaunchConfigError(
                 f"'{arg}': a value starting with '~' is not valid hydra syntax and verl would not expand it; "
                 "use $HOME or an absolute path"

@@ -144,6 +144,9 @@ def check_verl_validation(ctx: LaunchContext) -> str:
         raise PreflightError(
             f"verl rejects the config: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
         ) from e
+    trainer = config.trainer
+    if trainer.get("val_only", False) and not trainer.get("val_before_train", True):
+        raise PreflightError("trainer.val_only=True needs trainer.val_before_train=True: otherwise verl trains instead")
     return "batch sizes and sampling settings pass verl's checks"
 
 

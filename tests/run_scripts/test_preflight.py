@@ -102,6 +102,13 @@ def test_each_published_recipe_pitfall_is_an_error_naming_its_cause(overrides, o
     assert any(expected in message for message in found[where]), found[where]
 
 
+def test_val_only_without_validation_first_is_an_error_because_verl_would_train(overrides):
+    found = problems(
+        check_only("verl validation", overrides, "trainer.val_only=True", "trainer.val_before_train=False")
+    )
+    assert "trainer.val_only=True needs trainer.val_before_train=True" in found["verl validation"][0]
+
+
 def test_every_unknown_key_is_named_with_the_closest_real_key(overrides):
     findings = check_only(
         "tools", overrides, "actor_rollout_ref.rollout.multi_turn.max_turns=3", "trainer.nonexistent=1"

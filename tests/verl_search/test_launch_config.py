@@ -23,10 +23,12 @@ def test_overrides_apply_and_unknown_keys_are_collected_with_hints():
             "actor_rollout_ref.rollout.nonexistent_key=1",
             "actor_rollout_ref.rollout.multi_turn.max_assistant_turn=4",
             "+trainer.my_new_key=1",
+            "~trainer.esi_redundant_time",
         ]
     )
     assert composed.config.actor_rollout_ref.rollout.name == "sglang"
     assert composed.config.trainer.my_new_key == 1  # '+' appends, as with main_ppo
+    assert "esi_redundant_time" not in composed.config.trainer  # '~' deletes
     assert composed.unknown_keys == [
         "actor_rollout_ref.rollout.nonexistent_key",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turn",
