@@ -171,17 +171,23 @@ def check_reward(ctx: LaunchContext) -> str:
 
 
 def check_tokenizer(ctx: LaunchContext) -> str:
-    """A local model folder's tokenizer loads; a hub id is noted (verl downloads it at start)."""
+    """A local model folder's tokenizer loads; a hub id loads from the local HF cache, else is only noted."""
+    from transformers import AutoTokenizer
+
     model = ctx.config.actor_rollout_ref.model
     path = str(model.get("tokenizer_path") or model.path)
     if path.startswith("~"):
         raise PreflightError(f"actor_rollout_ref.model.path: {path}: use $HOME or an absolute path, not '~'")
     if not Path(path).exists():
-        if _HUB_ID.match(path) and not path.startswith((".", "/")):
-            return f"{path} is a hub id: not checked here (verl downloads it on start)"
-        raise PreflightError(f"actor_rollout_ref.model.path: {path}: no such folder (and not a hub id like Org/Name)")
-    from transformers import AutoTokenizer
-
+        if not (_HUB_ID.match(path) and not path.startswith((".", "/"))):
+            raise PreflightError(
+                f"actor_rollout_ref.model.path: {path}: no such folder (and not a hub id like Org/Name)"
+            )
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except Exception:  # not cached here: verl downloads it on start, nothing to check offline
+            return f"{path} is a hub id not in the local cache: verl downloads it on start"
+        return f"{path} from the local HF cache ({len(tokenizer)} tokens)"
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=bool(model.get("trust_remote_code")))
     except Exception as e:
