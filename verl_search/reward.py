@@ -158,7 +158,8 @@ def compute_score(
     when it answered wrong, else 0. ``strict_single_answer`` scores 0 when there is more than one answer block.
 
     Returns ``score`` plus ``em``, ``subem``, ``f1`` (of the final answer), ``answered`` (1.0 if the model wrote an
-    answer block) and ``num_searches`` (``<search>`` plus ``<tool_call>`` blocks the model wrote).
+    answer block), ``num_searches`` (``<search>`` plus ``<tool_call>`` blocks the model wrote) and ``failed_searches``
+    (retrieved blocks that report a failed search: verl logs these keys, unlike the tool's discarded metrics).
     """
     options = _options(kwargs)
     if not isinstance(solution_str, str):
@@ -187,6 +188,8 @@ def compute_score(
         **metrics,
         "answered": float(answered),
         "num_searches": float(len(_SEARCH_BLOCK.findall(model_text))),
+        # both loops show a failed search as "[search failed: <kind>] ..." (verl_search.search_tool.failure_text)
+        "failed_searches": float(sum(text.count("[search failed:") for text in retrieved)),
     }
 
 

@@ -115,12 +115,14 @@ def test_reports_every_metric_and_counts():
     )
     result = compute_score("searchR1_nq", response, GOLD)
     assert result == {"score": 0.0, "em": 0.0, "subem": 1.0, "f1": pytest.approx(2 / 3), "answered": 1.0,
-                      "num_searches": 2.0}  # fmt: skip
+                      "num_searches": 2.0, "failed_searches": 0.0}  # fmt: skip
 
 
 def test_same_keys_when_unanswered():
     result = compute_score("searchR1_nq", "no idea", GOLD)
-    assert result == {"score": 0.0, "em": 0.0, "subem": 0.0, "f1": 0.0, "answered": 0.0, "num_searches": 0.0}
+    assert result == {
+        "score": 0.0, "em": 0.0, "subem": 0.0, "f1": 0.0, "answered": 0.0, "num_searches": 0.0, "failed_searches": 0.0
+    }  # fmt: skip
 
 
 def test_searches_inside_retrieved_text_are_not_counted():
@@ -221,3 +223,23 @@ def test_extra_info_and_data_source_do_not_change_the_score():
 )
 def test_normalize_answer(text, expected):
     assert normalize_answer(text) == expected
+
+
+def test_failed_searches_are_counted_from_the_tool_text_of_either_loop():
+    from verl_search.config import SearchToolConfig
+    from verl_search.errors import DeadlineExceeded, ServiceUnavailable
+    from verl_search.search_tool import failure_text
+
+    config = SearchToolConfig()
+    timeout, down = failure_text(DeadlineExceeded("x"), config), failure_text(ServiceUnavailable("x"), config)
+    response = (
+        '<tool_call>{"name": "search", "arguments": {"query_list": ["a"]}}</tool_call>'
+        f"<tool_response>{timeout}</tool_response>"
+        "<search> a </search>"
+        f"\n\n<information>{down}</information>\n\n"
+        "<search> b </search><information>Doc 1(Title: X) fine</information><answer> Paris </answer>"
+    )
+    result = compute_score("searchR1_nq", response, {"target": ["Paris"]})
+    assert result["failed_searches"] == 2.0
+    assert result["num_searches"] == 3.0
+    assert result["em"] == 1.0
