@@ -6,6 +6,8 @@ VS_REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
 DRY_RUN="${DRY_RUN:-0}"
 SKIP_PREFLIGHT="${SKIP_PREFLIGHT:-0}"
+# seconds the preflight waits for the retriever's answer to its one probe query
+PROBE_TIMEOUT="${PROBE_TIMEOUT:-10}"
 # The checkout's verl_search wins over an installed copy, here and in every Ray worker started from this shell.
 export PYTHONPATH="${VS_REPO_DIR}${PYTHONPATH:+:${PYTHONPATH}}"
 export PYTHONUNBUFFERED=1
@@ -46,7 +48,7 @@ vs_print_command() {
 # vs_preflight [PREFLIGHT_FLAGS...] -- OVERRIDES...: run the preflight, print the verl command and set VS_COMMAND
 # to it. With DRY_RUN=1 the script ends here (exit 0); a failed preflight ends it with exit 1.
 vs_preflight() {
-    local flags=()
+    local flags=(--probe-timeout "$PROBE_TIMEOUT")
     while [[ $# -gt 0 && "$1" != "--" ]]; do
         flags+=("$1")
         shift
