@@ -9,7 +9,10 @@
         ├── RequestRejected      the service answered 4xx (our request was wrong; never retried)
         ├── ServerError          the service answered 5xx other than 503 (never retried)
         └── BadResponse          the reply was not JSON or not the /retrieve shape (never retried)
-    (verl_search.data.errors.PreprocessError and its subclasses: the preprocessing CLI's input/template failures)
+    Branches declared beside the code that raises them:
+      verl_search.data.errors.PreprocessError (SearchError): preprocessing input/template/source failures
+      verl_search.launch_config.LaunchConfigError (ConfigError): a training/eval override verl would reject
+      verl_search.preflight_checks.PreflightError (SearchError): a launch precondition that fails
 
 Helpers raise these; exactly one boundary (``SearchTool.execute`` and the native agent loop) turns them into
 model-facing text plus metrics. ``kind`` is the stable label used in texts and counters.
