@@ -90,16 +90,26 @@ class Batcher:
 
     async def _worker(self) -> None:
         loop = asyncio.get_running_loop()
+        last_size = 1
         try:
             while True:
-                await self._wake.wait()
-                self._wake.clear()
-                if self.max_wait_s > 0 and 0 < self._pending_queries < self.max_batch_size:
-                    await asyncio.sleep(self.max_wait_s)  # let concurrent requests join this batch
-                while self._pending:
-                    batch = self._take_batch()
-                    if batch:
-                        await self._run_batch(loop, batch)
+                while not self._pending:
+                    self._wake.clear()
+                    await self._wake.wait()
+                # Closed-loop callers re-send right after their answers: wait (briefly) until as many queries as
+                # the previous batch had are back, so the batch does not split into a large and a small half.
+                target = min(self.max_batch_size, last_size)
+                deadline = loop.time() + self.max_wait_s
+                while self._pending_queries < target and (left := deadline - loop.time()) > 0:
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), left)
+                    except asyncio.TimeoutError:
+                        break
+                    self._wake.clear()
+                batch = self._take_batch()
+                if batch:
+                    last_size = sum(len(item.queries) for item in batch)
+                    await self._run_batch(loop, batch)
         finally:
             self._fail_pending(BatcherStopped("the batching worker stopped"))
 

@@ -64,7 +64,9 @@ class ServerConfig(BaseModel):
     )
     max_batch_size: int = Field(default=256, ge=1, description="Most queries encoded and searched together.")
     max_wait_ms: float = Field(
-        default=2.0, ge=0, description="How long a non-full batch waits for more requests before running."
+        default=10.0,
+        ge=0,
+        description="Longest a batch waits for more requests, only while fewer are queued than the last batch had.",
     )
     max_queue: int = Field(default=4096, ge=1, description="Most queries waiting; more are answered 429.")
     unbatched_threads: int = Field(default=40, ge=1, description="Thread pool size of the per-request mode.")

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import typing
 from pathlib import Path
+
+# OpenMP workers that spin while idle stall torch for ~0.5 s per call when the cores are shared (client, tokenizer,
+# other processes); sleeping workers cost nothing measurable. Must be set before torch is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

@@ -1,4 +1,7 @@
-"""Shared fixtures: a tiny hashing encoder (API tests), small toy corpora and their MiniLM index (built once)."""
+"""Shared fixtures: a tiny hashing encoder (API tests), small toy corpora and their MiniLM index (built once).
+
+Imports of the service stack stay inside fixtures so GPU-only tests also run where fastapi/pydantic are absent.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from local_dense_retriever.corpus_store import CorpusStore
-from local_dense_retriever.engine import RetrievalEngine
-from local_dense_retriever.index_base import DenseSearch
-from local_dense_retriever.index_torch import TorchFlatIndex
 
 TOY_PASSAGES = 300  # MiniLM encodes this in well under a minute on 2 shared cores
 
@@ -40,7 +38,13 @@ def write_corpus(path: Path, texts: list[str]) -> Path:
     return path
 
 
-def hash_engine(corpus_path: Path) -> RetrievalEngine:
+def hash_engine(corpus_path: Path):
+    """An engine with the hashing encoder and a torch flat index over ``corpus_path``."""
+    from local_dense_retriever.corpus_store import CorpusStore
+    from local_dense_retriever.engine import RetrievalEngine
+    from local_dense_retriever.index_base import DenseSearch
+    from local_dense_retriever.index_torch import TorchFlatIndex
+
     corpus = CorpusStore(corpus_path, progress=False)
     enc = HashEncoder()
     vectors = enc.encode([corpus.get(i)["contents"] for i in range(len(corpus))], is_query=False).numpy()

@@ -1,0 +1,197 @@
+"""Retriever load: closed-loop clients sending single-query requests to the local retrieval server (a subprocess).
+
+    python benchmarks/retriever_load.py            # full: C = 1, 16, 64, 256; batched/per-request x torch/faiss
+    python benchmarks/retriever_load.py --quick    # C = 1, 64; batched torch, per-request torch, batched faiss
+
+Each of C clients sends one query, waits for the answer, sends the next (the pattern of rollouts calling search).
+The server is the real CLI (all-MiniLM-L6-v2 query encoder, a 100k-passage toy corpus, flat inner-product index).
+Passage vectors: the cached MiniLM index of the toy corpus when it exists (``--vectors minilm``; built once by the
+embedded default, slow on CPU), else seeded random unit vectors of the same shape (``--vectors random``): the
+search cost is the same, only the ranking is meaningless. Prints q/s, p50/p99 latency, errors and server RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from local_dense_retriever.config import default_cache_dir  # noqa: E402
+from local_dense_retriever.encoder import bundled_minilm_path  # noqa: E402
+from local_dense_retriever.toy_corpus import generate_toy_dataset  # noqa: E402
+from verl_search.background_server import free_port  # noqa: E402
+
+SERVER = Path(__file__).resolve().parent.parent / "local_dense_retriever" / "retrieval_server.py"
+
+
+def prepare(passages: int, vectors: str) -> tuple[Path, Path, Path, str]:
+    """(corpus, npy index, faiss index, vectors kind) for the toy corpus of ``passages`` rows."""
+    ds = generate_toy_dataset(default_cache_dir() / f"toy-{passages}", passages, seed=0)
+    out = ds.corpus_path.parent
+    minilm = out / "minilm_flat.npy"
+    if vectors == "minilm" or (vectors == "auto" and minilm.is_file()):
+        if not minilm.is_file():
+            raise SystemExit(
+                f"no cached MiniLM index at {minilm}: build it with build_index.py or use --vectors random"
+            )
+        npy, kind = minilm, "minilm"
+    else:
+        npy, kind = out / "random_384.npy", "random"
+        if not npy.is_file():
+            rng = np.random.default_rng(0)
+            v = rng.standard_normal((passages, 384), dtype=np.float32)
+            v /= np.linalg.norm(v, axis=1, keepdims=True)
+            np.save(npy, v)
+    faiss_path = npy.with_suffix(".index")
+    if not faiss_path.is_file():
+        import faiss
+
+        index = faiss.IndexFlatIP(384)
+        index.add(np.load(npy))
+        faiss.write_index(index, str(faiss_path))
+    return ds.corpus_path, npy, faiss_path, kind
+
+
+def start_server(corpus: Path, index: Path, backend: str, batching: bool, threads: int) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, str(SERVER), "--index_path", str(index), "--corpus_path", str(corpus), "--topk", "3",
+           "--retriever_name", "minilm", "--retriever_model", str(bundled_minilm_path()), "--backend", backend,
+           "--port", str(port), "--num_threads", str(threads), "--log_level", "WARNING",
+           "--max_queue", "100000"]  # fmt: skip
+    if not batching:
+        cmd.append("--no_batching")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    import urllib.request
+
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited {proc.returncode}: {proc.stderr.read()[-2000:]}")
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1).read()
+            return proc, url
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("server did not become ready in 300 s")
+
+
+def server_metrics(url: str) -> dict:
+    import urllib.request
+
+    return json.loads(urllib.request.urlopen(url + "/metrics", timeout=10).read())
+
+
+async def closed_loop(url: str, questions: list[str], clients: int, seconds: float, warmup: float) -> dict:
+    latencies: list[float] = []
+    errors = 0
+    counting = False
+    stop = False
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def client(i: int) -> None:
+            nonlocal errors
+            n = i
+            while not stop:
+                body = {"queries": [questions[n % len(questions)]], "topk": 3, "return_scores": False}
+                n += clients
+                t0 = time.perf_counter()
+                try:
+                    async with session.post(url + "/retrieve", json=body) as r:
+                        ok = r.status == 200 and len((await r.json())["result"][0]) == 3
+                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError):
+                    ok = False
+                if counting and not stop:
+                    if ok:
+                        latencies.append(time.perf_counter() - t0)
+                    else:
+                        errors += 1
+
+        tasks = [asyncio.create_task(client(i)) for i in range(clients)]
+        await asyncio.sleep(warmup)
+        counting, t_start = True, time.perf_counter()
+        await asyncio.sleep(seconds)
+        stop, elapsed = True, time.perf_counter() - t_start
+        await asyncio.gather(*tasks)
+    lat = np.asarray(latencies) * 1000
+    return {
+        "qps": len(latencies) / elapsed,
+        "p50_ms": float(np.percentile(lat, 50)) if lat.size else float("nan"),
+        "p99_ms": float(np.percentile(lat, 99)) if lat.size else float("nan"),
+        "errors": errors,
+        "completed": len(latencies),
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="C = 1, 64 and three server modes (< 5 minutes)")
+    p.add_argument("--passages", type=int, default=100_000)
+    p.add_argument("--vectors", choices=["auto", "minilm", "random"], default="auto")
+    p.add_argument("--clients", type=int, nargs="*", help="concurrency levels (default 1 16 64 256; quick 1 64)")
+    p.add_argument("--seconds", type=float, help="measured seconds per point (default 15; quick 8)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="server torch/faiss threads")
+    p.add_argument("--json", type=Path, help="also write the results as JSON here")
+    args = p.parse_args()
+    levels = args.clients or ([1, 64] if args.quick else [1, 16, 64, 256])
+    seconds = args.seconds or (8.0 if args.quick else 15.0)
+    modes = [("torch", True), ("torch", False), ("faiss", True)]
+    if not args.quick:
+        modes.append(("faiss", False))
+
+    corpus, npy, faiss_path, kind = prepare(args.passages, args.vectors)
+    qa = corpus.parent / "qa.jsonl"
+    questions = [json.loads(line)["question"] for line in qa.read_text().splitlines()]
+    now = datetime.now(timezone.utc)
+    cpu = platform.processor() or platform.machine()
+    print(f"# retriever load: {args.passages:,} passages, vectors={kind}, MiniLM queries, "
+          f"{os.cpu_count()} CPUs ({cpu}), {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
+    print(f"{'backend':8} {'mode':12} {'C':>4} {'q/s':>8} {'p50 ms':>9} {'p99 ms':>9} {'errors':>6} "
+          f"{'RSS MB':>7} {'batch':>6}")  # fmt: skip
+    rows = []
+    for backend, batching in modes:
+        proc, url = start_server(corpus, faiss_path if backend == "faiss" else npy, backend, batching, args.threads)
+        try:
+            for c in levels:
+                before = server_metrics(url)
+                res = asyncio.run(closed_loop(url, questions, c, seconds, warmup=min(3.0, seconds / 2)))
+                after = server_metrics(url)
+                batches = after["batches_total"] - before["batches_total"]
+                res["mean_batch"] = (after["queries_total"] - before["queries_total"]) / max(batches, 1)
+                rss = psutil.Process(proc.pid).memory_info().rss / 2**20
+                row = {"backend": backend, "mode": "batched" if batching else "per-request", "clients": c, **res,
+                       "rss_mb": rss}  # fmt: skip
+                rows.append(row)
+                print(f"{backend:8} {row['mode']:12} {c:>4} {res['qps']:>8.1f} {res['p50_ms']:>9.1f} "
+                      f"{res['p99_ms']:>9.1f} {res['errors']:>6} {rss:>7.0f} {res['mean_batch']:>6.1f}",
+                      flush=True)  # fmt: skip
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    ref = {r["clients"]: r["qps"] for r in rows if r["backend"] == "torch" and r["mode"] == "per-request"}
+    for r in rows:
+        if r["backend"] == "torch" and r["mode"] == "batched" and ref.get(r["clients"]):
+            print(f"speed-up batched/per-request (torch) at C={r['clients']}: {r['qps'] / ref[r['clients']]:.1f}x")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
