@@ -12,11 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see retrieval_server.py: spinning OpenMP stalls shared cores
 
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

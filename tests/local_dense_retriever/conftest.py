@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
-import numpy as np
-import pytest
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # effective only if torch is not imported yet (see the CLI)
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 TOY_PASSAGES = 300  # MiniLM encodes this in well under a minute on 2 shared cores
 
