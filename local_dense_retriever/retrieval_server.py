@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         where = ".".join(str(x) for x in first["loc"]) or "arguments"
         print(f"retrieval_server: error: {where}: {first['msg']}", file=sys.stderr)
         return 2
+    if config.num_threads:  # every OpenMP thread (torch and faiss, any worker thread) reads this at first use
+        os.environ["OMP_NUM_THREADS"] = str(config.num_threads)
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # its CPU-feature probing is noise
     import uvicorn
