@@ -89,6 +89,11 @@ class ServerConfig(BaseModel):
             raise ValueError("give both --index_path and --corpus_path, or neither (embedded default)")
         if self.topk > self.max_topk:
             raise ValueError(f"topk={self.topk} exceeds max_topk={self.max_topk}")
+        if self.max_queue < self.max_queries_per_request:
+            raise ValueError(
+                f"max_queue={self.max_queue} is below max_queries_per_request={self.max_queries_per_request}: "
+                "a full request could never be queued"
+            )
         return self
 
     @property

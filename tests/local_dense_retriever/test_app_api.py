@@ -145,7 +145,7 @@ class _Backend:
 def test_overload_answers_429_and_engine_failure_500_then_recovers(engine):
     backend = _Backend(engine.backend)
     steerable = RetrievalEngine(backend, engine.corpus)
-    config = ServerConfig(max_queue=2, max_wait_ms=0, max_batch_size=1)
+    config = ServerConfig(max_queue=2, max_wait_ms=0, max_batch_size=1, max_queries_per_request=1)
     with BackgroundServer(create_app(config, engine=steerable)) as srv:
         blocked = []
         for i in range(3):  # the first is taken by the worker, the next two fill the queue

@@ -1,0 +1,55 @@
+"""load_engine: each backend is assembled from a ServerConfig and answers with corpus documents, best first."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from local_dense_retriever.config import ServerConfig
+from local_dense_retriever.engine import load_engine
+from local_dense_retriever.index_base import IndexLoadError
+
+
+@pytest.mark.parametrize(("index", "backend"), [("npy", "torch"), ("faiss", "torch"), ("faiss", "faiss")])
+def test_dense_backends_serve_the_same_top_hit(minilm_index, toy_dataset, minilm_path, toy_questions, index, backend):
+    config = ServerConfig(index_path=minilm_index[index], corpus_path=toy_dataset.corpus_path, backend=backend,
+                          retriever_name="minilm", retriever_model=str(minilm_path), device="cpu")  # fmt: skip
+    engine = load_engine(config, progress=False)
+    q = next(q for q in toy_questions if q["metadata"]["hops"] == 1)
+    hits = engine.search([q["question"]], 3)[0]
+    assert hits[0][0]["id"] in q["metadata"]["supporting_ids"]
+    assert [s for _, s in hits] == sorted((s for _, s in hits), reverse=True)
+    assert set(engine.load_seconds) == {"corpus", "encoder", f"{backend} index"}
+
+
+def test_bm25_needs_only_the_corpus(animal_corpus):
+    engine = load_engine(ServerConfig(corpus_path=animal_corpus, retriever_name="bm25"), progress=False)
+    assert engine.search(["item23"], 1)[0][0][0]["id"] == "23"
+    assert "bm25" in engine.describe()
+
+
+def test_index_wider_than_the_encoder_is_refused(tmp_path, toy_dataset, minilm_path):
+    import numpy as np
+
+    np.save(tmp_path / "wide.npy", np.zeros((10, 768), dtype=np.float32))
+    config = ServerConfig(index_path=tmp_path / "wide.npy", corpus_path=toy_dataset.corpus_path,
+                          retriever_name="minilm", retriever_model=str(minilm_path), device="cpu")  # fmt: skip
+    with pytest.raises(IndexLoadError, match="encoder width 384 does not match index width 768"):
+        load_engine(config, progress=False)
+
+
+def test_index_larger_than_the_corpus_is_refused(tmp_path, animal_corpus, minilm_path):
+    import numpy as np
+
+    np.save(tmp_path / "big.npy", np.zeros((51, 384), dtype=np.float32))
+    config = ServerConfig(index_path=tmp_path / "big.npy", corpus_path=animal_corpus, retriever_name="minilm",
+                          retriever_model=str(minilm_path), device="cpu")  # fmt: skip
+    with pytest.raises(IndexLoadError, match="51 passages but the corpus only 50 rows"):
+        load_engine(config, progress=False)
+
+
+def test_config_rejects_unknown_keys_and_inconsistent_limits():
+    with pytest.raises(ValidationError, match="retreiver_name"):
+        ServerConfig(retreiver_name="e5")
+    with pytest.raises(ValidationError, match="a full request could never be queued"):
+        ServerConfig(max_queue=8, max_queries_per_request=64)
