@@ -78,3 +78,12 @@ def test_missing_model_is_a_clear_error(tmp_path):
 
     with pytest.raises(EncoderError, match="cannot load encoder"):
         HFEncoder(tmp_path / "no-model-here", device="cpu")
+
+
+def test_large_batches_encode_like_single_texts(minilm_encoder, toy_questions):
+    questions = [q["question"] for q in toy_questions]
+    texts = (questions * (70 // len(questions) + 1))[:70] + ["x", "a much longer query " * 20]
+    together = minilm_encoder.encode(texts)  # split into length-sorted sub-batches on CPU
+    alone = torch.cat([minilm_encoder.encode([t]) for t in texts[::9]])
+    torch.testing.assert_close(together[::9], alone, atol=1e-5, rtol=1e-4)
+    assert together.shape == (72, 384)
