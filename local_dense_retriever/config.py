@@ -109,7 +109,7 @@ class ServerConfig(BaseModel):
             return "bm25"
         if self.faiss_gpu:
             return "faiss"
-        return "torch" if self.index_path is None or _is_flat_ip(self.index_path) else "faiss"
+        return "torch" if self.index_path is None or is_flat_ip(self.index_path) else "faiss"
 
     def resolved_pooling(self) -> Literal["mean", "cls"]:
         if self.pooling != "auto":
@@ -117,7 +117,7 @@ class ServerConfig(BaseModel):
         return "cls" if "bge" in f"{self.retriever_name} {self.retriever_model}".lower() else "mean"
 
 
-def _is_flat_ip(path: Path) -> bool:
+def is_flat_ip(path: Path) -> bool:
     """A .npy or a faiss IndexFlatIP file (read from its 4-byte header, without loading it)."""
     if path.suffix == ".npy":
         return True

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from local_dense_retriever.config import ServerConfig
+from local_dense_retriever.config import ServerConfig, is_flat_ip
 from local_dense_retriever.corpus_store import CorpusStore
 from local_dense_retriever.index_base import DenseSearch, IndexLoadError, SearchBackend
 
@@ -62,6 +62,15 @@ class _Timer:
             logger.info("loaded %s in %.1f s", self.part, self.log[self.part])
 
 
+def _torch_serves_faiss_gpu(config: ServerConfig) -> bool:
+    """The published command asks for --faiss_gpu; without faiss-gpu, a flat index on CUDA is served by torch."""
+    if not (config.faiss_gpu and config.backend == "auto" and torch.cuda.is_available()):
+        return False
+    import faiss
+
+    return (not hasattr(faiss, "get_num_gpus") or faiss.get_num_gpus() == 0) and is_flat_ip(Path(config.index_path))
+
+
 def load_engine(config: ServerConfig, *, progress: bool = True) -> RetrievalEngine:
     """Load (or, for the embedded default, build once) encoder, index and corpus; logs each part's time."""
     from local_dense_retriever.encoder import HFEncoder, resolve_device
@@ -88,6 +97,13 @@ def load_engine(config: ServerConfig, *, progress: bool = True) -> RetrievalEngi
     with _Timer(timings, "corpus"):
         corpus = CorpusStore(Path(config.corpus_path), progress=progress)
     backend_name = config.resolved_backend()
+    if backend_name == "faiss" and _torch_serves_faiss_gpu(config):
+        logger.warning(
+            "--faiss_gpu: faiss has no GPU support here (pip faiss-cpu); serving the flat index with the "
+            "torch backend sharded in fp16 over %d GPU(s) instead (same results)",
+            torch.cuda.device_count(),
+        )
+        backend_name = "torch"
     backend: SearchBackend
     if backend_name == "bm25":
         from local_dense_retriever.index_bm25 import BM25Search, bm25_dir_for
