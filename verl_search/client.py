@@ -78,9 +78,9 @@ def parse_hits(body: Any, expected: int) -> list[list[Document]]:
             raw = item.get("document") if isinstance(item, dict) and "document" in item else item
             if not isinstance(raw, dict) or not isinstance(raw.get("contents"), str):
                 raise BadResponse("a hit has no 'contents' string")
-            raw = dict(raw)
-            raw["id"] = str(raw.get("id", ""))
-            docs.append(Document.model_validate(raw))
+            fields = dict(raw)
+            fields["id"] = str(fields.get("id", ""))
+            docs.append(Document.model_construct(**fields))  # the two required fields were just checked
         hits.append(docs)
     return hits
 
@@ -154,8 +154,12 @@ class RetrievalClient:
             else:
                 fut = self._loop.create_future()
                 self._in_flight[key] = owned[key] = fut
-        reused = sum(1 for k in keys if k in results or k in waits)
-        self.stats.add(cache_hits=sum(1 for k in keys if k in results), coalesced=sum(1 for k in keys if k in waits))
+        reused = 0
+        if results or waits:
+            hits = sum(1 for k in keys if k in results)
+            coalesced = sum(1 for k in keys if k in waits)
+            reused = hits + coalesced
+            self.stats.add(cache_hits=hits, coalesced=coalesced)
 
         if owned:
             # Fetched in this task (no extra tasks on the hot path): _request itself never runs past the deadline,

@@ -30,7 +30,7 @@ def format_passages(docs: Sequence[Document]) -> str:
     lines = []
     for i, doc in enumerate(docs, start=1):
         title, text = split_title(doc)
-        lines.append(f"Doc {i}(Title: {title}) {' '.join(text.split())}")
+        lines.append(f"Doc {i}(Title: {title}) {text.strip().replace(chr(10), ' ')}")
     return "\n".join(lines)
 
 
