@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from local_dense_retriever.config import default_cache_dir  # noqa: E402
 from local_dense_retriever.encoder import bundled_minilm_path  # noqa: E402
 from local_dense_retriever.toy_corpus import generate_toy_dataset  # noqa: E402
-from verl_search.background_server import free_port  # noqa: E402
+from verl_search.background_server import free_port, wait_until_healthy  # noqa: E402
 
 SERVER = Path(__file__).resolve().parent.parent / "local_dense_retriever" / "retrieval_server.py"
 
@@ -75,19 +75,11 @@ def start_server(corpus: Path, index: Path, backend: str, batching: bool, thread
         cmd.append("--no_batching")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    import urllib.request
-
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited {proc.returncode}: {proc.stderr.read()[-2000:]}")
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1).read()
-            return proc, url
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("server did not become ready in 300 s")
+    try:
+        wait_until_healthy(url, proc, timeout=300, what="retrieval server")
+    except RuntimeError as e:
+        raise SystemExit(f"{e}: {proc.stderr.read()[-2000:] if proc.poll() is not None else ''}") from e
+    return proc, url
 
 
 def server_metrics(url: str) -> dict:

@@ -23,7 +23,7 @@ from datetime import date
 import aiohttp
 
 from verl_search import SearchTool
-from verl_search.background_server import free_port
+from verl_search.background_server import free_port, wait_until_healthy
 from verl_search.client import RetrievalClient
 from verl_search.stats import STATS, percentile
 
@@ -32,17 +32,11 @@ def start_stub() -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "verl_search.stub_retriever", "--port", str(port)])
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    import urllib.request
-
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=1).read()
-            return proc, url
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("stub server did not start")
+    try:
+        wait_until_healthy(url, proc, timeout=30, what="stub server")
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from e
+    return proc, url
 
 
 def stub_requests(url: str) -> int:

@@ -7,6 +7,7 @@ and ``__exit__`` stops it and joins the thread.
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 from typing import Any
@@ -62,3 +63,22 @@ class BackgroundServer:
         self._server.should_exit = True
         self._thread.join(timeout=10)
         self._sock.close()
+
+
+def wait_until_healthy(url: str, process: subprocess.Popen, *, timeout: float = 300.0, what: str = "server") -> None:
+    """Poll ``url``/health until it answers 200; raise ``RuntimeError`` if ``process`` exits or time runs out."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the {what} exited with code {process.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"the {what} was not ready after {timeout:g} s")

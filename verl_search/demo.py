@@ -45,19 +45,13 @@ def start_retriever(port: int, toy_passages: int, cache_dir: Path, log_path: Pat
     log("starting the retriever: " + " ".join(cmd[1:]))
     out = open(log_path, "w")  # noqa: SIM115 - lives as long as the server
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the retriever exited with code {proc.returncode}; see {log_path}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return proc
-        except OSError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"the retriever was not healthy after 600 s; see {log_path}")
+    from verl_search.background_server import wait_until_healthy
+
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{port}", proc, timeout=600, what="retriever")
+    except RuntimeError as e:
+        raise SystemExit(f"{e}; see {log_path}") from e
+    return proc
 
 
 def preprocess(qa_path: Path, out_dir: Path, template: str) -> list[dict]:
