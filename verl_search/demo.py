@@ -240,7 +240,9 @@ async def run_demo(args: argparse.Namespace, url: str, cache_dir: Path, work: Pa
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_tokenizer_dir())
     rows, result = results["tool_agent"]
-    example = next((i for i, r in enumerate(rows) if hops[r["extra_info"]["question"]] == 2), 0)
+    two_hop = [i for i, r in enumerate(rows) if hops[r["extra_info"]["question"]] == 2]
+    solved = [i for i in two_hop if result.trajectories[i].score["em"] == 1.0]
+    example = (solved or two_hop or [0])[0]
     print("\n================ one full trajectory (tool_agent + SearchTool) ================")
     print(
         f"question: {rows[example]['extra_info']['question']}   gold: {gold[rows[example]['extra_info']['question']]}"
@@ -273,7 +275,8 @@ async def run_demo(args: argparse.Namespace, url: str, cache_dir: Path, work: Pa
     stats = search_stats()
     print(
         f"search tool counters: {stats['calls']} calls, {stats['failed_calls']} failed, "
-        f"{stats['cache_hits']} cache hits, p50 {1000 * stats['latency_p50_s']:.0f} ms"
+        f"{stats['cache_hits']} cache hits, latency p50 {1000 * stats['latency_p50_s']:.1f} ms, "
+        f"p99 {1000 * stats['latency_p99_s']:.1f} ms"
     )
     from verl_search.client import RetrievalClient
 
