@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all demo lint format bench clean
+.PHONY: install test test-all demo lint format bench bench-tool bench-retriever bench-retriever-quick clean
 
 install: $(STAMP)
 
@@ -36,9 +36,16 @@ lint: install
 format: install
 	$(VENV)/bin/ruff format verl_search local_dense_retriever data_preprocess benchmarks tests
 
-bench: install
+bench: bench-tool bench-retriever
+
+bench-tool: install
 	$(PY) benchmarks/tool_overhead.py
+
+bench-retriever: install
 	$(PY) benchmarks/retriever_load.py
+
+bench-retriever-quick: install
+	$(PY) benchmarks/retriever_load.py --quick
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
