@@ -22,7 +22,7 @@ from verl.utils.rollout_trace import rollout_trace_op
 
 from verl_search.config import SearchToolConfig
 from verl_search.errors import ConfigError
-from verl_search.search_tool import run_search
+from verl_search.search_tool import TRAJECTORY_STATS, record_search, run_search
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +79,9 @@ def _plain(value: Any) -> Any:
 class SearchR1AgentLoop(AgentLoopBase):
     """Search-R1 multi-turn rollout: generate → ``<search>`` → retrieve → ``<information>`` → … → ``<answer>``.
 
-    Per-trajectory search statistics go to ``extra_fields`` (``search_calls``, ``search_failures``,
-    ``search_latency_s``, ``search_cached``, ``invalid_actions``): verl keeps ``AgentLoopMetrics`` to a fixed set of
+    Per-trajectory search statistics go to ``extra_fields`` (``TRAJECTORY_STATS``: ``search_calls``,
+    ``search_failures``, ``search_latency_s``, ``search_cached``, ``invalid_actions``; SearchTool records the same
+    keys under ``tool_agent``): verl keeps ``AgentLoopMetrics`` to a fixed set of
     timings, while ``extra_fields`` reach the reward function as ``extra_info`` and the batch's non-tensor data.
     Time spent searching is also added to the standard ``tool_calls`` timing.
     """
@@ -152,13 +153,7 @@ class SearchR1AgentLoop(AgentLoopBase):
         mask: list[int] = []
         logprobs: list[float] | None = []
         timing: dict[str, float] = {}
-        stats = {
-            "search_calls": 0,
-            "search_failures": 0,
-            "search_latency_s": 0.0,
-            "search_cached": 0,
-            "invalid_actions": 0,
-        }
+        stats: dict[str, Any] = dict.fromkeys(TRAJECTORY_STATS, 0)
         num_preempted = 0
         assistant_turns = observations = 0
 
@@ -188,10 +183,7 @@ class SearchR1AgentLoop(AgentLoopBase):
             if action == "search":
                 with simple_timer("tool_calls", timing):
                     outcome = await run_search(self.search_config, [content])
-                stats["search_calls"] += 1
-                stats["search_failures"] += 0 if outcome.ok else 1
-                stats["search_latency_s"] += outcome.latency_s
-                stats["search_cached"] += outcome.cached
+                record_search(stats, outcome)
                 observation = f"\n\n<information>{outcome.text.strip()}</information>\n\n"
             else:
                 stats["invalid_actions"] += 1

@@ -159,7 +159,8 @@ def compute_score(
 
     Returns ``score`` plus ``em``, ``subem``, ``f1`` (of the final answer), ``answered`` (1.0 if the model wrote an
     answer block), ``num_searches`` (``<search>`` plus ``<tool_call>`` blocks the model wrote) and ``failed_searches``
-    (retrieved blocks that report a failed search: verl logs these keys, unlike the tool's discarded metrics).
+    (retrieved blocks that report a failed search), and ``search_latency_s`` / ``search_cached`` from the agent
+    loop's per-trajectory stats in ``extra_info`` (0.0 when absent). verl logs these keys, unlike tool metrics.
     """
     options = _options(kwargs)
     if not isinstance(solution_str, str):
@@ -190,7 +191,18 @@ def compute_score(
         "num_searches": float(len(_SEARCH_BLOCK.findall(model_text))),
         # both loops show a failed search as "[search failed: <kind>] ..." (verl_search.search_tool.failure_text)
         "failed_searches": float(sum(text.count("[search failed:") for text in retrieved)),
+        # recorded by the agent loops in extra_fields (0.0 when absent, so every sample has the same keys)
+        "search_latency_s": _stat(extra_info, "search_latency_s"),
+        "search_cached": _stat(extra_info, "search_cached"),
     }
+
+
+def _stat(extra_info: Any, key: str) -> float:
+    value = extra_info.get(key) if isinstance(extra_info, Mapping) else None
+    try:
+        return float(value) if value is not None else 0.0
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def _gold_in(retrieved: list[str], golds: tuple[str, ...]) -> bool:

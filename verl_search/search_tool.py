@@ -58,6 +58,20 @@ class SearchOutcome:
         }
 
 
+#: per-trajectory search statistics both loops keep in verl's ``extra_fields`` (they reach the reward's extra_info)
+TRAJECTORY_STATS = ("search_calls", "search_failures", "search_latency_s", "search_cached", "invalid_actions")
+
+
+def record_search(fields: dict[str, Any], outcome: SearchOutcome) -> None:
+    """Add one search call to a trajectory's ``extra_fields`` (creating every key of TRAJECTORY_STATS)."""
+    for key in TRAJECTORY_STATS:
+        fields.setdefault(key, 0)
+    fields["search_calls"] += 1
+    fields["search_failures"] += 0 if outcome.ok else 1
+    fields["search_latency_s"] += outcome.latency_s
+    fields["search_cached"] += outcome.cached
+
+
 def failure_text(error: SearchError, config: SearchToolConfig) -> str:
     """The stable text the model sees for a failed call."""
     if isinstance(error, InvalidArguments):
@@ -146,6 +160,10 @@ class SearchTool(BaseTool):
 
     async def execute(self, instance_id: str, parameters: Any, **kwargs: Any) -> tuple[ToolResponse, float, dict]:
         outcome = await run_search(self.search_config, parameters)
+        # verl's ToolAgentLoop drops the metrics dict but keeps agent_data.extra_fields in the trajectory's output
+        fields = getattr(kwargs.get("agent_data"), "extra_fields", None)
+        if isinstance(fields, dict):
+            record_search(fields, outcome)
         state = self._instances.get(instance_id)
         if state is not None:
             state["calls"] += 1

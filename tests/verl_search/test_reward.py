@@ -115,13 +115,13 @@ def test_reports_every_metric_and_counts():
     )
     result = compute_score("searchR1_nq", response, GOLD)
     assert result == {"score": 0.0, "em": 0.0, "subem": 1.0, "f1": pytest.approx(2 / 3), "answered": 1.0,
-                      "num_searches": 2.0, "failed_searches": 0.0}  # fmt: skip
+                      "num_searches": 2.0, "failed_searches": 0.0, "search_latency_s": 0.0, "search_cached": 0.0}  # fmt: skip
 
 
 def test_same_keys_when_unanswered():
     result = compute_score("searchR1_nq", "no idea", GOLD)
     assert result == {
-        "score": 0.0, "em": 0.0, "subem": 0.0, "f1": 0.0, "answered": 0.0, "num_searches": 0.0, "failed_searches": 0.0
+        "score": 0.0, "em": 0.0, "subem": 0.0, "f1": 0.0, "answered": 0.0, "num_searches": 0.0, "failed_searches": 0.0, "search_latency_s": 0.0, "search_cached": 0.0
     }  # fmt: skip
 
 
@@ -243,3 +243,12 @@ def test_failed_searches_are_counted_from_the_tool_text_of_either_loop():
     assert result["failed_searches"] == 2.0
     assert result["num_searches"] == 3.0
     assert result["em"] == 1.0
+
+
+def test_agent_loop_search_stats_pass_through_with_fixed_keys():
+    response = "<answer> Paris </answer>"
+    with_stats = compute_score("searchR1_nq", response, ["Paris"], {"search_latency_s": 0.25, "search_cached": 2})
+    without = compute_score("searchR1_nq", response, ["Paris"], {"index": 3})
+    assert (with_stats["search_latency_s"], with_stats["search_cached"]) == (0.25, 2.0)
+    assert (without["search_latency_s"], without["search_cached"]) == (0.0, 0.0)
+    assert with_stats.keys() == without.keys()

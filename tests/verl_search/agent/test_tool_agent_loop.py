@@ -69,3 +69,15 @@ async def test_tool_response_is_masked_and_model_tokens_are_exact(tool_agent_run
     assert trajectory.response_logprobs[middle] == [0.0] * (len(response) - n1 - n2)
     # the second generation continued from exactly the trajectory so far
     assert second.prompt_ids == trajectory.prompt_ids + response[: len(response) - n2]
+
+
+async def test_tool_records_the_same_trajectory_stats_as_the_native_loop(tool_agent_run):
+    """verl drops tool metrics; our tool's per-trajectory stats travel in the output's extra_fields instead."""
+    from verl_search.search_tool import TRAJECTORY_STATS
+
+    _, result = tool_agent_run
+    for trajectory in result.trajectories:
+        assert set(TRAJECTORY_STATS) <= set(trajectory.extra_fields)
+        assert trajectory.extra_fields["search_calls"] == 1
+        assert trajectory.extra_fields["search_failures"] == 0
+        assert trajectory.extra_fields["search_latency_s"] > 0
