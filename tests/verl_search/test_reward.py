@@ -114,14 +114,17 @@ def test_reports_every_metric_and_counts():
         "<answer>Beijing city</answer>"
     )
     result = compute_score("searchR1_nq", response, GOLD)
-    assert result == {"score": 0.0, "em": 0.0, "subem": 1.0, "f1": pytest.approx(2 / 3), "answered": 1.0,
-                      "num_searches": 2.0, "failed_searches": 0.0, "search_latency_s": 0.0, "search_cached": 0.0}  # fmt: skip
+    assert result == {
+        "score": 0.0, "em": 0.0, "subem": 1.0, "f1": pytest.approx(2 / 3), "answered": 1.0, "num_searches": 2.0,
+        "failed_searches": 0.0, "search_latency_s": 0.0, "search_cached": 0.0,
+    }  # fmt: skip
 
 
 def test_same_keys_when_unanswered():
     result = compute_score("searchR1_nq", "no idea", GOLD)
     assert result == {
-        "score": 0.0, "em": 0.0, "subem": 0.0, "f1": 0.0, "answered": 0.0, "num_searches": 0.0, "failed_searches": 0.0, "search_latency_s": 0.0, "search_cached": 0.0
+        "score": 0.0, "em": 0.0, "subem": 0.0, "f1": 0.0, "answered": 0.0, "num_searches": 0.0,
+        "failed_searches": 0.0, "search_latency_s": 0.0, "search_cached": 0.0,
     }  # fmt: skip
 
 
