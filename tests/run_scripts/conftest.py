@@ -12,39 +12,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fastapi import FastAPI
 
-from verl_search.background_server import BackgroundServer
-from verl_search.protocol import RetrieveRequest
+from verl_search.stub_retriever import StubServer
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "run_scripts"
 QUESTIONS = [("who wrote hamlet", "William Shakespeare"), ("what is the capital of france", "Paris")] * 4
 
 
-def retrieval_app() -> FastAPI:
-    """A tiny retriever speaking DESIGN §3.1: every query gets ``topk`` made-up wiki-18-shaped passages."""
-    app = FastAPI()
-
-    @app.post("/retrieve")
-    def retrieve(request: RetrieveRequest) -> dict:
-        topk = request.topk or 3
-        result = []
-        for query in request.queries:
-            docs = [{"id": str(i), "contents": f'"{query}"\nPassage {i} about {query}.'} for i in range(topk)]
-            result.append([{"document": d, "score": 1.0} for d in docs] if request.return_scores else docs)
-        return {"result": result}
-
-    @app.get("/health")
-    def health() -> dict:
-        return {"status": "ok"}
-
-    return app
-
-
 @pytest.fixture(scope="session")
 def retriever_url() -> str:
-    with BackgroundServer(retrieval_app()) as server:
+    """A real /retrieve server on 127.0.0.1 (no corpus: every query gets made-up wiki-18-shaped passages)."""
+    with StubServer() as server:
         yield server.url
 
 

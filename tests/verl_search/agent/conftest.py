@@ -1,20 +1,16 @@
-"""Fixtures for the agent-loop tests: a real /retrieve server (FastAPI under uvicorn on 127.0.0.1), the locally
+"""Fixtures for the agent-loop tests: a real /retrieve server (verl_search.stub_retriever on 127.0.0.1), the locally
 trained tokenizer (built once per session), tool/agent-loop YAMLs pointing at the server, and Search-R1 rows."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 import yaml
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 
-from verl_search.background_server import BackgroundServer
 from verl_search.client import RetrievalClient
 from verl_search.local_tokenizer import ensure_tokenizer_dir
-from verl_search.protocol import RetrieveRequest
+from verl_search.stub_retriever import StubServer
 
 REPO = Path(__file__).resolve().parents[3]
 CORPUS = [
@@ -34,41 +30,32 @@ PROMPT = (
     "find no further external knowledge needed, you can directly provide the answer inside <answer> and </answer>. "
     "Question: {question}\n"
 )
-_WORD = re.compile(r"\w+")
 
 
 class Retriever:
-    """The running stub: its URL, the queries it received, and a switch to make it fail with HTTP 500."""
+    """The running stub as the tests see it: its /retrieve URL, the queries it received, a switch for HTTP 500."""
 
-    def __init__(self) -> None:
-        self.url = ""
-        self.queries: list[str] = []
-        self.failing = False
+    def __init__(self, server: StubServer) -> None:
+        self.server = server
+        self.url = f"{server.url}/retrieve"
 
-    def app(self) -> FastAPI:
-        app = FastAPI()
+    @property
+    def queries(self) -> list[str]:
+        return self.server.state.queries
 
-        @app.post("/retrieve")
-        async def retrieve(request: RetrieveRequest):
-            self.queries.extend(request.queries)
-            if self.failing:
-                return JSONResponse({"error": "internal", "detail": "stub told to fail"}, status_code=500)
-            result = []
-            for query in request.queries:
-                words = set(_WORD.findall(query.lower()))
-                ranked = sorted(CORPUS, key=lambda d: -len(words & set(_WORD.findall(d["contents"].lower()))))
-                result.append(ranked[: request.topk or 3])
-            return {"result": result}
+    @property
+    def failing(self) -> bool:
+        return self.server.state.fault == "500"
 
-        return app
+    @failing.setter
+    def failing(self, value: bool) -> None:
+        self.server.state.set_fault("500" if value else "ok")
 
 
 @pytest.fixture(scope="session")
 def retriever_server():
-    retriever = Retriever()
-    with BackgroundServer(retriever.app()) as server:
-        retriever.url = f"{server.url}/retrieve"
-        yield retriever
+    with StubServer(CORPUS) as server:
+        yield Retriever(server)
 
 
 @pytest.fixture
