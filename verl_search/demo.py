@@ -89,26 +89,20 @@ def follow_up_query(question: str, passages: str) -> str | None:
 
 
 def two_hop_policy(gold: dict[str, list[str]], native: bool):
-    """Search the question; if the gold answer is not in the results, search the top title once; then answer."""
-    from verl_search.scripted_policy import UNKNOWN, question_of
+    """Search the question; if the gold answer is not in the results, search once more with
+    :func:`follow_up_query`; then answer what the oracle reader finds in everything retrieved."""
+    from verl_search.scripted_policy import UNKNOWN, OracleReader, question_of, retrieved_blocks, search_turn
+
+    reader = OracleReader(gold)
 
     def policy(inp: Any) -> str:
         question = question_of(inp.conversation)
-        response = inp.conversation.split("<|im_start|>assistant", 1)[-1]
-        tag = "information" if native else "tool_response"
-        retrieved = re.findall(rf"<{tag}>(.*?)</{tag}>", response, re.DOTALL)
-        answers = gold.get(question, [])
-        seen = "\n".join(retrieved).lower()
-        found = next((a for a in answers if a.lower() in seen), None)
-        if found is not None or len(retrieved) >= 2:
-            return f"<think> I have what I need. </think>\n<answer> {found or UNKNOWN} </answer>"
-        query = question
-        if retrieved:
-            query = follow_up_query(question, retrieved[-1]) or question
-        if native:
-            return f"<think> I need to search. </think>\n<search> {query} </search>"
-        call = {"name": "search", "arguments": {"query_list": [query]}}
-        return f"<think> I need to search. </think>\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+        retrieved = retrieved_blocks(inp.conversation, "information" if native else "tool_response")
+        answer = reader(question, "\n".join(retrieved))
+        if answer != UNKNOWN or len(retrieved) >= 2:
+            return f"<think> I have what I need. </think>\n<answer> {answer} </answer>"
+        query = (follow_up_query(question, retrieved[-1]) if retrieved else None) or question
+        return search_turn(query, native=native, thought="I need to search.")
 
     return policy
 

@@ -119,9 +119,17 @@ def _response_part(conversation: str) -> str:
     return conversation.split(ASSISTANT_START, 1)[1]
 
 
-def _last_block(text: str, tag: str) -> str | None:
-    blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", text, re.DOTALL)
-    return blocks[-1] if blocks else None
+def retrieved_blocks(conversation: str, tag: str) -> list[str]:
+    """Every ``<tag>…</tag>`` block after the first assistant header (what the environment returned), in order."""
+    return re.findall(rf"<{tag}>(.*?)</{tag}>", _response_part(conversation), re.DOTALL)
+
+
+def search_turn(query: str, *, native: bool, thought: str) -> str:
+    """A scripted turn that searches ``query``: ``<search>`` (native protocol) or a hermes ``<tool_call>``."""
+    if native:
+        return f"<think> {thought} </think>\n<search> {query} </search>"
+    call = {"name": "search", "arguments": {"query_list": [query]}}
+    return f"<think> {thought} </think>\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
 
 
 @dataclass(frozen=True)
@@ -150,11 +158,10 @@ def tool_call_policy(reader: Reader) -> Policy:
 
     def policy(inp: PolicyInput) -> str:
         question = question_of(inp.conversation)
-        retrieved = _last_block(_response_part(inp.conversation), "tool_response")
-        if retrieved is None:
-            call = {"name": "search", "arguments": {"query_list": [question]}}
-            return f"<think> I should search for this. </think>\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
-        return f"<think> The search results help. </think>\n<answer> {reader(question, retrieved)} </answer>"
+        retrieved = retrieved_blocks(inp.conversation, "tool_response")
+        if not retrieved:
+            return search_turn(question, native=False, thought="I should search for this.")
+        return f"<think> The search results help. </think>\n<answer> {reader(question, retrieved[-1])} </answer>"
 
     return policy
 
@@ -164,10 +171,10 @@ def native_search_policy(reader: Reader) -> Policy:
 
     def policy(inp: PolicyInput) -> str:
         question = question_of(inp.conversation)
-        retrieved = _last_block(_response_part(inp.conversation), "information")
-        if retrieved is None:
-            return f"<think> I need to search. </think>\n<search> {question} </search>"
-        return f"<think> I found information. </think>\n<answer> {reader(question, retrieved)} </answer>"
+        retrieved = retrieved_blocks(inp.conversation, "information")
+        if not retrieved:
+            return search_turn(question, native=True, thought="I need to search.")
+        return f"<think> I found information. </think>\n<answer> {reader(question, retrieved[-1])} </answer>"
 
     return policy
 
