@@ -164,7 +164,7 @@ class RetrievalClient:
         if owned:
             # Fetched in this task (no extra tasks on the hot path): _request itself never runs past the deadline,
             # and _fetch resolves every owned future, also for twins that joined meanwhile.
-            await self._fetch(list(owned), topk, owned, deadline)
+            await self._fetch(owned, topk, deadline)
             for key, fut in owned.items():
                 results[key] = fut.result()
         if waits:
@@ -173,15 +173,18 @@ class RetrievalClient:
             try:
                 values = await asyncio.wait_for(gathered, max(remaining, 0.0))
             except asyncio.TimeoutError as e:
-                raise DeadlineExceeded(f"no answer within the {self.config.timeout:g} s deadline") from e
+                raise self._deadline_error() from e
             results.update(zip(waits, values, strict=True))
         return [results[k] for k in keys], reused
 
     # ------------------------------------------------------------------ internals
-    async def _fetch(
-        self, keys: list[CacheKey], topk: int, futures: dict[CacheKey, asyncio.Future], deadline: float
-    ) -> None:
+    def _deadline_error(self, cause: Exception | None = None) -> DeadlineExceeded:
+        detail = f" ({cause})" if cause is not None else ""
+        return DeadlineExceeded(f"no answer within the {self.config.timeout:g} s deadline{detail}")
+
+    async def _fetch(self, futures: dict[CacheKey, asyncio.Future], topk: int, deadline: float) -> None:
         """Request the owned keys; resolve each future with its hits or the error (never leaves one pending)."""
+        keys = list(futures)
         try:
             hits = await self._request([q for q, _ in keys], topk, deadline)
         except BaseException as e:  # noqa: BLE001 - every waiter must learn the outcome
@@ -213,7 +216,7 @@ class RetrievalClient:
                 async with self.pool.slot(deadline):
                     remaining = deadline - self._loop.time()
                     if remaining <= 0:
-                        raise DeadlineExceeded(f"no answer within the {self.config.timeout:g} s deadline")
+                        raise self._deadline_error()
                     hits = await self._post(
                         endpoint, payload, min(remaining, self.config.attempt_timeout), len(queries)
                     )
@@ -225,7 +228,7 @@ class RetrievalClient:
                 remaining = deadline - self._loop.time()
                 if not e.retryable or attempt >= self.config.max_attempts or remaining <= 0:
                     if remaining <= 0 and e.retryable and not isinstance(e, DeadlineExceeded):
-                        raise DeadlineExceeded(f"no answer within the {self.config.timeout:g} s deadline ({e})") from e
+                        raise self._deadline_error(e) from e
                     raise
                 wait = random.uniform(0, min(self.config.backoff_max, self.config.backoff_base * 2 ** (attempt - 1)))
                 if isinstance(e, ServiceUnavailable) and e.retry_after:
