@@ -31,6 +31,38 @@ vs_write_tool_config() {
         || vs_die "cannot write the run's tool config $2 from $1"
 }
 
+# vs_prepare_run: check AGENT, create RUN_DIR and write the run's copy of TOOL_CONFIG with RETRIEVER_URL in it
+# (sets RUN_TOOL_CONFIG; the user's file is never edited).
+vs_prepare_run() {
+    case "$AGENT" in
+        tool_agent | search_r1_agent) ;;
+        *) vs_die "AGENT=${AGENT}: choose tool_agent or search_r1_agent" ;;
+    esac
+    mkdir -p "$RUN_DIR"
+    RUN_TOOL_CONFIG="${RUN_DIR}/search_tool_config.yaml"
+    vs_write_tool_config "$TOOL_CONFIG" "$RUN_TOOL_CONFIG" "$RETRIEVER_URL"
+}
+
+# vs_search_overrides: set VS_SEARCH_ARGS to the overrides that plug our tool, agent loop and reward into verl's
+# multi-turn rollout (from AGENT, MAX_TURNS, MAX_TOOL_RESPONSE_LENGTH, RUN_TOOL_CONFIG, REWARD_FN_PATH and
+# AGENT_LOOP_CONFIG). Call vs_prepare_run first.
+vs_search_overrides() {
+    VS_SEARCH_ARGS=(
+        actor_rollout_ref.rollout.multi_turn.enable=True
+        actor_rollout_ref.rollout.multi_turn.format=hermes
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=${MAX_TURNS}"
+        "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=${MAX_TOOL_RESPONSE_LENGTH}"
+        actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=right
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path=${RUN_TOOL_CONFIG}"
+        "actor_rollout_ref.rollout.agent.default_agent_loop=${AGENT}"
+        "reward.custom_reward_function.path=${REWARD_FN_PATH}"
+        reward.custom_reward_function.name=compute_score
+    )
+    if [[ "$AGENT" == search_r1_agent ]]; then
+        VS_SEARCH_ARGS+=("actor_rollout_ref.rollout.agent.agent_loop_config_path=${AGENT_LOOP_CONFIG}")
+    fi
+}
+
 # vs_print_command ARGV...: the command quoted for pasting into a shell: the program and its flags on the first line,
 # then one override (key=value) per line.
 vs_print_command() {

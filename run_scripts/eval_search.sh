@@ -42,11 +42,6 @@ GPU_MEMORY_UTILIZATION="${GPU_MEMORY_UTILIZATION:-0.7}"
 TRAIN_BATCH_SIZE="${TRAIN_BATCH_SIZE:-64}"
 LOGGER="${LOGGER:-[\"console\"]}"
 
-case "$AGENT" in
-    tool_agent | search_r1_agent) ;;
-    *) vs_die "AGENT=${AGENT}: choose tool_agent or search_r1_agent" ;;
-esac
-
 RESUME=(trainer.resume_mode=disable)
 if [[ -n "$CHECKPOINT" ]]; then
     [[ -e "$CHECKPOINT" ]] || vs_die "CHECKPOINT=${CHECKPOINT}: no such folder"
@@ -63,9 +58,8 @@ if [[ -n "$CHECKPOINT" ]]; then
     fi
 fi
 
-mkdir -p "$RUN_DIR"
-RUN_TOOL_CONFIG="${RUN_DIR}/search_tool_config.yaml"
-vs_write_tool_config "$TOOL_CONFIG" "$RUN_TOOL_CONFIG" "$RETRIEVER_URL"
+vs_prepare_run
+vs_search_overrides
 
 ARGS=(
     algorithm.adv_estimator=grpo
@@ -93,15 +87,7 @@ ARGS=(
     actor_rollout_ref.rollout.val_kwargs.do_sample=False
     actor_rollout_ref.rollout.val_kwargs.temperature=0
     actor_rollout_ref.rollout.val_kwargs.n=1
-    actor_rollout_ref.rollout.multi_turn.enable=True
-    actor_rollout_ref.rollout.multi_turn.format=hermes
-    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=${MAX_TURNS}"
-    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=${MAX_TOOL_RESPONSE_LENGTH}"
-    actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=right
-    "actor_rollout_ref.rollout.multi_turn.tool_config_path=${RUN_TOOL_CONFIG}"
-    "actor_rollout_ref.rollout.agent.default_agent_loop=${AGENT}"
-    "reward.custom_reward_function.path=${REWARD_FN_PATH}"
-    reward.custom_reward_function.name=compute_score
+    "${VS_SEARCH_ARGS[@]}"
     trainer.val_only=True
     trainer.val_before_train=True
     "trainer.validation_data_dir=${OUTPUT_DIR}"
@@ -113,9 +99,6 @@ ARGS=(
     "trainer.default_local_dir=${RUN_DIR}/checkpoints"
     "${RESUME[@]}"
 )
-if [[ "$AGENT" == search_r1_agent ]]; then
-    ARGS+=("actor_rollout_ref.rollout.agent.agent_loop_config_path=${AGENT_LOOP_CONFIG}")
-fi
 ARGS+=("$@")
 
 echo "run folder: ${RUN_DIR}; generations go to ${OUTPUT_DIR}"

@@ -55,14 +55,8 @@ SAVE_FREQ="${SAVE_FREQ:-100}"
 TEST_FREQ="${TEST_FREQ:-50}"
 LOGGER="${LOGGER:-[\"console\",\"wandb\"]}"
 
-case "$AGENT" in
-    tool_agent | search_r1_agent) ;;
-    *) vs_die "AGENT=${AGENT}: choose tool_agent or search_r1_agent" ;;
-esac
-
-mkdir -p "$RUN_DIR"
-RUN_TOOL_CONFIG="${RUN_DIR}/search_tool_config.yaml"
-vs_write_tool_config "$TOOL_CONFIG" "$RUN_TOOL_CONFIG" "$RETRIEVER_URL"
+vs_prepare_run
+vs_search_overrides
 
 ARGS=(
     algorithm.adv_estimator=grpo
@@ -99,15 +93,7 @@ ARGS=(
     "actor_rollout_ref.rollout.max_model_len=${MAX_TOKEN_LEN_PER_GPU}"
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=${MICRO_BATCH_PER_GPU}"
     "actor_rollout_ref.rollout.n=${ROLLOUT_N}"
-    actor_rollout_ref.rollout.multi_turn.enable=True
-    actor_rollout_ref.rollout.multi_turn.format=hermes
-    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=${MAX_TURNS}"
-    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=${MAX_TOOL_RESPONSE_LENGTH}"
-    actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=right
-    "actor_rollout_ref.rollout.multi_turn.tool_config_path=${RUN_TOOL_CONFIG}"
-    "actor_rollout_ref.rollout.agent.default_agent_loop=${AGENT}"
-    "reward.custom_reward_function.path=${REWARD_FN_PATH}"
-    reward.custom_reward_function.name=compute_score
+    "${VS_SEARCH_ARGS[@]}"
     trainer.critic_warmup=0
     trainer.val_before_train=False
     "trainer.logger=${LOGGER}"
@@ -121,9 +107,6 @@ ARGS=(
     "trainer.default_local_dir=${RUN_DIR}/checkpoints"
     "trainer.validation_data_dir=${RUN_DIR}/val_generations"
 )
-if [[ "$AGENT" == search_r1_agent ]]; then
-    ARGS+=("actor_rollout_ref.rollout.agent.agent_loop_config_path=${AGENT_LOOP_CONFIG}")
-fi
 ARGS+=("$@")
 
 echo "run folder: ${RUN_DIR} (tool config, checkpoints, validation generations)"
