@@ -102,8 +102,8 @@ ARGS=(
 ARGS+=("$@")
 
 echo "run folder: ${RUN_DIR}; generations go to ${OUTPUT_DIR}"
-echo "summarise them afterwards with: ${PYTHON} -m verl_search.report ${OUTPUT_DIR}"
+echo "summarise them afterwards with: ${PYTHON} -m verl_search.report ${OUTPUT_DIR} --data ${VAL_DATA}"
 vs_preflight --agent "$AGENT" -- "${ARGS[@]}"
 "${VS_COMMAND[@]}"
 echo "generations: ${OUTPUT_DIR}"
-echo "summary:     ${PYTHON} -m verl_search.report ${OUTPUT_DIR}"
+echo "summary:     ${PYTHON} -m verl_search.report ${OUTPUT_DIR} --data ${VAL_DATA}"

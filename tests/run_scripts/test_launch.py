@@ -118,6 +118,8 @@ def test_eval_dry_run_loads_the_latest_checkpoint_greedily(run_script, small_env
     ):
         assert setting in command, setting
     assert f"-m verl_search.report {tmp_path}/eval/generations" in result.stdout
+    # the dumps carry no data_source: the printed report command must name the evaluated data
+    assert f"-m verl_search.report {tmp_path}/eval/generations --data {data_dir}/test.parquet" in result.stdout
 
 
 def test_eval_rejects_a_checkpoint_that_is_neither_verl_nor_hf(run_script, small_env, tmp_path):
