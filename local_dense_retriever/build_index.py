@@ -24,9 +24,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see retrieval_server.py: 
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from local_dense_retriever.atomic import atomic_path  # noqa: E402
 from local_dense_retriever.corpus_store import CorpusStore  # noqa: E402
 from local_dense_retriever.encoder import Encoder  # noqa: E402
+from verl_search.atomic import atomic_path  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from local_dense_retriever.atomic import atomic_path
+from verl_search.atomic import atomic_path
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,6 @@ from typing import Literal
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from local_dense_retriever.atomic import atomic_path  # noqa: E402
 from local_dense_retriever.download_assembly import check_free_space, check_size, gunzip, join_parts  # noqa: E402
 from local_dense_retriever.download_source import (  # noqa: E402
     DownloadError,
@@ -29,6 +28,7 @@ from local_dense_retriever.download_source import (  # noqa: E402
     MirrorSource,
     SizeMismatch,
 )
+from verl_search.atomic import atomic_path  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from typing import BinaryIO
 
 from tqdm import tqdm
 
-from local_dense_retriever.atomic import atomic_path
 from local_dense_retriever.download_source import DownloadError, SizeMismatch
+from verl_search.atomic import atomic_path
 
 CHUNK = 8 << 20
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from local_dense_retriever.atomic import atomic_path
+from verl_search.atomic import atomic_path
 
 logger = logging.getLogger(__name__)
 

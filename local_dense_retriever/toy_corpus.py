@@ -16,9 +16,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from local_dense_retriever.atomic import atomic_path
 from local_dense_retriever.toy_questions import generate_questions, max_questions
 from local_dense_retriever.toy_world import MIN_PASSAGES, ToyWorld
+from verl_search.atomic import atomic_path
 
 logger = logging.getLogger(__name__)
 

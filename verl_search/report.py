@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+from verl_search.atomic import atomic_path
 from verl_search.validation_dump import UNMATCHED, DumpError, SourceLookup, canonical_source, read_dump
 
 #: (data source, column label, EM of Search-R1 with Qwen2.5-3B-Instruct trained by GRPO, from the paper)
@@ -170,18 +169,6 @@ def render_markdown(report: dict[str, Any], step: int, path: Path) -> str:
     return f"# Search-R1 evaluation, step {step}\n\n" + "\n".join(lines) + f"\n\n{notes}\n"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def main(argv: list[str] | None = None) -> int:
     """CLI entry; exits 1 with one line on stderr when the dump cannot be read."""
     p = argparse.ArgumentParser(prog="python -m verl_search.report", description=__doc__.splitlines()[0])
@@ -194,8 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         lookup = SourceLookup.from_parquet(args.data) if args.data else None
         report = build_report(rows, lookup)
         report.update(step=step, dump=str(path))
-        _write_atomic(args.dir / "report.json", json.dumps(report, indent=2) + "\n")
-        _write_atomic(args.dir / "report.md", render_markdown(report, step, path))
+        for name, text in (
+            ("report.json", json.dumps(report, indent=2) + "\n"),
+            ("report.md", render_markdown(report, step, path)),
+        ):
+            with atomic_path(args.dir / name) as tmp:
+                tmp.write_text(text, encoding="utf-8")
     except (DumpError, OSError) as e:
         print(f"report: error: {e}", file=sys.stderr)
         return 1

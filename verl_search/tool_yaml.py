@@ -7,14 +7,13 @@ crash never leaves a half-written YAML where the launch expects one.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from verl_search.atomic import atomic_path
 from verl_search.errors import ConfigError
 
 URL_KEY = "retrieval_service_url"
@@ -40,19 +39,6 @@ def substitute_url(tool_yaml: dict[str, Any], url: str | list[str], source: str 
     return count
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same directory and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_tool_config(source: Path, dest: Path, url: str | list[str]) -> Path:
     """Copy ``source`` to ``dest`` with the retrieval URL set; return ``dest``. ``source`` is never written."""
     source, dest = Path(source), Path(dest)
@@ -66,7 +52,8 @@ def write_tool_config(source: Path, dest: Path, url: str | list[str]) -> Path:
         raise ConfigError(f"tool config {source} is not valid YAML: {str(e).splitlines()[0]}") from e
     substitute_url(data, url, source=str(source))
     header = f"# Generated from {source.resolve()} with {URL_KEY} set for this run; edit the source, not this copy.\n"
-    atomic_write_text(dest, header + yaml.safe_dump(data, sort_keys=False))
+    with atomic_path(dest) as tmp:
+        tmp.write_text(header + yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return dest
 
 
