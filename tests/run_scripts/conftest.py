@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from verl_search.background_server import free_port
 from verl_search.stub_retriever import StubServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,10 +30,7 @@ def retriever_url() -> str:
 @pytest.fixture(scope="session")
 def closed_port_url() -> str:
     """A URL on 127.0.0.1 where nothing listens (connection refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}/retrieve"
+    return f"http://127.0.0.1:{free_port()}/retrieve"
 
 
 def preprocess(out_dir: Path, template: str) -> Path:
