@@ -163,7 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry; exits 1 with one line on stderr when anything fails."""
     p = argparse.ArgumentParser(prog="download.py", description="Download the wiki-18 corpus and retrieval indexes.")
     p.add_argument("--save_path", type=Path, required=True, help="destination folder")
-    p.add_argument("--bm25", action="store_true", help="also fetch the BM25 (Lucene) index into SAVE_PATH/bm25/")
+    p.add_argument(
+        "--bm25",
+        action="store_true",
+        help="also fetch the published BM25 Lucene index into SAVE_PATH/bm25/ (for Pyserini; our server "
+        "builds its own bm25s index from the corpus)",
+    )
     p.add_argument("--no_index", action="store_true", help="skip the e5 flat index (~60 GB)")
     p.add_argument("--no_corpus", action="store_true", help="skip the wiki-18 corpus")
     p.add_argument("--delete_parts", action="store_true", help="remove part_aa/part_ab/.gz once outputs are verified")

@@ -48,6 +48,12 @@ class BM25Search:
         if not (index_dir / "params.index.json").is_file():
             if index_dir.exists() and not index_dir.is_dir():
                 raise IndexLoadError(f"{index_dir} is a file, not a bm25s index directory")
+            if index_dir.is_dir() and any(index_dir.iterdir()):  # never write a new index into someone's folder
+                what = "a Lucene (Pyserini) index" if any(index_dir.glob("segments*")) else "not a bm25s index"
+                raise IndexLoadError(
+                    f"{index_dir} is {what}; this server reads bm25s indexes only. Leave out --index_path to build "
+                    f"one beside the corpus once ({bm25_dir_for(corpus.path)}), or point it at an empty folder"
+                )
             if not build:
                 raise IndexLoadError(f"no bm25s index at {index_dir}")
             logger.info("building bm25 index %s from %s (once)", index_dir, corpus.path)

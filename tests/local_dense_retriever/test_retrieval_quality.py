@@ -8,7 +8,7 @@ import torch
 
 from local_dense_retriever.corpus_store import CorpusStore
 from local_dense_retriever.engine import RetrievalEngine
-from local_dense_retriever.index_base import DenseSearch
+from local_dense_retriever.index_base import DenseSearch, IndexLoadError
 from local_dense_retriever.index_bm25 import BM25Search, bm25_dir_for
 from local_dense_retriever.index_faiss import FaissIndex
 from local_dense_retriever.index_torch import TorchFlatIndex
@@ -39,6 +39,24 @@ def test_minilm_recall_at_3_on_single_hop(minilm_encoder, minilm_index, corpus, 
     index = TorchFlatIndex.from_file(minilm_index["npy"], device=torch.device("cpu"))
     engine = RetrievalEngine(DenseSearch(minilm_encoder, index), corpus)
     assert recall_at_k(engine, single_hop, 3) >= 0.9
+
+
+def test_bm25_recall_at_3_on_single_hop(toy_dataset, corpus, single_hop):
+    engine = RetrievalEngine(BM25Search(bm25_dir_for(toy_dataset.corpus_path), corpus, progress=False), corpus)
+    assert recall_at_k(engine, single_hop, 3) >= 0.9
+
+
+@pytest.mark.parametrize("kind", ["lucene", "other"])
+def test_bm25_refuses_a_folder_that_is_not_a_bm25s_index(tmp_path, corpus, kind):
+    """The published Lucene index (download.py --bm25) is named for what it is, and nothing is written into it."""
+    folder = tmp_path / "bm25"
+    folder.mkdir()
+    (folder / ("segments_1" if kind == "lucene" else "notes.txt")).write_text("x")
+    before = sorted(folder.iterdir())
+    with pytest.raises(IndexLoadError, match="Lucene" if kind == "lucene" else "not a bm25s index") as err:
+        BM25Search(folder, corpus, progress=False)
+    assert "Leave out --index_path" in str(err.value)
+    assert sorted(folder.iterdir()) == before
 
 
 def test_bm25_recall_at_3_on_single_hop(toy_dataset, corpus, single_hop):
