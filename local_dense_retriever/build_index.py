@@ -136,7 +136,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--shard_size", type=int, default=100_000, help="passages per resumable shard")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--fp16", action=argparse.BooleanOptionalAction, default=True, help="fp16 encoder on CUDA")
+    p.add_argument(
+        "--fp16", action=argparse.BooleanOptionalAction, default=True, help="half precision under --encoder_dtype auto"
+    )
+    p.add_argument(
+        "--encoder_dtype",
+        choices=["auto", "float32", "float16", "bfloat16"],
+        default="auto",
+        help="'auto' = float16 on CUDA, bfloat16 on CPUs with AMX, float32 otherwise",
+    )
     return p.parse_args(argv)
 
 
@@ -148,15 +156,19 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         CorpusStore(args.corpus_path).close()  # fail fast (and build the offsets table) before loading a model
-        pooling = ServerConfig(
-            retriever_name=args.retriever_name, retriever_model=args.retriever_model, pooling=args.pooling
-        ).resolved_pooling()
+        config = ServerConfig(
+            retriever_name=args.retriever_name,
+            retriever_model=args.retriever_model,
+            pooling=args.pooling,
+            fp16=args.fp16,
+            encoder_dtype=args.encoder_dtype,
+        )
         encoder = HFEncoder(
             args.retriever_model,
             retriever_name=args.retriever_name,
-            pooling=pooling,
+            pooling=config.resolved_pooling(),
             device=args.device,
-            fp16=args.fp16,
+            dtype=config.requested_encoder_dtype(),
             max_length=args.max_length,
         )
         n = build_flat_index(

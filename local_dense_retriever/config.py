@@ -12,6 +12,7 @@ Backend = Literal["auto", "torch", "faiss", "bm25"]
 Pooling = Literal["auto", "mean", "cls"]
 Device = Literal["auto", "cpu", "cuda"]
 IndexDtype = Literal["auto", "float32", "float16", "bfloat16"]
+EncoderDtype = Literal["auto", "float32", "float16", "bfloat16"]
 
 
 def default_cache_dir() -> Path:
@@ -48,7 +49,14 @@ class ServerConfig(BaseModel):
         description="'auto': bm25 when retriever_name is bm25, torch for flat IP indexes and .npy, faiss otherwise.",
     )
     device: Device = Field(default="auto", description="'auto' uses CUDA when available.")
-    fp16: bool = Field(default=True, description="On CUDA, run the encoder in fp16 (CPU always runs fp32).")
+    fp16: bool = Field(
+        default=True, description="Allow a half-precision encoder under encoder_dtype 'auto' (--no_fp16: float32)."
+    )
+    encoder_dtype: EncoderDtype = Field(
+        default="auto",
+        description="Encoder precision; 'auto' = float16 on CUDA, bfloat16 on CPUs with AMX (Intel Xeon 4th gen+), "
+        "float32 otherwise.",
+    )
     index_dtype: IndexDtype = Field(
         default="auto", description="torch backend vector dtype; 'auto' = float16 on CUDA, float32 on CPU."
     )
@@ -110,6 +118,10 @@ class ServerConfig(BaseModel):
         if self.faiss_gpu:
             return "faiss"
         return "torch" if self.index_path is None or is_flat_ip(self.index_path) else "faiss"
+
+    def requested_encoder_dtype(self) -> str:
+        """encoder_dtype, with 'auto' turned into float32 by --no_fp16 (the device resolves the rest)."""
+        return "float32" if self.encoder_dtype == "auto" and not self.fp16 else self.encoder_dtype
 
     def resolved_pooling(self) -> Literal["mean", "cls"]:
         if self.pooling != "auto":

@@ -50,7 +50,7 @@ def prepare_embedded_default(config: ServerConfig, *, progress: bool = True) -> 
             retriever_name=MINILM_NAME,
             pooling="mean",
             device=config.device,
-            fp16=config.fp16,
+            dtype=config.requested_encoder_dtype(),
             max_length=config.query_max_length,
         )
         build_flat_index(

@@ -16,8 +16,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
-#: texts per forward pass when a large CPU batch is split by length
-CPU_SUB_BATCH = 32
+#: texts per forward pass when a large CPU batch is split by length (bf16 on AMX prefers larger matmuls)
+CPU_SUB_BATCH = {torch.float32: 32, torch.bfloat16: 64, torch.float16: 64}
 
 
 class EncoderError(RuntimeError):
@@ -63,6 +63,26 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def cpu_has_amx() -> bool:
+    """True on CPUs with AMX tiles (bf16 matmuls there run ~2x faster than fp32)."""
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    try:
+        return bool(probe()) if probe is not None else False
+    except RuntimeError:
+        return False
+
+
+def resolve_encoder_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """'auto' → float16 on CUDA, bfloat16 on a CPU with AMX, float32 otherwise; other names map to themselves."""
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.float16
+        return torch.bfloat16 if cpu_has_amx() else torch.float32
+    if dtype not in ("float32", "float16", "bfloat16"):
+        raise EncoderError(f"unknown encoder dtype {dtype!r}: use auto, float32, float16 or bfloat16")
+    return getattr(torch, dtype)
+
+
 class HFEncoder:
     """A Hugging Face ``AutoModel`` query/passage encoder. Call ``encode`` from one worker thread at a time."""
 
@@ -73,7 +93,7 @@ class HFEncoder:
         retriever_name: str = "",
         pooling: Literal["mean", "cls"] = "mean",
         device: str = "auto",
-        fp16: bool = True,
+        dtype: str = "auto",
         max_length: int = 256,
     ) -> None:
         from transformers import AutoModel, AutoTokenizer
@@ -87,20 +107,19 @@ class HFEncoder:
             model = AutoModel.from_pretrained(str(model_name_or_path))
         except (OSError, ValueError) as e:
             raise EncoderError(f"cannot load encoder {model_name_or_path!r}: {e}") from e
-        if self.device.type == "cuda" and fp16:
-            model = model.half()
-        self.model = model.to(self.device).eval()
+        self.dtype = resolve_encoder_dtype(dtype, self.device)
+        self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.dim = int(model.config.hidden_size)
 
     @torch.inference_mode()
     def encode(self, texts: list[str], *, is_query: bool = True) -> torch.Tensor:
         """L2-normalised embeddings, float32, shape ``(len(texts), dim)``, on ``self.device``.
 
-        Large CPU batches run as length-sorted sub-batches (less padding: ~15% faster for short queries).
+        Large CPU batches run as length-sorted sub-batches (less padding: ~15% faster for short queries, fp32).
         """
         prefix = self.query_prefix if is_query else self.passage_prefix
         texts = [prefix + t for t in texts]
-        parts = -(-len(texts) // CPU_SUB_BATCH)
+        parts = -(-len(texts) // CPU_SUB_BATCH[self.dtype])
         if self.device.type != "cpu" or parts <= 1:
             return self._encode(texts)
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
@@ -113,10 +132,10 @@ class HFEncoder:
         batch = self.tokenizer(
             texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
         ).to(self.device)
-        out = self.model(**batch).last_hidden_state
+        out = self.model(**batch).last_hidden_state.float()  # pool and normalise in float32 whatever the model dtype
         if self.pooling == "cls":
             emb = out[:, 0]
         else:
             mask = batch["attention_mask"].unsqueeze(-1).to(out.dtype)
             emb = (out * mask).sum(1) / mask.sum(1).clamp(min=1)
-        return torch.nn.functional.normalize(emb.float(), dim=-1)
+        return torch.nn.functional.normalize(emb, dim=-1)

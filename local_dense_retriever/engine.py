@@ -119,7 +119,7 @@ def load_engine(config: ServerConfig, *, progress: bool = True) -> RetrievalEngi
                 retriever_name=config.retriever_name,
                 pooling=config.resolved_pooling(),
                 device=config.device,
-                fp16=config.fp16,
+                dtype=config.requested_encoder_dtype(),
                 max_length=config.query_max_length,
             )
         with _Timer(timings, f"{backend_name} index"):

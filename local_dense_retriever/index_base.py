@@ -57,4 +57,6 @@ class DenseSearch:
         return self.index.search(vectors, min(k, len(self.index)))
 
     def describe(self) -> str:
-        return self.index.describe()
+        dtype = getattr(self.encoder, "dtype", None)
+        where = f" ({str(dtype).removeprefix('torch.')} on {self.encoder.device})" if dtype is not None else ""
+        return f"encoder{where}; {self.index.describe()}"

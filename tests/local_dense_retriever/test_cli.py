@@ -38,6 +38,11 @@ def test_our_flags():
     assert (config.host, config.port, config.backend, config.batching) == ("0.0.0.0", 9000, "torch", False)
     assert (config.max_batch_size, config.max_wait_ms, config.fp16, config.max_topk) == (128, 1.5, False, 50)
     assert level == "DEBUG"
+    assert config.requested_encoder_dtype() == "float32"  # --no_fp16 turns the auto half precision off
+    config, _ = config_from_args([*PUBLISHED, "--encoder_dtype", "bfloat16"])
+    assert config.requested_encoder_dtype() == "bfloat16"
+    with pytest.raises(SystemExit):
+        config_from_args([*PUBLISHED, "--encoder_dtype", "int8"])
 
 
 def test_backend_auto_follows_the_index_kind(tmp_path):

@@ -54,8 +54,8 @@ def test_fp16_cuda_encoder_matches_cpu():
     from local_dense_retriever.encoder import HFEncoder
 
     texts = ["Who founded the Krasthellai Academy?", "a river that flows into the sea", "x"]
-    cpu = HFEncoder(_model_path(), device="cpu").encode(texts)
-    gpu_encoder = HFEncoder(_model_path(), device="cuda", fp16=True)
+    cpu = HFEncoder(_model_path(), device="cpu", dtype="float32").encode(texts)
+    gpu_encoder = HFEncoder(_model_path(), device="cuda")
     assert next(gpu_encoder.model.parameters()).dtype == torch.float16
     gpu = gpu_encoder.encode(texts)
     assert gpu.dtype == torch.float32 and gpu.device.type == "cuda"
