@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all demo lint format bench bench-tool bench-retriever bench-retriever-quick clean
+.PHONY: install test test-all demo lint format bench bench-tool bench-retriever bench-retriever-quick bench-encoder clean
 
 install: $(STAMP)
 
@@ -36,7 +36,7 @@ lint: install
 format: install
 	$(VENV)/bin/ruff format verl_search local_dense_retriever data_preprocess benchmarks tests
 
-bench: bench-tool bench-retriever
+bench: bench-tool bench-retriever bench-encoder
 
 bench-tool: install
 	$(PY) benchmarks/tool_overhead.py
@@ -46,6 +46,9 @@ bench-retriever: install
 
 bench-retriever-quick: install
 	$(PY) benchmarks/retriever_load.py --quick
+
+bench-encoder: install
+	$(PY) benchmarks/encoder_precision.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

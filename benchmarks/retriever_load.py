@@ -26,11 +26,12 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import psutil
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from local_dense_retriever.config import default_cache_dir  # noqa: E402
-from local_dense_retriever.encoder import bundled_minilm_path  # noqa: E402
+from local_dense_retriever.encoder import bundled_minilm_path, resolve_encoder_dtype  # noqa: E402
 from local_dense_retriever.toy_corpus import generate_toy_dataset  # noqa: E402
 from verl_search.background_server import free_port, wait_until_healthy  # noqa: E402
 
@@ -65,12 +66,14 @@ def prepare(passages: int, vectors: str) -> tuple[Path, Path, Path, str]:
     return ds.corpus_path, npy, faiss_path, kind
 
 
-def start_server(corpus: Path, index: Path, backend: str, batching: bool, threads: int) -> tuple[subprocess.Popen, str]:
+def start_server(
+    corpus: Path, index: Path, backend: str, batching: bool, threads: int, encoder_dtype: str
+) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, str(SERVER), "--index_path", str(index), "--corpus_path", str(corpus), "--topk", "3",
            "--retriever_name", "minilm", "--retriever_model", str(bundled_minilm_path()), "--backend", backend,
            "--port", str(port), "--num_threads", str(threads), "--log_level", "WARNING",
-           "--max_queue", "100000"]  # fmt: skip
+           "--max_queue", "100000", "--encoder_dtype", encoder_dtype]  # fmt: skip
     if not batching:
         cmd.append("--no_batching")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -139,6 +142,12 @@ def main() -> int:
     p.add_argument("--clients", type=int, nargs="*", help="concurrency levels (default 1 16 64 256; quick 1 64)")
     p.add_argument("--seconds", type=float, help="measured seconds per point (default 15; quick 8)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="server torch/faiss threads")
+    p.add_argument(
+        "--encoder_dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="server encoder precision ('auto': bfloat16 on CPUs with AMX, float32 otherwise)",
+    )
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = p.parse_args()
     levels = args.clients or ([1, 64] if args.quick else [1, 16, 64, 256])
@@ -152,13 +161,15 @@ def main() -> int:
     questions = [json.loads(line)["question"] for line in qa.read_text().splitlines()]
     now = datetime.now(timezone.utc)
     cpu = platform.processor() or platform.machine()
-    print(f"# retriever load: {args.passages:,} passages, vectors={kind}, MiniLM queries, "
+    dtype = str(resolve_encoder_dtype(args.encoder_dtype, torch.device("cpu"))).removeprefix("torch.")
+    print(f"# retriever load: {args.passages:,} passages, vectors={kind}, MiniLM queries ({dtype}), "
           f"{os.cpu_count()} CPUs ({cpu}), {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
     print(f"{'backend':8} {'mode':12} {'C':>4} {'q/s':>8} {'p50 ms':>9} {'p99 ms':>9} {'errors':>6} "
           f"{'RSS MB':>7} {'batch':>6}")  # fmt: skip
     rows = []
     for backend, batching in modes:
-        proc, url = start_server(corpus, faiss_path if backend == "faiss" else npy, backend, batching, args.threads)
+        index = faiss_path if backend == "faiss" else npy
+        proc, url = start_server(corpus, index, backend, batching, args.threads, args.encoder_dtype)
         try:
             for c in levels:
                 before = server_metrics(url)
