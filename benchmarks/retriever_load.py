@@ -34,7 +34,10 @@ from local_dense_retriever.config import default_cache_dir  # noqa: E402
 from local_dense_retriever.encoder import bundled_minilm_path, resolve_encoder_dtype  # noqa: E402
 from local_dense_retriever.toy_corpus import generate_toy_dataset  # noqa: E402
 from verl_search.background_server import free_port, wait_until_healthy  # noqa: E402
+from verl_search.demo import retrieval_recall  # noqa: E402
 
+#: questions asked for recall@3 when the index holds real MiniLM vectors
+RECALL_QUESTIONS = 1_000
 SERVER = Path(__file__).resolve().parent.parent / "local_dense_retriever" / "retrieval_server.py"
 
 
@@ -158,7 +161,8 @@ def main() -> int:
 
     corpus, npy, faiss_path, kind = prepare(args.passages, args.vectors)
     qa = corpus.parent / "qa.jsonl"
-    questions = [json.loads(line)["question"] for line in qa.read_text().splitlines()]
+    qa_rows = [json.loads(line) for line in qa.read_text().splitlines()]
+    questions = [q["question"] for q in qa_rows]
     now = datetime.now(timezone.utc)
     cpu = platform.processor() or platform.machine()
     dtype = str(resolve_encoder_dtype(args.encoder_dtype, torch.device("cpu"))).removeprefix("torch.")
@@ -184,6 +188,11 @@ def main() -> int:
                 print(f"{backend:8} {row['mode']:12} {c:>4} {res['qps']:>8.1f} {res['p50_ms']:>9.1f} "
                       f"{res['p99_ms']:>9.1f} {res['errors']:>6} {rss:>7.0f} {res['mean_batch']:>6.1f}",
                       flush=True)  # fmt: skip
+            if kind == "minilm" and backend == "torch" and batching:  # ranking is meaningful: report quality too
+                recall = retrieval_recall(url, qa_rows[:RECALL_QUESTIONS], topk=3)
+                print(f"# recall@3 over {min(len(qa_rows), RECALL_QUESTIONS)} toy questions: single-hop all "
+                      f"supporting passages {recall.get(1, float('nan')):.3f}, two-hop a supporting passage "
+                      f"{recall.get(2, float('nan')):.3f}", flush=True)  # fmt: skip
         finally:
             proc.terminate()
             proc.wait(30)
