@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 
@@ -24,6 +25,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see retrieval_server.py: 
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from local_dense_retriever.config import Precision  # noqa: E402
 from local_dense_retriever.corpus_store import CorpusStore  # noqa: E402
 from local_dense_retriever.encoder import Encoder  # noqa: E402
 from verl_search.atomic import atomic_path  # noqa: E402
@@ -141,7 +143,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--encoder_dtype",
-        choices=["auto", "float32", "float16", "bfloat16"],
+        choices=get_args(Precision),
         default="auto",
         help="'auto' = float16 on CUDA, bfloat16 on CPUs with AMX, float32 otherwise",
     )

@@ -11,8 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 Backend = Literal["auto", "torch", "faiss", "bm25"]
 Pooling = Literal["auto", "mean", "cls"]
 Device = Literal["auto", "cpu", "cuda"]
-IndexDtype = Literal["auto", "float32", "float16", "bfloat16"]
-EncoderDtype = Literal["auto", "float32", "float16", "bfloat16"]
+#: precision of the encoder and of the torch backend's vectors ('auto' resolves per device)
+Precision = Literal["auto", "float32", "float16", "bfloat16"]
 
 
 def default_cache_dir() -> Path:
@@ -52,12 +52,12 @@ class ServerConfig(BaseModel):
     fp16: bool = Field(
         default=True, description="Allow a half-precision encoder under encoder_dtype 'auto' (--no_fp16: float32)."
     )
-    encoder_dtype: EncoderDtype = Field(
+    encoder_dtype: Precision = Field(
         default="auto",
         description="Encoder precision; 'auto' = float16 on CUDA, bfloat16 on CPUs with AMX (Intel Xeon 4th gen+), "
         "float32 otherwise.",
     )
-    index_dtype: IndexDtype = Field(
+    index_dtype: Precision = Field(
         default="auto", description="torch backend vector dtype; 'auto' = float16 on CUDA, float32 on CPU."
     )
     pooling: Pooling = Field(default="auto", description="'auto' = cls for bge models, mean otherwise.")

@@ -8,10 +8,12 @@ from __future__ import annotations
 import importlib.util
 import logging
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args
 
 import numpy as np
 import torch
+
+from local_dense_retriever.config import Precision
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +80,7 @@ def resolve_encoder_dtype(dtype: str, device: torch.device) -> torch.dtype:
         if device.type == "cuda":
             return torch.float16
         return torch.bfloat16 if cpu_has_amx() else torch.float32
-    if dtype not in ("float32", "float16", "bfloat16"):
+    if dtype not in get_args(Precision):
         raise EncoderError(f"unknown encoder dtype {dtype!r}: use auto, float32, float16 or bfloat16")
     return getattr(torch, dtype)
 
