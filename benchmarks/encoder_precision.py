@@ -10,11 +10,9 @@ the smallest cosine similarity between a question's bf16 and float32 vectors.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,7 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from local_dense_retriever.encoder import HFEncoder, bundled_minilm_path, cpu_has_amx  # noqa: E402
-from local_dense_retriever.toy_corpus import generate_toy_dataset  # noqa: E402
+from local_dense_retriever.toy_questions import generate_questions  # noqa: E402
+from local_dense_retriever.toy_world import ToyWorld  # noqa: E402
 
 DTYPES = ("float32", "bfloat16")
 
@@ -33,9 +32,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=30, help="timed calls per dtype and batch size")
     args = p.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        ds = generate_toy_dataset(Path(tmp), 2_000, seed=0)
-        questions = [json.loads(line)["question"] for line in ds.qa_path.read_text().splitlines()][:64]
+    questions = [q["question"] for q in generate_questions(ToyWorld(2_000, seed=0), 64)]
     encoders = {d: HFEncoder(bundled_minilm_path(), retriever_name="minilm", device="cpu", dtype=d) for d in DTYPES}
     times: dict[tuple[str, int], list[float]] = {(d, b): [] for d in DTYPES for b in (1, 64)}
     for enc in encoders.values():  # warm-up
