@@ -21,6 +21,7 @@ from verl.utils.profiler import simple_timer
 from verl.utils.rollout_trace import rollout_trace_op
 
 from verl_search.errors import ConfigError
+from verl_search.loop_messages import FINAL_TURN_INSTRUCTION, INVALID_ACTION_MESSAGE, LOOP_MESSAGES_KEY
 from verl_search.tool.config import SearchToolConfig
 from verl_search.tool.search_tool import TRAJECTORY_STATS, record_search, run_search
 
@@ -28,11 +29,6 @@ logger = logging.getLogger(__name__)
 
 AGENT_NAME = "search_r1_agent"
 STOP_STRINGS = ("</search>", "</answer>")
-# Search-R1's fixed protocol text for a turn with neither a search nor an answer (search_r1/llm_agent/generation.py).
-INVALID_ACTION_MESSAGE = (
-    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and </search>. "
-    "If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n"
-)
 # What verl's AgentLoopWorker passes to every loop; any other key comes from the agent-loop YAML and must be ours.
 _BASE_KWARGS = frozenset(
     {"trainer_config", "server_manager", "tokenizer", "processor", "dataset_cls", "data_config", "hf_model_type"}
@@ -63,8 +59,9 @@ class SearchR1LoopConfig(BaseModel):
         "Unset: actor_rollout_ref.rollout.multi_turn.max_assistant_turns, else 4.",
     )
     final_turn_instruction: str = Field(
-        default="\nI have used all my searches. I must now give the final answer between <answer> and </answer>.\n",
-        description="Added (mask 0) before the last turn, after the last search results or corrective message.",
+        default=FINAL_TURN_INSTRUCTION,
+        description="Added (mask 0) before the last turn, after the last search results or corrective message; "
+        "listed in the trajectory's extra_fields so the reward does not read its tags as the model's.",
     )
 
 
@@ -170,6 +167,7 @@ class SearchR1AgentLoop(AgentLoopBase):
         stats: dict[str, Any] = dict.fromkeys(TRAJECTORY_STATS, 0)
         num_preempted = 0
         assistant_turns = observations = 0
+        loop_messages: list[str] = []  # what the loop said outside <information>, for the reward to skip
         weight_steps: dict[str, Any] = {}  # min/max global_steps of the weights that wrote this trajectory
 
         while len(response_ids) < self.response_length:
@@ -204,8 +202,10 @@ class SearchR1AgentLoop(AgentLoopBase):
             else:
                 stats["invalid_actions"] += 1
                 observation = INVALID_ACTION_MESSAGE
+                _note_message(loop_messages, INVALID_ACTION_MESSAGE)
             if assistant_turns + 1 >= self.max_turns:
                 observation += self.options.final_turn_instruction
+                _note_message(loop_messages, self.options.final_turn_instruction)
             obs_ids = self._encode(observation)[: self.response_length - len(response_ids)]
             observations += 1
             response_ids += obs_ids
@@ -220,8 +220,19 @@ class SearchR1AgentLoop(AgentLoopBase):
             response_logprobs=logprobs[: self.response_length] if logprobs else None,
             num_turns=1 + assistant_turns + observations,
             metrics={**timing, "num_preempted": num_preempted},
-            extra_fields={"turn_scores": [], "tool_rewards": [], **weight_steps, **stats},
+            extra_fields={
+                "turn_scores": [],
+                "tool_rewards": [],
+                **weight_steps,
+                **stats,
+                LOOP_MESSAGES_KEY: loop_messages,
+            },
         )
+
+
+def _note_message(seen: list[str], message: str) -> None:
+    if message and message not in seen:
+        seen.append(message)
 
 
 def _note_weight_steps(seen: dict[str, Any], extra: dict[str, Any]) -> None:

@@ -1,7 +1,8 @@
 """Search-R1 outcome reward for verl (``reward.custom_reward_function``): normalised match of the model's last answer.
 
-Invariants: pure and deterministic (no randomness, no printing); text inside ``<information>`` or ``<tool_response>``
-(retrieved documents) never counts as an answer, a tag or a search; every call returns the same keys.
+Invariants: pure and deterministic (no randomness, no printing); only the model's own text counts as an answer, a
+tag or a search: never retrieved documents (``<information>``, ``<tool_response>``) nor the messages the agent loop
+adds, which quote the protocol's tags (:mod:`verl_search.loop_messages`); every call returns the same keys.
 No ``from __future__ import annotations``: verl may load this file by path, outside ``sys.modules``, where pydantic
 could not resolve postponed annotations.
 """
@@ -15,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from verl_search.errors import ConfigError
+from verl_search.loop_messages import DEFAULT_LOOP_MESSAGES, LOOP_MESSAGES_KEY
 
 #: keyword arguments verl's reward managers add on their own; they carry nothing for this reward
 _FRAMEWORK_KWARGS = frozenset({"reward_router_address", "reward_model_tokenizer"})
@@ -124,17 +126,43 @@ def answer_metrics(prediction: str, golds: tuple[str, ...]) -> dict[str, float]:
     }
 
 
-def _well_formed(model_text: str, answer_count: int) -> bool:
+def _well_formed(own_text: str, answer_count: int) -> bool:
     """Tags balanced and never nested, exactly one answer block, and nothing but whitespace after it."""
     if answer_count != 1:
         return False
     open_tag = None
-    for match in _STRUCTURE_TAG.finditer(model_text):
+    for match in _STRUCTURE_TAG.finditer(own_text):
         closing, name = match.group(1) == "/", match.group(2)
         if closing != (open_tag is not None) or (closing and name != open_tag):
             return False
         open_tag = None if closing else name
-    return open_tag is None and not model_text[model_text.rindex("</answer>") + len("</answer>") :].strip()
+    return open_tag is None and not own_text[own_text.rindex("</answer>") + len("</answer>") :].strip()
+
+
+def model_text(solution_str: str, loop_messages: tuple[str, ...] = DEFAULT_LOOP_MESSAGES) -> str:
+    """The model's own writing in a decoded response: retrieved blocks and the loop's messages become a newline.
+
+    A message cut off by the response length (the response ends inside it) goes too, once the cut part quotes a tag.
+    """
+    text = _RETRIEVED.sub("\n", solution_str)
+    messages = [m for m in loop_messages if m]
+    for message in messages:
+        text = text.replace(message, "\n")
+    for message in messages:
+        first_tag = message.find("<")
+        if first_tag < 0:
+            continue  # quotes no tag: a cut-off copy cannot be miscounted
+        for length in range(len(message) - 1, first_tag, -1):
+            if text.endswith(message[:length]):
+                return text[:-length] + "\n"
+    return text
+
+
+def _loop_messages(extra_info: Any) -> tuple[str, ...]:
+    listed = extra_info.get(LOOP_MESSAGES_KEY) if isinstance(extra_info, Mapping) else None
+    if isinstance(listed, str) or not hasattr(listed, "__iter__"):
+        return DEFAULT_LOOP_MESSAGES
+    return DEFAULT_LOOP_MESSAGES + tuple(m for m in listed if isinstance(m, str) and m not in DEFAULT_LOOP_MESSAGES)
 
 
 def _options(kwargs: Mapping[str, Any]) -> RewardOptions:
@@ -151,11 +179,13 @@ def compute_score(
 ) -> dict[str, float]:
     """Score one response (verl's custom reward signature); ``kwargs`` are RewardOptions fields.
 
-    The final answer is the last ``<answer>...</answer>`` the model wrote; its ``metric`` value is the base, times
-    ``tag_spam_factor`` when the model wrote more than ``max_answer_tags`` answer tags. A well-formed response (tags
-    balanced and unnested, one answer block, nothing after it) scores ``max(base, structure_format_score [+
-    retrieval_score])``; an ill-formed one scores ``base - structure_format_score`` when right, ``final_format_score``
-    when it answered wrong, else 0. ``strict_single_answer`` scores 0 when there is more than one answer block.
+    Only the model's own text is read (:func:`model_text`; a custom ``final_turn_instruction`` arrives in
+    ``extra_info["loop_messages"]``). The final answer is the last ``<answer>...</answer>`` the model wrote; its
+    ``metric`` value is the base, times ``tag_spam_factor`` when the model wrote more than ``max_answer_tags`` answer
+    tags. A well-formed response (tags balanced and unnested, one answer block, nothing after it) scores
+    ``max(base, structure_format_score [+ retrieval_score])``; an ill-formed one scores ``base -
+    structure_format_score`` when right, ``final_format_score`` when it answered wrong, else 0.
+    ``strict_single_answer`` scores 0 when there is more than one answer block.
 
     Returns ``score`` plus ``em``, ``subem``, ``f1`` (of the final answer), ``answered`` (1.0 if the model wrote an
     answer block), ``num_searches`` (``<search>`` plus ``<tool_call>`` blocks the model wrote) and ``failed_searches``
@@ -167,17 +197,17 @@ def compute_score(
         raise TypeError(f"solution_str must be a string, got {type(solution_str).__name__}")
     golds = gold_answers(ground_truth)
     retrieved = [m.group(2) for m in _RETRIEVED.finditer(solution_str)]
-    model_text = _RETRIEVED.sub("\n", solution_str)
-    answers = _ANSWER.findall(model_text)
+    own_text = model_text(solution_str, _loop_messages(extra_info))
+    answers = _ANSWER.findall(own_text)
     answered = bool(answers)
     metrics = answer_metrics(answers[-1].strip(), golds) if answered else {"em": 0.0, "subem": 0.0, "f1": 0.0}
 
     value = metrics[options.metric]
-    tag_spam = max(model_text.count("<answer>"), model_text.count("</answer>")) > options.max_answer_tags
+    tag_spam = max(own_text.count("<answer>"), own_text.count("</answer>")) > options.max_answer_tags
     base = value * options.tag_spam_factor if tag_spam else value
     if options.strict_single_answer and len(answers) > 1:
         score = 0.0
-    elif _well_formed(model_text, len(answers)):
+    elif _well_formed(own_text, len(answers)):
         bonus = options.retrieval_score if _gold_in(retrieved, golds) else 0.0
         score = max(base, options.structure_format_score + bonus)
     elif base > 0:
@@ -188,7 +218,7 @@ def compute_score(
         "score": float(score),
         **metrics,
         "answered": float(answered),
-        "num_searches": float(len(_SEARCH_BLOCK.findall(model_text))),
+        "num_searches": float(len(_SEARCH_BLOCK.findall(own_text))),
         # both loops show a failed search as "[search failed: <kind>] ..." (verl_search.tool.search_tool.failure_text)
         "failed_searches": float(sum(text.count("[search failed:") for text in retrieved)),
         # recorded by the agent loops in extra_fields (0.0 when absent, so every sample has the same keys)

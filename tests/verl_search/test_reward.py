@@ -255,3 +255,55 @@ def test_agent_loop_search_stats_pass_through_with_fixed_keys():
     assert (with_stats["search_latency_s"], with_stats["search_cached"]) == (0.25, 2.0)
     assert (without["search_latency_s"], without["search_cached"]) == (0.0, 0.0)
     assert with_stats.keys() == without.keys()
+
+
+# What search_r1_agent adds after a malformed turn and before the last one (mask 0): it quotes the protocol's tags.
+INVALID = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and </search>. "
+    "If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n"
+)
+FINAL = "\nI have used all my searches. I must now give the final answer between <answer> and </answer>.\n"
+
+
+def test_loop_messages_are_the_ones_the_agent_loop_writes():
+    from verl_search.agent_loop import INVALID_ACTION_MESSAGE, SearchR1LoopConfig
+
+    assert (INVALID_ACTION_MESSAGE, SearchR1LoopConfig().final_turn_instruction) == (INVALID, FINAL)
+
+
+def test_tags_quoted_by_the_loops_messages_are_not_the_models():
+    response = "I think it is Beijing." + INVALID + "Still thinking." + FINAL + "Beijing, surely."
+    result = compute_score("searchR1_nq", response, GOLD)
+    assert (result["answered"], result["num_searches"], result["score"]) == (0.0, 0.0, 0.0)
+
+
+def test_answer_after_a_corrective_message_is_a_single_well_formed_answer():
+    response = "<think>hm</think> Beijing?" + INVALID + "<think>ok</think><answer>Beijing</answer>"
+    assert compute_score("x", response, GOLD, strict_single_answer=True)["score"] == 1.0
+    result = compute_score("x", "<think>hm</think>" + INVALID + "<answer>Shanghai</answer>", GOLD, **FORMAT)
+    assert result["score"] == pytest.approx(0.2)  # well-formed and wrong: the message's tags don't break the format
+    assert (result["answered"], result["num_searches"]) == (1.0, 0.0)
+
+
+def test_searches_are_counted_around_the_loops_messages():
+    response = (
+        "<search> a </search>\n\n<information>Doc 1</information>\n\n" + "no action" + INVALID + FINAL
+        + "<answer> Beijing </answer>"
+    )  # fmt: skip
+    result = compute_score("searchR1_nq", response, GOLD)
+    assert (result["num_searches"], result["answered"], result["em"]) == (1.0, 1.0, 1.0)
+
+
+@pytest.mark.parametrize("cut", ["</search>.", "<answer> and", "</answer>. Let me"])
+def test_a_message_cut_off_by_the_response_length_is_not_the_models(cut):
+    response = "no action" + INVALID[: INVALID.index(cut) + len(cut)]
+    result = compute_score("searchR1_nq", response, GOLD)
+    assert (result["answered"], result["num_searches"]) == (0.0, 0.0)
+
+
+def test_a_custom_final_instruction_listed_by_the_loop_is_not_the_models():
+    custom = "\nLast turn: answer as <answer> and </answer>, no more <search> and </search>.\n"
+    response = "<search> q </search><information>Doc</information>" + custom + "no idea"
+    result = compute_score("searchR1_nq", response, GOLD, {"loop_messages": [custom]})
+    assert (result["answered"], result["num_searches"]) == (0.0, 1.0)
+    assert compute_score("searchR1_nq", response, GOLD, {"loop_messages": None})["answered"] == 1.0  # not listed

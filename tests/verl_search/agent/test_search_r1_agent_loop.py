@@ -233,3 +233,28 @@ async def test_search_stats_reach_verls_reward_loop(run, retriever, tmp_path, or
     assert trajectory.score == 0.0  # the failed search retrieved nothing, so the oracle answered "unknown"
     assert trajectory.extra_fields["searches_seen"] == 1.0
     assert trajectory.extra_fields["failures_seen"] == 1.0
+
+
+@pytest.mark.parametrize("final_instruction", [None, "\nLast turn. Reply <answer> and </answer>, not <search>.\n"])
+async def test_reward_reads_only_the_models_text_not_the_loops_messages(run, retriever, tmp_path, final_instruction):
+    """Both messages the loop adds quote <search>/<answer>: through verl's reward loop, our reward must not count
+    them as the model's search or answer (a custom final_turn_instruction from the agent-loop YAML included)."""
+    entries = yaml.safe_load((REPO / "tool_config" / "search_r1_agent.yaml").read_text())
+    entries[0].update(max_turns=2, search={"retrieval_service_url": retriever.url})
+    if final_instruction is not None:
+        entries[0]["final_turn_instruction"] = final_instruction
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(entries))
+    trajectory, calls = await run(
+        scripted_turns("I think it is Shakespeare.", "Shakespeare, I believe."),
+        tool_config_path=None,
+        agent_loop_config_path=path,
+        reward_function=REPO / "verl_search" / "reward.py",
+        compute_score=None,
+    )
+    assert len(calls) == 2
+    assert INVALID_ACTION_MESSAGE in trajectory.response_text
+    assert (final_instruction or FINAL) in trajectory.response_text
+    assert trajectory.extra_fields["answered"] == 0.0
+    assert trajectory.extra_fields["num_searches"] == 0.0
+    assert trajectory.score == 0.0
