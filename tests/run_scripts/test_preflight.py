@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from verl_search.cpu.stub_retriever import StubServer
 from verl_search.launch.checks import LaunchContext
@@ -126,6 +127,51 @@ def test_a_tool_response_limit_below_the_tools_cap_is_a_warning(overrides):
     )
     assert problems(findings) == {}
     assert "max_result_chars=6000" in problems(findings, "warning")["tool response length"][0]
+
+
+def tool_yaml_with(tmp_path: Path, retriever_url: str, **config) -> Path:
+    """The shipped tool YAML pointed at the stub, with ``config`` keys of the search tool changed."""
+    path = write_tool_config(TOOL_YAML, tmp_path / "capped-tools.yaml", retriever_url)
+    data = yaml.safe_load(path.read_text())
+    data["tools"][0]["config"].update(config)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def tool_length_findings(overrides, tool_yaml: Path, limit: int) -> list[Finding]:
+    return check_only(
+        "tool response length",
+        overrides,
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_yaml}",
+        f"actor_rollout_ref.rollout.multi_turn.max_tool_response_length={limit}",
+    )
+
+
+@pytest.mark.parametrize(("cap", "limit"), [(2000, 2000), (1500, 2000), (300, 300)])
+def test_a_tool_cap_within_verls_limit_passes_even_below_one_querys_passages(
+    overrides, tmp_path, retriever_url, cap, limit
+):
+    """topk=3 passages (~2,400 chars) exceed verl's limit, but the tool itself never returns more than its cap."""
+    tool_yaml = tool_yaml_with(tmp_path, retriever_url, topk=3, max_result_chars=cap)
+    findings = tool_length_findings(overrides, tool_yaml, limit)
+    assert problems(findings) == {} and problems(findings, "warning") == {}
+    [ok] = [f for f in findings if f.check == "tool response length"]
+    assert ok.level == "ok" and f"max_result_chars={cap}" in ok.message
+
+
+def test_a_tool_cap_above_verls_limit_says_verl_cuts_silently(overrides, tmp_path, retriever_url):
+    tool_yaml = tool_yaml_with(tmp_path, retriever_url, topk=3, max_result_chars=2000)
+    found = problems(tool_length_findings(overrides, tool_yaml, 1000))  # below even one query's capped passages
+    [message] = found["tool response length"]
+    assert "max_result_chars=2000" in message and "=1000" in message and "verl cuts" in message
+
+
+def test_a_tool_cap_above_verls_limit_that_fits_one_query_is_a_warning(overrides, tmp_path, retriever_url):
+    tool_yaml = tool_yaml_with(tmp_path, retriever_url, topk=1, max_result_chars=4000)
+    findings = tool_length_findings(overrides, tool_yaml, 2000)
+    assert problems(findings) == {}
+    [message] = problems(findings, "warning")["tool response length"]
+    assert "max_result_chars=4000" in message and "verl cuts" in message
 
 
 def test_data_that_asks_for_another_agent_is_an_error(overrides, native_data_dir):

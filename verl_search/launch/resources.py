@@ -89,20 +89,33 @@ def check_tools_build(ctx: LaunchContext) -> str:
 
 
 def check_tool_response_length(ctx: LaunchContext) -> str:
-    """verl cuts tool text at ``multi_turn.max_tool_response_length`` chars (default 256); it must fit the results."""
-    limit = int(ctx.rollout.multi_turn.max_tool_response_length)
+    """verl cuts tool text at ``multi_turn.max_tool_response_length`` chars (default 256); the search tool never
+    returns more than its own ``max_result_chars`` (sharing it out between queries, with a note), so that cap must fit.
+
+    A cap within verl's limit passes whatever ``topk`` is. A cap above it means verl cuts the text itself, by
+    ``tool_response_truncate_side`` (default: the middle), with no log or metric: an error when even one query's
+    passages would be cut, else a warning (only multi-query results are cut).
+    """
+    multi_turn = ctx.rollout.multi_turn
+    limit = int(multi_turn.max_tool_response_length)
     key = "actor_rollout_ref.rollout.multi_turn.max_tool_response_length"
+    side = multi_turn.get("tool_response_truncate_side", "middle")
+    caps = []
     for cfg in search_tool_configs(ctx):
-        if limit < cfg.topk * PASSAGE_CHARS:
-            raise PreflightError(
-                f"{key}={limit} chars cuts one query's {cfg.topk} passages (~{cfg.topk * PASSAGE_CHARS} chars); "
-                f"set it to the tool's max_result_chars ({cfg.max_result_chars})"
-            )
-        if limit < cfg.max_result_chars:
-            raise PreflightWarning(
-                f"{key}={limit} < the tool's max_result_chars={cfg.max_result_chars}: multi-query results get cut"
-            )
-    return f"{limit} chars"
+        cap = cfg.max_result_chars
+        caps.append(f"max_result_chars={cap}")
+        if cap <= limit:
+            continue
+        one_query = min(cfg.topk * PASSAGE_CHARS, cap)
+        cut = (
+            f"{key}={limit} chars < the tool's max_result_chars={cap}: verl cuts the tool's text itself "
+            f"(tool_response_truncate_side={side}) with no log or metric"
+        )
+        fix = f"set {key}>={cap}, or max_result_chars<={limit} in the tool YAML"
+        if limit < one_query:
+            raise PreflightError(f"{cut}, even one query's {cfg.topk} passages (~{one_query} chars); {fix}")
+        raise PreflightWarning(f"{cut} when the model sends several queries; {fix}")
+    return f"{limit} chars" + (f" >= the tool's {', '.join(caps)}" if caps else "")
 
 
 def probe_retriever(url: str, timeout: float) -> str:
