@@ -113,6 +113,14 @@ def start_fleet(config: ServerConfig, options: ServeOptions, *, progress: bool =
     config = resolve_embedded_default(config, progress=progress)
     port = proxy_port(config)
     serve.start(http_options={"host": config.host, "port": port})
+    from ray.serve.context import _get_global_client
+
+    running = _get_global_client().http_config  # Serve already up in this cluster keeps its own proxy address
+    if (running.host, running.port) != (config.host, port):
+        logger.warning("Serve's proxy already listens on %s:%d in this cluster: the fleet is served there (its HTTP "
+                       "address cannot change while Serve runs)", running.host, running.port)  # fmt: skip
+        config = config.model_copy(update={"host": running.host, "port": running.port})
+        port = running.port
     app = build_application(config, options)
     logger.info("deploying %r into Ray Serve", options.app_name)
     serve._run(app, name=options.app_name, route_prefix="/", _blocking=False)
