@@ -95,6 +95,7 @@ async def test_killing_a_replica_loses_no_request_that_had_not_started(replicate
     """Search calls through the tool while one replica is killed: calls that start after the kill all succeed (the
     proxy routes to the live replica, Serve starts a replacement); a call caught in flight fails labelled."""
     from verl_search import run_search
+    from verl_search.tool.client import RetrievalClient
     from verl_search.tool.config import SearchToolConfig
 
     tool = SearchToolConfig(retrieval_service_url=[f"{replicated}/retrieve"], timeout=30, cache_size=0)
@@ -116,6 +117,7 @@ async def test_killing_a_replica_loses_no_request_that_had_not_started(replicate
     await asyncio.sleep(4)
     stop = True
     await asyncio.gather(*tasks)
+    await RetrievalClient.close_all()
 
     after = [o for t, o in calls if t > killed_at]
     assert len(after) >= 8, "too few calls after the kill to say anything"
