@@ -15,12 +15,12 @@ TRAIN_ARGS ?=
 install: $(STAMP)
 
 # torch first (a CPU build where one is available), so nothing pulls CUDA wheels; then the package with the
-# retriever and test extras, pinned by constraints.txt for reproducible CI.
+# retriever, test and serve extras, pinned by constraints.txt for reproducible CI.
 $(STAMP): setup.py constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -c constraints.txt -e ".[retriever,test,cpu-train]"
+	$(PIP) install -q -c constraints.txt -e ".[retriever,test,cpu-train,serve]"
 	touch $(STAMP)
 
 test: install

@@ -34,6 +34,8 @@ EXTRAS = {
         "psutil>=5.9",
     ],
     "gpu": ["faiss-gpu>=1.8"],
+    # the retriever as a Ray Serve fleet (python -m local_dense_retriever.serve; launch_retriever.sh SERVE=1)
+    "serve": ["ray[serve]>=2.40"],
     # Training, one extra per rollout engine (locked environments: requirements/, `make install-gpu`).
     # verl[vllm] resolves as is. verl[sglang]==0.9.1 does not: sglang 0.5.12 pins transformers==5.6.0, which verl
     # excludes; install it with uv and requirements/sglang-overrides.txt (transformers==5.9.0, verl's own pin).

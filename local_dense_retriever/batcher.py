@@ -96,6 +96,11 @@ class Batcher:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retriever-batch")
         metrics.queue_depth = lambda: self._queued
 
+    @property
+    def running(self) -> bool:
+        """Whether the worker takes requests (a Serve health check restarts a replica whose worker has died)."""
+        return self._task is not None and not self._task.done()
+
     def start(self) -> None:
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._worker(), name="retriever-batcher")
@@ -275,6 +280,8 @@ class DirectRunner:
         self._inflight = 0
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="retriever-request")
         metrics.queue_depth = lambda: self._inflight
+
+    running = True
 
     def start(self) -> None:
         pass

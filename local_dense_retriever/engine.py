@@ -14,7 +14,7 @@ import torch
 
 from local_dense_retriever.config import ServerConfig, is_flat_ip
 from local_dense_retriever.corpus_store import CorpusStore
-from local_dense_retriever.index.base import DenseSearch, IndexLoadError, SearchBackend
+from local_dense_retriever.index.base import DenseSearch, IndexLoadError, SearchBackend, VectorIndex
 from local_dense_retriever.pages import PageStore
 
 logger = logging.getLogger(__name__)
@@ -75,31 +75,41 @@ def _torch_serves_faiss_gpu(config: ServerConfig) -> bool:
     return (not hasattr(faiss, "get_num_gpus") or faiss.get_num_gpus() == 0) and is_flat_ip(Path(config.index_path))
 
 
-def load_engine(config: ServerConfig, *, progress: bool = True) -> RetrievalEngine:
-    """Load (or, for the embedded default, build once) encoder, index and corpus; logs each part's time."""
+def resolve_embedded_default(config: ServerConfig, *, progress: bool = True) -> ServerConfig:
+    """``config`` itself, or for the embedded default the config naming its files (built once, cached)."""
+    if not config.embedded_default:
+        return config
+    from local_dense_retriever.toy.embedded_default import prepare_embedded_default
+
+    paths = prepare_embedded_default(config, progress=progress)
+    return config.model_copy(
+        update={
+            "index_path": paths.index_path,
+            "corpus_path": paths.corpus_path,
+            "retriever_name": "minilm",
+            "retriever_model": str(paths.model_path),
+        }
+    )
+
+
+def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorIndex | None = None) -> RetrievalEngine:
+    """Load (or, for the embedded default, build once) encoder, index and corpus; logs each part's time.
+
+    ``index`` replaces the index of ``config.index_path`` (the Serve router's fan-out over shards); the encoder and
+    the corpus still come from ``config``."""
     from local_dense_retriever.encoder import HFEncoder, resolve_device
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     timings: dict[str, float] = {}
     if config.embedded_default:
-        from local_dense_retriever.toy.embedded_default import prepare_embedded_default
-
         with _Timer(timings, "embedded default"):
-            paths = prepare_embedded_default(config, progress=progress)
-        config = config.model_copy(
-            update={
-                "index_path": paths.index_path,
-                "corpus_path": paths.corpus_path,
-                "retriever_name": "minilm",
-                "retriever_model": str(paths.model_path),
-            }
-        )
+            config = resolve_embedded_default(config, progress=progress)
     assert config.corpus_path is not None
     if config.faiss_gpu and not torch.cuda.is_available():
         logger.warning("--faiss_gpu: no CUDA GPU is visible here; serving the index on the CPU instead")
         config = config.model_copy(update={"faiss_gpu": False})
-    if config.index_path is not None and not Path(config.index_path).exists():  # fail before any slow loading
+    if index is None and config.index_path is not None and not Path(config.index_path).exists():  # fail early
         raise IndexLoadError(f"index file not found: {config.index_path}")
     with _Timer(timings, "corpus"):
         corpus = CorpusStore(Path(config.corpus_path), progress=progress)
@@ -129,16 +139,17 @@ def load_engine(config: ServerConfig, *, progress: bool = True) -> RetrievalEngi
                 dtype=config.requested_encoder_dtype(),
                 max_length=config.query_max_length,
             )
-        with _Timer(timings, f"{backend_name} index"):
-            if backend_name == "torch":
-                from local_dense_retriever.index.torch_flat import TorchFlatIndex
+        if index is None:
+            with _Timer(timings, f"{backend_name} index"):
+                if backend_name == "torch":
+                    from local_dense_retriever.index.torch_flat import TorchFlatIndex
 
-                device = resolve_device(config.device)
-                index = TorchFlatIndex.from_file(Path(config.index_path), device=device, dtype=config.index_dtype)
-            else:
-                from local_dense_retriever.index.faiss_index import FaissIndex
+                    device = resolve_device(config.device)
+                    index = TorchFlatIndex.from_file(Path(config.index_path), device=device, dtype=config.index_dtype)
+                else:
+                    from local_dense_retriever.index.faiss_index import FaissIndex
 
-                index = FaissIndex(Path(config.index_path), gpu=config.faiss_gpu)
+                    index = FaissIndex(Path(config.index_path), gpu=config.faiss_gpu)
         backend = DenseSearch(encoder, index)
     pages = None
     if config.pages_path is not None:

@@ -25,7 +25,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pydantic import ValidationError  # noqa: E402
+from pydantic import BaseModel, ValidationError  # noqa: E402
 
 from local_dense_retriever.config import ServerConfig  # noqa: E402
 
@@ -38,19 +38,16 @@ def _spellings(name: str) -> list[str]:
     return [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """One flag per ServerConfig field (same name, help = its description); bools get --x / --no_x."""
-    p = argparse.ArgumentParser(
-        prog="retrieval_server.py",
-        description="Search-R1 compatible retrieval service (POST /retrieve, POST /access) with dynamic batching.",
-    )
-    aliases: dict[str, list[str]] = {}
-    for alias, target in ALIASES.items():
-        aliases.setdefault(target, []).extend(_spellings(alias))
-    for name, field in ServerConfig.model_fields.items():
+def add_model_flags(p: argparse.ArgumentParser, model: type[BaseModel], aliases: dict[str, str] | None = None) -> None:
+    """One flag per field of ``model`` (same name, help = its description); bools get --x / --no_x; ``aliases`` maps
+    other projects' flag names to fields."""
+    extra: dict[str, list[str]] = {}
+    for alias, target in (aliases or {}).items():
+        extra.setdefault(target, []).extend(_spellings(alias))
+    for name, field in model.model_fields.items():
         default = field.get_default(call_default_factory=True)
         help_text = f"{field.description} (default: {default})"
-        flags = _spellings(name) + aliases.get(name, [])
+        flags = _spellings(name) + extra.get(name, [])
         ann = field.annotation
         if ann is bool:
             p.add_argument(*flags, dest=name, action="store_const", const=True, default=None, help=help_text)
@@ -64,9 +61,28 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(*flags, dest=name, type=Path, default=None, help=help_text)
         else:
             p.add_argument(*flags, dest=name, type=args[0] if args else ann, default=None, help=help_text)
+
+
+def add_log_level(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log_level", "--log-level", dest="log_level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"])  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """One flag per ServerConfig field (same name, help = its description); bools get --x / --no_x."""
+    p = argparse.ArgumentParser(
+        prog="retrieval_server.py",
+        description="Search-R1 compatible retrieval service (POST /retrieve, POST /access) with dynamic batching.",
+    )
+    add_model_flags(p, ServerConfig, ALIASES)
+    add_log_level(p)
     return p
+
+
+def first_error(e: ValidationError) -> str:
+    """``field: message`` of the first problem pydantic found (the one line a CLI prints)."""
+    first = e.errors()[0]
+    return f"{'.'.join(str(x) for x in first['loc']) or 'arguments'}: {first['msg']}"
 
 
 def config_from_args(argv: list[str] | None = None) -> tuple[ServerConfig, str]:
@@ -128,9 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config, log_level = config_from_args(argv)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "arguments"
-        print(f"retrieval_server: error: {where}: {first['msg']}", file=sys.stderr)
+        print(f"retrieval_server: error: {first_error(e)}", file=sys.stderr)
         return 2
     if config.num_threads:  # every OpenMP thread (torch and faiss, any worker thread) reads this at first use
         os.environ["OMP_NUM_THREADS"] = str(config.num_threads)

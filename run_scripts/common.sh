@@ -133,3 +133,40 @@ vs_preflight() {
     fi
     ulimit -n 65535 2>/dev/null || echo "warning: could not raise the open-file limit (ulimit -n)" >&2
 }
+
+# vs_serve_retriever: RETRIEVER=serve puts the retrieval fleet into the Ray cluster verl trains in: it starts a Ray
+# head on this node unless RAY_ADDRESS names a running cluster, deploys the retriever there (launch_retriever.sh
+# SERVE=1: RETRIEVER_REPLICAS replicas with RETRIEVER_GPUS GPUs each, 0 = CPU only so the training GPUs stay free),
+# sets RETRIEVER_URL to the fleet's one address and VS_RAY_ARGS to the override that makes verl join that cluster
+# (ray_kwargs.ray_init.address) instead of starting its own. RETRIEVER=url (the default) uses RETRIEVER_URL as given.
+# DRY_RUN=1 prints the two commands and starts nothing (the preflight then probes RETRIEVER_URL as given).
+vs_serve_retriever() {
+    VS_RAY_ARGS=()
+    case "$RETRIEVER" in
+        url) return 0 ;;
+        serve) ;;
+        *) vs_die "RETRIEVER=${RETRIEVER}: choose url (use RETRIEVER_URL) or serve (a Ray Serve fleet in the trainer's Ray cluster)" ;;
+    esac
+    local address="${RAY_ADDRESS:-auto}" port="${RETRIEVER_PORT:-8000}" head=() launch=()
+    if [[ -z "${RAY_ADDRESS:-}" ]]; then
+        head=("${RAY:-ray}" start --head --num-gpus "$N_GPUS" --disable-usage-stats)
+    fi
+    launch=(env SERVE=1 RAY_ADDRESS="$address" PORT="$port" REPLICAS="${RETRIEVER_REPLICAS:-1}"
+        REPLICA_GPUS="${RETRIEVER_GPUS:-0}" REPLICA_CPUS="${RETRIEVER_CPUS:-1}"
+        bash "${VS_REPO_DIR}/run_scripts/launch_retriever.sh")
+    VS_RAY_ARGS=("+ray_kwargs.ray_init.address=${address}")
+    echo "retriever: a Ray Serve fleet in the trainer's Ray cluster (${address}):"
+    if ((${#head[@]})); then vs_print_command "${head[@]}"; fi
+    vs_print_command "${launch[@]}"
+    if [[ "$DRY_RUN" == 1 ]]; then
+        echo "DRY_RUN=1: not starting Ray or the fleet; the checks probe RETRIEVER_URL=${RETRIEVER_URL}"
+        return 0
+    fi
+    if ((${#head[@]})) && ! "${RAY:-ray}" status >/dev/null 2>&1; then
+        "${head[@]}" || vs_die "could not start a Ray head on this node (${head[*]})"
+    fi
+    local out
+    out="$("${launch[@]}")" || vs_die "the Serve retriever did not start (its log: retriever-${port}.log)"
+    echo "$out"
+    RETRIEVER_URL="${out##*RETRIEVER_URL=}/retrieve"
+}

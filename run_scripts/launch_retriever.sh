@@ -6,6 +6,12 @@
 #   DATA_DIR=$HOME/data/wiki-18 bash run_scripts/launch_retriever.sh                 # GPUs if visible, else CPU
 #   CUDA_VISIBLE_DEVICES=7 FAISS_GPU=1 bash run_scripts/launch_retriever.sh          # faiss sharded over GPU 7
 #   EMBEDDED=1 bash run_scripts/launch_retriever.sh                                  # toy corpus, for smoke tests
+#   SERVE=1 RAY_ADDRESS=auto REPLICAS=4 bash run_scripts/launch_retriever.sh         # a Ray Serve fleet, one URL
+#
+# SERVE=1 deploys the same server as a Ray Serve application (python -m local_dense_retriever.serve) into the Ray
+# cluster at RAY_ADDRESS (empty: a local Ray instance that lives as long as the command): REPLICAS replicas (or
+# MIN_REPLICAS..MAX_REPLICAS autoscaled), REPLICA_CPUS and REPLICA_GPUS each, at most REPLICAS_PER_NODE per node,
+# SHARDS > 1 splits the flat index; HOST:PORT is Serve's proxy (one on every node with a replica).
 #
 # Extra arguments are passed to local_dense_retriever/retrieval_server.py (e.g. --max_batch_size 512).
 # The last line printed is RETRIEVER_URL=http://HOST:PORT; the server keeps running (stop it with the printed kill).
@@ -30,6 +36,17 @@ BACKEND="${BACKEND:-auto}"
 FAISS_GPU="${FAISS_GPU:-0}"
 # auto, cpu or cuda (the query encoder and, for the torch backend, the index)
 DEVICE="${DEVICE:-auto}"
+# 1: a Ray Serve fleet (the knobs below) instead of one server process
+SERVE="${SERVE:-0}"
+RAY_ADDRESS="${RAY_ADDRESS:-}"
+REPLICAS="${REPLICAS:-1}"
+MIN_REPLICAS="${MIN_REPLICAS:-}"
+MAX_REPLICAS="${MAX_REPLICAS:-}"
+REPLICAS_PER_NODE="${REPLICAS_PER_NODE:-}"
+REPLICA_CPUS="${REPLICA_CPUS:-1}"
+# GPUs per replica; 0 keeps the replicas off the GPUs (Ray hides them from the replica)
+REPLICA_GPUS="${REPLICA_GPUS:-0}"
+SHARDS="${SHARDS:-1}"
 LOG_FILE="$(vs_abs "${LOG_FILE:-retriever-${PORT}.log}")"
 # loading the 60 GB wiki-18 index from disk takes minutes; the embedded default takes seconds
 STARTUP_TIMEOUT="${STARTUP_TIMEOUT:-3600}"
@@ -51,6 +68,16 @@ if [[ "$FAISS_GPU" == 1 ]]; then
     SERVER_ARGS+=(--faiss_gpu)
 fi
 SERVER_ARGS+=("$@")
+SERVER_CMD=("$PYTHON" "${VS_REPO_DIR}/local_dense_retriever/retrieval_server.py")
+if [[ "$SERVE" == 1 ]]; then
+    SERVER_CMD=("$PYTHON" -m local_dense_retriever.serve --num_replicas "$REPLICAS" --num_cpus "$REPLICA_CPUS"
+        --num_gpus "$REPLICA_GPUS" --shards "$SHARDS" --startup_timeout_s "$STARTUP_TIMEOUT")
+    [[ -z "$RAY_ADDRESS" ]] || SERVER_CMD+=(--address "$RAY_ADDRESS")
+    [[ -z "$REPLICAS_PER_NODE" ]] || SERVER_CMD+=(--replicas_per_node "$REPLICAS_PER_NODE")
+    if [[ -n "$MIN_REPLICAS$MAX_REPLICAS" ]]; then
+        SERVER_CMD+=(--min_replicas "${MIN_REPLICAS:-1}" --max_replicas "${MAX_REPLICAS:-$REPLICAS}")
+    fi
+fi
 
 # the address to reach the server at: a wildcard bind is reached through this host's name
 case "$HOST" in
@@ -78,8 +105,8 @@ fi
 
 mkdir -p "$(dirname "$LOG_FILE")"
 echo "starting the retriever (log: ${LOG_FILE}):"
-vs_print_command "$PYTHON" "${VS_REPO_DIR}/local_dense_retriever/retrieval_server.py" "${SERVER_ARGS[@]}"
-nohup "$PYTHON" "${VS_REPO_DIR}/local_dense_retriever/retrieval_server.py" "${SERVER_ARGS[@]}" >"$LOG_FILE" 2>&1 &
+vs_print_command "${SERVER_CMD[@]}" "${SERVER_ARGS[@]}"
+nohup "${SERVER_CMD[@]}" "${SERVER_ARGS[@]}" >"$LOG_FILE" 2>&1 &
 PID=$!
 echo "$PID" >"${LOG_FILE}.pid"
 

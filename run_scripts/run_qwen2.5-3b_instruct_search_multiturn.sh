@@ -22,6 +22,9 @@ VAL_DATA="${VAL_DATA:-${DATA_DIR}/val_subset.parquet}"
 TOOL_CONFIG="${TOOL_CONFIG:-${VS_REPO_DIR}/tool_config/search_tool_config.yaml}"
 # one URL, or several separated by commas (the tool balances over them)
 RETRIEVER_URL="${RETRIEVER_URL:-http://127.0.0.1:8000/retrieve}"
+# url: use RETRIEVER_URL; serve: start a Ray Serve retriever fleet in verl's Ray cluster first (RETRIEVER_REPLICAS,
+# RETRIEVER_GPUS per replica, default 0 = CPU, RETRIEVER_CPUS, RETRIEVER_PORT, RAY_ADDRESS; see common.sh)
+RETRIEVER="${RETRIEVER:-url}"
 N_GPUS="${N_GPUS:-8}"
 NNODES="${NNODES:-1}"
 # assistant turns per trajectory: 4 = up to 3 searches and a final answer, as in the published recipes
@@ -61,6 +64,7 @@ TEST_FREQ="${TEST_FREQ:-50}"
 LOGGER="${LOGGER:-[\"console\",\"wandb\"]}"
 
 vs_rollout_overrides
+vs_serve_retriever
 vs_prepare_run
 vs_search_overrides
 
@@ -99,6 +103,7 @@ ARGS=(
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=${MICRO_BATCH_PER_GPU}"
     "actor_rollout_ref.rollout.n=${ROLLOUT_N}"
     "${VS_SEARCH_ARGS[@]}"
+    "${VS_RAY_ARGS[@]}"
     trainer.critic_warmup=0
     trainer.val_before_train=False
     "trainer.logger=${LOGGER}"

@@ -103,6 +103,7 @@ def test_reward_path_resolves_through_verls_loader():
         ["-m", "verl_search.report", "--help"],
         ["-m", "verl_search.preflight", "--help"],
         ["-m", "local_dense_retriever.toy_corpus", "--help"],
+        ["-m", "local_dense_retriever.serve", "--help"],
         ["local_dense_retriever/retrieval_server.py", "--help"],
         ["local_dense_retriever/download.py", "--help"],
         ["local_dense_retriever/build_index.py", "--help"],

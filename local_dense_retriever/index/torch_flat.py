@@ -1,6 +1,7 @@
 """TorchFlatIndex: exact inner-product search as matmul + top-k, on CPU or sharded over every visible GPU.
 
-Invariant: results equal an exact flat inner-product scan (faiss IndexFlatIP) up to float rounding; ids are global rows.
+Invariant: results equal an exact flat inner-product scan (faiss IndexFlatIP) up to float rounding; ids are global rows;
+equal scores come in id order, whatever the chunking.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 
 from local_dense_retriever.index.base import IndexLoadError
+from local_dense_retriever.index.topk import block_topk, merge_topk
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +144,7 @@ class TorchFlatIndex:
 
     @torch.inference_mode()
     def search(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` per query, best first; equal scores by lower id (``index.topk``: any split gives the same)."""
         k = min(k, self._n)
         best_s: list[torch.Tensor] = []
         best_i: list[torch.Tensor] = []
@@ -149,13 +152,10 @@ class TorchFlatIndex:
             q = queries.to(device=shard.device, dtype=self.dtype)
             step = self._chunk if shard.device.type == "cpu" else max(shard.shape[0], 1)
             for lo in range(0, shard.shape[0], step):
-                block = shard[lo : lo + step]
-                scores = (q @ block.T).float()
-                s, i = torch.topk(scores, min(k, block.shape[0]), dim=1)
+                s, i = block_topk((q @ shard[lo : lo + step].T).float(), k, offset + lo)
                 best_s.append(s.cpu())
-                best_i.append(i.cpu() + (offset + lo))
+                best_i.append(i.cpu())
         if len(best_s) == 1:
             return best_s[0].numpy(), best_i[0].numpy().astype(np.int64)
-        all_s, all_i = torch.cat(best_s, dim=1), torch.cat(best_i, dim=1)
-        s, pos = torch.topk(all_s, k, dim=1)
-        return s.numpy(), torch.gather(all_i, 1, pos).numpy().astype(np.int64)
+        all_s, all_i = torch.cat(best_s, dim=1).numpy(), torch.cat(best_i, dim=1).numpy().astype(np.int64)
+        return merge_topk(all_s, all_i, k)

@@ -75,3 +75,28 @@ def test_something_already_on_the_port_is_refused(run_script, retriever_url):
     result = run_script("launch_retriever.sh", EMBEDDED="1", PORT=port)
     assert result.returncode == 1
     assert f"something already answers on 127.0.0.1:{port}" in result.stderr
+
+
+def test_serve_fleet_with_no_ray_cluster_is_reported_with_its_cause(run_script, tmp_path):
+    log = tmp_path / "retriever.log"
+    result = run_script("launch_retriever.sh", SERVE="1", EMBEDDED="1", RAY_ADDRESS=f"127.0.0.1:{free_port()}",
+                        PORT=str(free_port()), LOG_FILE=str(log))  # fmt: skip
+    assert result.returncode == 1
+    assert "the retriever exited during start-up" in result.stderr
+    assert "no Ray cluster answers at 127.0.0.1:" in result.stderr
+
+
+@pytest.mark.slow
+def test_serve_fleet_starts_behind_one_url(run_script, tmp_path):
+    """SERVE=1: two replicas in a local Ray instance, one URL printed; SIGTERM removes the application."""
+    env = {"SERVE": "1", "EMBEDDED": "1", "REPLICAS": "2", "REPLICA_CPUS": "0.1", "PORT": str(free_port()),
+           "LOG_FILE": str(tmp_path / "retriever.log"), "VERL_SEARCH_CACHE": str(tmp_path / "cache")}  # fmt: skip
+    result = run_script("launch_retriever.sh", "--toy_passages", "50", timeout=400, **env)
+    try:
+        assert result.returncode == 0, result.stdout + result.stderr
+        url = result.stdout.strip().splitlines()[-1].split("=", 1)[1]
+        assert url == f"http://127.0.0.1:{env['PORT']}"
+        body = {"queries": ["who"], "topk": 2}
+        assert len(requests.post(f"{url}/retrieve", json=body, timeout=30).json()["result"][0]) == 2
+    finally:
+        stop(result.stdout)

@@ -202,3 +202,16 @@ def test_loading_a_large_flat_index_does_not_read_it_into_memory(tmp_path):
     size = path.stat().st_size
     assert int(out[0]) == n
     assert int(out[1]) < size // 10, f"peak RSS grew by {int(out[1]) >> 20} MB loading a {size >> 20} MB index"
+
+
+def test_equal_scores_come_in_id_order_whatever_the_chunking(rng):
+    """Duplicate passages tie exactly: the lower id wins the cut and comes first, chunked or not (the rule the
+    sharded Serve mode relies on to merge back to the single index's answer)."""
+    base = _unit(rng, 40, 8)
+    vectors = np.concatenate([base, base[:5], base, base[:5]])  # rows 0-4 appear four times each
+    queries = torch.from_numpy(base[:5])
+    expected = [[q, q + 40, q + 45, q + 85] for q in range(5)]
+    for chunk in (1 << 18, 7, 45):
+        scores, ids = TorchFlatIndex(vectors, device=CPU, cpu_chunk_rows=chunk).search(queries, 3)
+        assert ids.tolist() == [row[:3] for row in expected], chunk
+        assert (scores[:, 0] == scores[:, 2]).all()
