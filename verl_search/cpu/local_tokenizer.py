@@ -13,6 +13,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -93,20 +94,20 @@ def _training_text(seed: int = 0, lines: int = 1200) -> list[str]:
     return out
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE tokenizer with Qwen2.5's chat markup; takes about a second."""
+def build_bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer learnt from ``texts`` with Qwen2.5's chat markup, special and added tokens."""
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    core.train_from_iterator(_training_text(), trainer=trainer)
+    core.train_from_iterator(texts, trainer=trainer)
     core.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
-    tokenizer = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_object=core,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
@@ -114,7 +115,11 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         chat_template=CHAT_TEMPLATE,
         model_max_length=1 << 20,
     )
-    return tokenizer
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """The project's local tokenizer (the built-in training text, VOCAB_SIZE pieces); takes about a second."""
+    return build_bpe_tokenizer(_training_text(), VOCAB_SIZE)
 
 
 def _fingerprint() -> str:

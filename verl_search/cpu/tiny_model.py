@@ -29,17 +29,13 @@ class TinyModelSpec:
     seed: int = 0
 
 
-def write_tiny_model(out: Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
-    """Build the model with ``spec`` and save it (with the local tokenizer) to ``out``; returns ``out``."""
+def build_qwen2(spec: TinyModelSpec, tokenizer, *, tie_embeddings: bool):
+    """A random fp32 ``Qwen2ForCausalLM`` of ``spec``'s sizes over ``tokenizer`` (seeded by ``spec.seed``)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from verl_search.atomic import atomic_path
-    from verl_search.cpu.local_tokenizer import build_tokenizer
-
     if spec.hidden % spec.heads or spec.heads % spec.kv_heads:
         raise ValueError(f"hidden ({spec.hidden}) must divide by heads ({spec.heads}), heads by kv_heads")
-    tokenizer = build_tokenizer()
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden,
@@ -48,7 +44,7 @@ def write_tiny_model(out: Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
         num_attention_heads=spec.heads,
         num_key_value_heads=spec.kv_heads,
         max_position_embeddings=spec.max_positions,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_embeddings,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
@@ -59,11 +55,26 @@ def write_tiny_model(out: Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
     model = Qwen2ForCausalLM(config).to(torch.float32)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def save_model(out: Path, model, tokenizer) -> Path:
+    """Write ``model`` (safetensors) and ``tokenizer`` to ``out`` atomically; returns ``out``."""
+    from verl_search.atomic import atomic_path
+
     out = Path(out)
     with atomic_path(out) as staging:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
     return out
+
+
+def write_tiny_model(out: Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
+    """Build the model with ``spec`` and save it (with the local tokenizer) to ``out``; returns ``out``."""
+    from verl_search.cpu.local_tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    return save_model(out, build_qwen2(spec, tokenizer, tie_embeddings=False), tokenizer)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -45,31 +45,11 @@ def _markup_lines() -> list[str]:
 
 
 def build_tokenizer(texts: Iterable[str], vocab_size: int):
-    """A byte-level BPE tokenizer trained on ``texts``, with the local tokenizer's chat template and tokens."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    """A byte-level BPE tokenizer learnt on ``texts`` and the protocol markup, with the local tokenizer's chat
+    template and tokens."""
+    from verl_search.cpu.local_tokenizer import build_bpe_tokenizer
 
-    from verl_search.cpu.local_tokenizer import ADDED_TOKENS, CHAT_TEMPLATE, SPECIAL_TOKENS
-
-    core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    core.train_from_iterator([*texts, *_markup_lines()], trainer=trainer)
-    core.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-        chat_template=CHAT_TEMPLATE,
-        model_max_length=1 << 20,
-    )
+    return build_bpe_tokenizer([*texts, *_markup_lines()], vocab_size)
 
 
 def corpus_texts(corpus_path: Path) -> list[str]:
@@ -80,36 +60,12 @@ def corpus_texts(corpus_path: Path) -> list[str]:
 
 def write_initial_model(out: Path, texts: Iterable[str], spec: ModelSpec = ModelSpec()) -> Path:
     """Train the tokenizer on ``texts``, build the random model, and save both to ``out`` (atomically)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from verl_search.cpu.tiny_model import TinyModelSpec, build_qwen2, save_model
 
-    from verl_search.atomic import atomic_path
-
-    if spec.hidden % spec.heads or spec.heads % spec.kv_heads:
-        raise ValueError(f"hidden ({spec.hidden}) must divide by heads ({spec.heads}), heads by kv_heads")
+    sizes = TinyModelSpec(spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.intermediate, spec.max_positions)
     tokenizer = build_tokenizer(texts, spec.vocab_size)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=spec.hidden,
-        intermediate_size=spec.intermediate,
-        num_hidden_layers=spec.layers,
-        num_attention_heads=spec.heads,
-        num_key_value_heads=spec.kv_heads,
-        max_position_embeddings=spec.max_positions,
-        tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-        torch_dtype="float32",
-        architectures=["Qwen2ForCausalLM"],
-    )
-    torch.manual_seed(spec.seed)
-    model = Qwen2ForCausalLM(config).to(torch.float32)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    with atomic_path(Path(out)) as staging:
-        model.save_pretrained(staging, safe_serialization=True)
-        tokenizer.save_pretrained(staging)
+    model = build_qwen2(replace(sizes, seed=spec.seed), tokenizer, tie_embeddings=True)
+    save_model(Path(out), model, tokenizer)
     params = sum(p.numel() for p in model.parameters())
     logger.info("initial model: %d parameters, vocabulary %d", params, len(tokenizer))
     return Path(out)
