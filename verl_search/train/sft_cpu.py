@@ -2,9 +2,9 @@
 config ``sft_trainer_engine``) on the CPU backend, world size 1, without torchrun.
 
 verl 0.9.1's ``sft_trainer.run_sft`` calls ``verl.utils.distributed.initialize_global_process_group``, which builds the
-backend ``cpu:gloo,{device}:{backend}`` = ``cpu:gloo,cpu:gloo`` on the CPU platform (torch refuses the duplicate;
-the same gap the CPU backend bridges for the Ray trainer). This launcher binds a wrapper that passes ``cpu:gloo``
-instead, sets the single-process rendezvous variables torchrun would set, and selects the CPU platform.
+backend ``cpu:gloo,cpu:gloo`` on the CPU platform (torch refuses the duplicate): gap 3 of
+:mod:`verl_search.cpu.verl_gaps`, whose bridge this launcher applies. It also sets the single-process rendezvous
+variables torchrun would set, and selects the CPU platform.
 Invariant: nothing is changed unless the platform is ``cpu``; verl's files are never edited.
 """
 
@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import timedelta
 from typing import Any
 
-CPU_BACKEND = "cpu:gloo"
 # What torchrun --nproc_per_node=1 would export; a free port is picked unless MASTER_PORT is set.
 _RENDEZVOUS = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
 
@@ -26,18 +24,6 @@ def _free_port() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return str(s.getsockname()[1])
-
-
-def cpu_initialize_global_process_group(timeout_second: int = 36000) -> tuple[int, int, int]:
-    """``verl.utils.distributed.initialize_global_process_group`` with a backend torch accepts on a CPU."""
-    import torch.distributed
-
-    torch.distributed.init_process_group(
-        backend=CPU_BACKEND,
-        timeout=timedelta(seconds=timeout_second),
-        init_method=os.environ.get("DIST_INIT_METHOD", None),
-    )
-    return int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
 
 def prepare_environment(env: dict[str, str] | Any = os.environ) -> None:
@@ -52,10 +38,10 @@ def prepare_environment(env: dict[str, str] | Any = os.environ) -> None:
 def main(argv: list[str] | None = None) -> int:
     prepare_environment()
     import verl.utils.distributed as distributed
-    from verl.utils.device import get_device_name
 
-    if get_device_name() == "cpu":
-        distributed.initialize_global_process_group = cpu_initialize_global_process_group
+    from verl_search.cpu.verl_gaps import bridge_torchrun_process_group
+
+    bridge_torchrun_process_group(distributed)
     from verl.trainer import sft_trainer
 
     sys.argv = [sys.argv[0], *(sys.argv[1:] if argv is None else argv)]
