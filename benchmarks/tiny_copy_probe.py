@@ -10,8 +10,10 @@ SFT in a plain torch loop (no verl, no Ray: just the learning problem) on the na
                                                       # runs/train/initial_model; stop it after "initial model"
     python benchmarks/tiny_copy_probe.py --run runs/train --steps 200 [--init MODEL_DIR] [--lr 2e-3]
 
-``--init`` starts from another model folder with the same tokenizer (e.g. a pre-trained one) instead of the
-random initial model. Run alone: each step is ~1 s on a quiet 2-core CPU, several times that on a busy one.
+``--init`` starts from another model folder with the same tokenizer instead of the random initial model;
+``--pretrain`` first pre-trains the initial model on another toy world (``verl_search.train.pretrain``: repeated-span
+copying, then language) into ``<run>/probe_base_model`` and starts from that (reused when present).
+Run alone: an SFT step is ~1 s on a quiet 2-core CPU, several times that on a busy one.
 """
 
 from __future__ import annotations
@@ -111,6 +113,21 @@ def greedy_queries(model, tokenizer, rows, limit: int) -> list[tuple[str, str]]:
     return out
 
 
+def pretrained_base(run: Path, world_seed: int) -> Path:
+    """``<run>/probe_base_model``: the run's initial model pre-trained on the toy world of ``world_seed``."""
+    from local_dense_retriever.toy.corpus import generate_toy_dataset
+    from verl_search.train.initial_model import corpus_texts
+    from verl_search.train.pretrain import pretrain
+
+    out = run / "probe_base_model"
+    if (out / "config.json").is_file():
+        return out
+    world = generate_toy_dataset(run / f"probe_world_{world_seed}", num_passages=4000, seed=world_seed, num_questions=0)
+    stats = pretrain(run / "initial_model", out, corpus_texts(world.corpus_path))
+    print(f"pre-trained in {stats['seconds']:.0f} s: loss {stats['first_loss']:.2f} -> {stats['last_loss']:.2f}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--run", type=Path, required=True, help="a make-train output folder (data/ and initial_model/)")
@@ -122,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--held_out", type=int, default=64)
     p.add_argument("--samples", type=int, default=12, help="greedy queries to show and score at the end")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pretrain", action="store_true", help="pre-train on another toy world first (see above)")
+    p.add_argument("--pretrain_world_seed", type=int, default=1, help="seed of that world (make train's is 0)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default, all cores)")
     args = p.parse_args(argv)
 
     import numpy as np
@@ -129,8 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
     torch.manual_seed(args.seed)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     tokenizer = AutoTokenizer.from_pretrained(args.run / "initial_model")
-    model = Qwen2ForCausalLM.from_pretrained(args.init or args.run / "initial_model", attn_implementation="eager")
+    start = args.init or args.run / "initial_model"
+    if args.pretrain:
+        start = pretrained_base(args.run, args.pretrain_world_seed)
+    model = Qwen2ForCausalLM.from_pretrained(start, attn_implementation="eager")
     rows = load_rows(args.run, tokenizer)
     rng = np.random.default_rng(args.seed)
     order = rng.permutation(len(rows))
