@@ -38,7 +38,7 @@ class PretrainSpec:
     lm_copy_share: float = 0.3  # share of repeated-span batches during the language phase (keeps the skill)
     batch_size: int = 16
     seq_len: int = 192
-    lr: float = 1e-3  # 3e-3 and 5e-3 never formed the copy skill in 800 steps here; 1e-3 did by ~700
+    lr: float = 1e-3
     warmup_steps: int = 20
     seed: int = 0
 
