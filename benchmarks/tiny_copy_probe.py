@@ -12,7 +12,7 @@ SFT in a plain torch loop (no verl, no Ray: just the learning problem) on the na
 
 ``--init`` starts from another model folder with the same tokenizer instead of the random initial model;
 ``--pretrain`` first pre-trains the initial model on another toy world (``verl_search.train.pretrain``: repeated-span
-copying, then language) into ``<run>/probe_base_model`` and starts from that (reused when present).
+copying, then language) into ``<run>/probe_base_model_...`` and starts from that (reused when present).
 Run alone: an SFT step is ~1 s on a quiet 2-core CPU, several times that on a busy one.
 """
 
@@ -113,17 +113,18 @@ def greedy_queries(model, tokenizer, rows, limit: int) -> list[tuple[str, str]]:
     return out
 
 
-def pretrained_base(run: Path, world_seed: int) -> Path:
-    """``<run>/probe_base_model``: the run's initial model pre-trained on the toy world of ``world_seed``."""
+def pretrained_base(run: Path, world_seed: int, copy_steps: int, lm_steps: int) -> Path:
+    """``<run>/probe_base_model_...``: the run's initial model pre-trained on the toy world of ``world_seed``."""
     from local_dense_retriever.toy.corpus import generate_toy_dataset
     from verl_search.train.initial_model import corpus_texts
-    from verl_search.train.pretrain import pretrain
+    from verl_search.train.pretrain import PretrainSpec, pretrain
 
-    out = run / "probe_base_model"
+    out = run / f"probe_base_model_w{world_seed}_c{copy_steps}_l{lm_steps}"
     if (out / "config.json").is_file():
         return out
     world = generate_toy_dataset(run / f"probe_world_{world_seed}", num_passages=4000, seed=world_seed, num_questions=0)
-    stats = pretrain(run / "initial_model", out, corpus_texts(world.corpus_path))
+    spec = PretrainSpec(copy_steps=copy_steps, lm_steps=lm_steps)
+    stats = pretrain(run / "initial_model", out, corpus_texts(world.corpus_path), spec)
     print(f"pre-trained in {stats['seconds']:.0f} s: loss {stats['first_loss']:.2f} -> {stats['last_loss']:.2f}")
     return out
 
@@ -141,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pretrain", action="store_true", help="pre-train on another toy world first (see above)")
     p.add_argument("--pretrain_world_seed", type=int, default=1, help="seed of that world (make train's is 0)")
+    p.add_argument("--pretrain_copy_steps", type=int, default=1000, help="steps of the repeated-span task")
+    p.add_argument("--pretrain_lm_steps", type=int, default=600, help="steps of language modelling mixed with it")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default, all cores)")
     args = p.parse_args(argv)
 
@@ -154,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(args.run / "initial_model")
     start = args.init or args.run / "initial_model"
     if args.pretrain:
-        start = pretrained_base(args.run, args.pretrain_world_seed)
+        start = pretrained_base(args.run, args.pretrain_world_seed, args.pretrain_copy_steps, args.pretrain_lm_steps)
     model = Qwen2ForCausalLM.from_pretrained(start, attn_implementation="eager")
     rows = load_rows(args.run, tokenizer)
     rng = np.random.default_rng(args.seed)
