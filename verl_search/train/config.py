@@ -38,7 +38,7 @@ class SearchSettings(_Section):
 
 
 class ModelSettings(_Section):
-    """The policy's sizes (see verl_search.train.initial_model.ModelSpec)."""
+    """The policy's sizes (verl_search.cpu.tiny_model.TinyModelSpec, plus the tokenizer's vocabulary)."""
 
     layers: int = Field(4, ge=1)
     hidden: int = Field(128, ge=16)
@@ -46,6 +46,7 @@ class ModelSettings(_Section):
     kv_heads: int = Field(2, ge=1)
     intermediate: int = Field(512, ge=16)
     vocab_size: int = Field(4096, ge=512, description="BPE vocabulary learnt on corpus, prompts and markup")
+    max_positions: int = Field(2048, ge=64)
     seed: int = Field(0)
 
 

@@ -12,24 +12,11 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
 from pathlib import Path
 
+from verl_search.cpu.tiny_model import TinyModelSpec, build_qwen2, save_model
+
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Sizes of the policy and its tokenizer; the defaults train in minutes on a 2-core CPU."""
-
-    layers: int = 4
-    hidden: int = 128
-    heads: int = 4
-    kv_heads: int = 2
-    intermediate: int = 512
-    vocab_size: int = 4096
-    max_positions: int = 2048
-    seed: int = 0
 
 
 def _markup_lines() -> list[str]:
@@ -58,13 +45,11 @@ def corpus_texts(corpus_path: Path) -> list[str]:
         return [json.loads(line)["contents"] for line in f if line.strip()]
 
 
-def write_initial_model(out: Path, texts: Iterable[str], spec: ModelSpec = ModelSpec()) -> Path:
-    """Train the tokenizer on ``texts``, build the random model, and save both to ``out`` (atomically)."""
-    from verl_search.cpu.tiny_model import TinyModelSpec, build_qwen2, save_model
-
-    sizes = TinyModelSpec(spec.layers, spec.hidden, spec.heads, spec.kv_heads, spec.intermediate, spec.max_positions)
-    tokenizer = build_tokenizer(texts, spec.vocab_size)
-    model = build_qwen2(replace(sizes, seed=spec.seed), tokenizer, tie_embeddings=True)
+def write_initial_model(out: Path, texts: Iterable[str], sizes: TinyModelSpec, vocab_size: int) -> Path:
+    """Train a ``vocab_size`` tokenizer on ``texts``, build the random model of ``sizes`` (tied embeddings), and save
+    both to ``out`` (atomically)."""
+    tokenizer = build_tokenizer(texts, vocab_size)
+    model = build_qwen2(sizes, tokenizer, tie_embeddings=True)
     save_model(Path(out), model, tokenizer)
     params = sum(p.numel() for p in model.parameters())
     logger.info("initial model: %d parameters, vocabulary %d", params, len(tokenizer))

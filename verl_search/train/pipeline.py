@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_search.atomic import atomic_path
+from verl_search.cpu.tiny_model import TinyModelSpec
 from verl_search.train.config import TrainConfig
 from verl_search.train.data_stage import DataFiles, prepare_data
-from verl_search.train.initial_model import ModelSpec, corpus_texts, write_initial_model
+from verl_search.train.initial_model import corpus_texts, write_initial_model
 from verl_search.train.processes import retriever, run_stage
 from verl_search.train.stages import GRPORun, run_grpo, run_sft
 from verl_search.train.summary import StageResult, as_dicts, render_table, stage_result
@@ -43,9 +44,8 @@ def _initial_model(config: TrainConfig, data: DataFiles, out: Path) -> Path:
     prompts = [m["content"] for messages in sft["messages"].head(400) for m in messages]
     schemas = next((list(t) for t in sft["tools"] if t is not None), [])
     texts = corpus_texts(data.corpus) + prompts + [json.dumps(schemas, default=str)] * 50
-    m = config.model
-    spec = ModelSpec(m.layers, m.hidden, m.heads, m.kv_heads, m.intermediate, m.vocab_size, seed=m.seed)
-    return write_initial_model(out, texts, spec)
+    sizes = TinyModelSpec(**config.model.model_dump(exclude={"vocab_size"}))
+    return write_initial_model(out, texts, sizes, config.model.vocab_size)
 
 
 def _report(run: GRPORun, val_data: Path, log: Path) -> Path:
