@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from verl_search.cpu.local_tokenizer import ensure_tokenizer_dir
 from verl_search.cpu.stub_retriever import StubServer
 from verl_search.tool.client import RetrievalClient
 from verl_search.tool.config import SearchToolConfig
@@ -51,3 +54,16 @@ async def make_config(stub):
 @pytest.fixture
 def stub_corpus() -> list[dict]:
     return list(CORPUS)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    """The project's local tokenizer (Qwen2.5 chat markup), built once per session."""
+    return ensure_tokenizer_dir(tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_dir)

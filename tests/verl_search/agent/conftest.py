@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from verl_search.cpu.local_tokenizer import ensure_tokenizer_dir
 from verl_search.cpu.stub_retriever import StubServer
 from verl_search.tool.client import RetrievalClient
 
@@ -66,18 +65,6 @@ async def retriever(retriever_server):
     yield retriever_server
     retriever_server.failing = False
     await RetrievalClient.close_all()
-
-
-@pytest.fixture(scope="session")
-def tokenizer_dir(tmp_path_factory) -> Path:
-    return ensure_tokenizer_dir(tmp_path_factory.mktemp("tokenizer"))
-
-
-@pytest.fixture(scope="session")
-def tokenizer(tokenizer_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tokenizer_dir)
 
 
 @pytest.fixture
