@@ -19,7 +19,6 @@ Run alone: an SFT step is ~1 s on a quiet 2-core CPU, several times that on a bu
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
@@ -151,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
+    from verl_search.train.pretrain import adamw_cosine, apply_update
+
     torch.manual_seed(args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -164,10 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     order = rng.permutation(len(rows))
     held_out = [rows[i] for i in order[: args.held_out]]
     train = [rows[i] for i in order[args.held_out :]]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / 10) * 0.5 * (1 + math.cos(math.pi * s / args.steps))
-    )
+    optimizer, schedule = adamw_cosine(model, args.lr, args.steps, warmup_steps=10)
     params = sum(x.numel() for x in model.parameters())
     print(f"{len(train)} training / {len(held_out)} held-out trajectories; {params} parameters")
     started, queue = time.monotonic(), []
@@ -178,11 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
         losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
         loss = (losses * mask[:, 1:]).sum() / mask[:, 1:].sum()
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
+        apply_update(loss, model, optimizer, schedule)
         if step % args.eval_every == 0 or step == args.steps:
             accuracy = token_accuracy(model, held_out, tokenizer.pad_token_id)
             shown = ", ".join(f"{k} {v:.3f}" for k, v in accuracy.items())

@@ -58,6 +58,31 @@ def token_stream(tokenizer, texts: Sequence[str]):
     return torch.tensor(ids, dtype=torch.long)
 
 
+def adamw_cosine(model, lr: float, steps: int, warmup_steps: int):
+    """``(optimizer, scheduler)``: AdamW (betas 0.9/0.95, no weight decay) at ``lr`` after a linear warm-up of
+    ``warmup_steps``, decayed to zero by a cosine over ``steps``."""
+    import torch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+    def factor(step: int) -> float:
+        warm = min(1.0, (step + 1) / max(1, warmup_steps))
+        return warm * 0.5 * (1 + math.cos(math.pi * min(step, steps) / steps))
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def apply_update(loss, model, optimizer, scheduler) -> None:
+    """One optimiser step on ``loss``, gradients clipped to norm 1."""
+    import torch
+
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    scheduler.step()
+
+
 def repeated_span_batch(stream, pieces, spec: PretrainSpec, rng):
     """``(input_ids, labels)``: windows of ``stream`` in which a random run of ``pieces`` occurs twice; labels score
     only the second occurrence after its first piece (-100 elsewhere)."""
@@ -91,7 +116,7 @@ def pretrain(model_dir: Path, out: Path, texts: Sequence[str], spec: PretrainSpe
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
-    from verl_search.atomic import atomic_path
+    from verl_search.cpu.tiny_model import save_model
 
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -104,13 +129,7 @@ def pretrain(model_dir: Path, out: Path, texts: Sequence[str], spec: PretrainSpe
     torch.manual_seed(spec.seed)
     model = Qwen2ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="eager")
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.0)
-
-    def schedule(step: int) -> float:  # linear warm-up, then cosine to zero
-        warm = min(1.0, (step + 1) / max(1, spec.warmup_steps))
-        return warm * 0.5 * (1 + math.cos(math.pi * min(step, spec.steps) / spec.steps))
-
-    lr_schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    optimizer, lr_schedule = adamw_cosine(model, spec.lr, spec.steps, spec.warmup_steps)
     rng = np.random.default_rng(spec.seed)
     losses: list[float] = []
     for step in range(spec.steps):
@@ -120,16 +139,10 @@ def pretrain(model_dir: Path, out: Path, texts: Sequence[str], spec: PretrainSpe
             starts = rng.integers(0, len(stream) - spec.seq_len, spec.batch_size)
             batch = labels = torch.stack([stream[s : s + spec.seq_len] for s in starts])
         loss = model(input_ids=batch, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        lr_schedule.step()
+        apply_update(loss, model, optimizer, lr_schedule)
         losses.append(loss.item())
         if (step + 1) % 50 == 0 or step + 1 == spec.steps:
             logger.info("pre-training step %d/%d: loss %.3f", step + 1, spec.steps, losses[-1])
-    with atomic_path(Path(out)) as staging:
-        model.save_pretrained(staging, safe_serialization=True)
-        tokenizer.save_pretrained(staging)
+    save_model(Path(out), model, tokenizer)
     seconds = time.monotonic() - started
     return {"seconds": seconds, "first_loss": losses[0], "last_loss": losses[-1], "tokens": int(len(stream))}
