@@ -10,7 +10,8 @@ SFT in a plain torch loop (no verl, no Ray: just the learning problem) on the na
                                                       # runs/train/initial_model; stop it after "initial model"
     python benchmarks/tiny_copy_probe.py --run runs/train --steps 200 [--init MODEL_DIR] [--lr 2e-3]
 
-``--init`` starts from another model folder with the same tokenizer instead of the random initial model;
+``--init`` starts from another model folder with the same tokenizer instead of the random initial model (for
+example ``RUN/base_model``, the base-model stage of ``make train``; with ``--steps 0`` it is only evaluated);
 ``--pretrain`` first pre-trains the initial model on another toy world (``verl_search.train.pretrain``: repeated-span
 copying, then language) into ``<run>/probe_base_model_...`` and starts from that (reused when present).
 Run alone: an SFT step is ~1 s on a quiet 2-core CPU, several times that on a busy one.
@@ -70,14 +71,12 @@ def load_rows(run: Path, tokenizer) -> list[dict]:
 def _batch(rows, pad_id):
     import torch
 
-    length = max(len(r["ids"]) for r in rows)
-    ids = torch.full((len(rows), length), pad_id)
-    mask, kinds = torch.zeros(len(rows), length), torch.zeros(len(rows), length, dtype=torch.long)
-    attention = torch.zeros(len(rows), length, dtype=torch.long)
+    from verl_search.train.pretrain import padded
+
+    ids, mask, attention = padded([(r["ids"], r["mask"]) for r in rows], pad_id)
+    kinds = torch.zeros_like(ids)
     for i, r in enumerate(rows):
-        n = len(r["ids"])
-        ids[i, :n], mask[i, :n] = torch.tensor(r["ids"]), torch.tensor(r["mask"], dtype=torch.float)
-        kinds[i, :n], attention[i, :n] = torch.tensor(r["kinds"]), 1
+        kinds[i, : len(r["kinds"])] = torch.tensor(r["kinds"])
     return ids, mask, kinds, attention
 
 
@@ -132,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--run", type=Path, required=True, help="a make-train output folder (data/ and initial_model/)")
     p.add_argument("--init", type=Path, help="start from this model folder (default: <run>/initial_model)")
-    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--steps", type=int, default=200, help="SFT steps (0: only evaluate the starting model)")
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--eval_every", type=int, default=100)
@@ -150,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
-    from verl_search.train.pretrain import adamw_cosine, apply_update
+    from verl_search.train.pretrain import adamw_cosine, apply_update, masked_loss
 
     torch.manual_seed(args.seed)
     if args.threads:
@@ -173,9 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(queue) < args.batch_size:
             queue += rng.permutation(len(train)).tolist()
         ids, mask, _, attention = _batch([train[queue.pop()] for _ in range(args.batch_size)], tokenizer.pad_token_id)
-        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
-        losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
-        loss = (losses * mask[:, 1:]).sum() / mask[:, 1:].sum()
+        loss = masked_loss(model, ids, mask, attention)
         apply_update(loss, model, optimizer, schedule)
         if step % args.eval_every == 0 or step == args.steps:
             accuracy = token_accuracy(model, held_out, tokenizer.pad_token_id)
@@ -183,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"step {step}: loss {loss.item():.3f}; held-out {shown}; {time.monotonic() - started:.0f} s", flush=True
             )
+    if args.steps == 0:  # evaluate the starting model as it is
+        accuracy = token_accuracy(model, held_out, tokenizer.pad_token_id)
+        print("no SFT; held-out " + ", ".join(f"{k} {v:.3f}" for k, v in accuracy.items()), flush=True)
     pairs = greedy_queries(model, tokenizer, held_out, args.samples)
     exact = sum(true == got for true, got in pairs)
     for true, got in pairs:

@@ -79,6 +79,17 @@ def bridge_name(world: ToyWorld, question: dict) -> str | None:
     return world.name[int(support[1])] if len(support) > 1 else None
 
 
+def row_settings(config: TrainConfig, tool_yaml: Path) -> RowSettings:
+    """How SFT rows are rendered: the shipped prompt templates, the tool's schemas, the run's turn limit."""
+    templates = load_templates(REPO / "data_preprocess" / "prompt.yaml")
+    return RowSettings(
+        hermes_template=templates.get(TEMPLATES["hermes"])[1],
+        native_template=templates.get(TEMPLATES["native"])[1],
+        tool_schemas=tool_schemas(tool_yaml),
+        max_turns=config.search.max_turns,
+    )
+
+
 def _qa_jsonl(questions: list[dict], path: Path) -> Path:
     with atomic_path(path) as tmp:
         lines = []
@@ -124,13 +135,7 @@ def prepare_data(config: TrainConfig, url: str, data_dir: Path, log_dir: Path) -
     evaluation = preprocess(splits["eval"], agent_template, data_dir / "eval", log_dir / "preprocess_eval.log")
 
     trajectories, report, baseline = asyncio.run(_sft_rows(config, world, splits["sft"], tool_yaml))
-    templates = load_templates(REPO / "data_preprocess" / "prompt.yaml")
-    settings = RowSettings(
-        hermes_template=templates.get(TEMPLATES["hermes"])[1],
-        native_template=templates.get(TEMPLATES["native"])[1],
-        tool_schemas=tool_schemas(tool_yaml),
-        max_turns=config.search.max_turns,
-    )
+    settings = row_settings(config, tool_yaml)
     every = round(1 / config.search.hermes_share) if config.search.hermes_share > 0 else 0
     protocols = [PROTOCOLS[0] if every and i % every == 0 else PROTOCOLS[1] for i in range(len(trajectories))]
     rows = [sft_row(t, p, settings, hop_source(t.hops)) for t, p in zip(trajectories, protocols, strict=True)]

@@ -1,7 +1,7 @@
-"""``make train`` end to end: retriever, data, initial model, SFT warm start, the answer-only baseline, GRPO,
-evaluation through ``verl_search.report``, plots, and the before/after table.
+"""``make train`` end to end: retriever, data, initial model, base model (pre-trained on other toy worlds), SFT warm
+start, the answer-only baseline, GRPO, evaluation through ``verl_search.report``, plots, and the before/after table.
 
-Invariant: every stage writes under ``out_dir`` only, atomically; finished stages are reused (so ``make demo-model`` can
+Invariant: every stage writes under ``out_dir`` only, atomically; finished stages are reused (so ``make demo`` can
 start from a cached warm start), and the table's numbers come from verl's validation dumps of the held-out questions.
 """
 
@@ -16,8 +16,9 @@ from pathlib import Path
 
 from verl_search.atomic import atomic_path
 from verl_search.cpu.tiny_model import TinyModelSpec
+from verl_search.train.base_model import build_base_model
 from verl_search.train.config import TrainConfig
-from verl_search.train.data_stage import DataFiles, prepare_data
+from verl_search.train.data_stage import DataFiles, prepare_data, row_settings
 from verl_search.train.initial_model import corpus_texts, write_initial_model
 from verl_search.train.processes import retriever, run_stage
 from verl_search.train.stages import GRPORun, run_grpo, run_sft
@@ -69,6 +70,8 @@ def run_pipeline(config: TrainConfig) -> PipelineResult:
         data = prepare_data(config, url, out / "data", logs)
         model0 = _initial_model(config, data, out / "initial_model")
         seconds["data_and_initial_model"] = time.monotonic() - t
+        settings = row_settings(config, data.tool_yaml)
+        model0, seconds["base_model"] = build_base_model(config, model0, settings, out)
         sft_model, seconds["sft"] = run_sft(config, data.sft, model0, out / "sft", config.sft.epochs)
         results: list[StageResult] = []
         artifacts: dict[str, str] = {"sft_model": str(sft_model)}

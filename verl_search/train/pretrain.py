@@ -7,9 +7,11 @@ Copying needs induction heads, which plain text forms only after far more tokens
 parts: a repeated-span task (a window of the other world's text in which a random run of vocabulary pieces occurs
 twice; only the second occurrence is scored, so copying is the only way to lower the loss), then next-token training
 on the other world's passages mixed with some of the same task (the names of both worlds are made of the same
-syllable pieces). The model learns to copy and the world's language, and no fact of the world it is asked about: it
-plays the part of a real base model's pre-training. Not yet a stage of ``make train``; measured so far through
-``benchmarks/tiny_copy_probe.py --pretrain``.
+syllable pieces). ``train_on_trajectories`` then trains on search trajectories of other worlds
+(``verl_search.train.other_worlds``), which the copy skill alone does not yet turn into copying names into queries and
+years into answers. The model learns no fact of the world it is asked about: it plays the part of a real base model's
+pre-training. ``make train`` runs both as its base-model stage (``verl_search.train.base_model``);
+``benchmarks/tiny_copy_probe.py`` measures their effect.
 Invariant: the pre-trained model is written to its own folder atomically (complete or absent); the same inputs and
 seed give the same weights.
 """
@@ -67,7 +69,7 @@ def adamw_cosine(model, lr: float, steps: int, warmup_steps: int):
 
     def factor(step: int) -> float:
         warm = min(1.0, (step + 1) / max(1, warmup_steps))
-        return warm * 0.5 * (1 + math.cos(math.pi * min(step, steps) / steps))
+        return warm * 0.5 * (1 + math.cos(math.pi * min(step, steps) / max(1, steps)))
 
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
@@ -104,6 +106,79 @@ def repeated_span_batch(stream, pieces, spec: PretrainSpec, rng):
         ids[row, second : second + n] = run
         labels[row, second + 1 : second + n] = run[1:]
     return ids, labels
+
+
+def padded(rows: Sequence[tuple[list[int], list[int]]], pad_id: int):
+    """``(input_ids, loss_mask, attention_mask)`` of ``(ids, loss mask)`` rows, padded on the right."""
+    import torch
+
+    length = max(len(ids) for ids, _ in rows)
+    input_ids = torch.full((len(rows), length), pad_id, dtype=torch.long)
+    loss_mask = torch.zeros(len(rows), length)
+    attention = torch.zeros(len(rows), length, dtype=torch.long)
+    for i, (ids, mask) in enumerate(rows):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        loss_mask[i, : len(ids)] = torch.tensor(mask, dtype=torch.float)
+        attention[i, : len(ids)] = 1
+    return input_ids, loss_mask, attention
+
+
+def masked_loss(model, input_ids, loss_mask, attention):
+    """Mean next-token cross-entropy over the tokens whose loss mask is 1."""
+    import torch
+
+    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
+    losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), input_ids[:, 1:], reduction="none")
+    return (losses * loss_mask[:, 1:]).sum() / loss_mask[:, 1:].sum().clamp(min=1)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Training on search trajectories of other worlds (``verl_search.train.other_worlds``), after the copy and
+    language phases; its own warm-up and cosine, like a fine-tuning run."""
+
+    steps: int = 800
+    batch_size: int = 8
+    lr: float = 1e-3
+    warmup_steps: int = 20
+    seed: int = 0
+
+
+def train_on_trajectories(
+    model_dir: Path, out: Path, rows: Sequence[tuple[list[int], list[int]]], spec: TaskSpec = TaskSpec()
+) -> dict:
+    """Train the model in ``model_dir`` on tokenised trajectories ``(ids, loss mask)`` and save it to ``out``.
+
+    Returns ``{"seconds", "first_loss", "last_loss", "rows"}``; raises ValueError for no rows or no trained token.
+    """
+    import numpy as np
+    import torch
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+
+    from verl_search.cpu.tiny_model import save_model
+
+    if not rows or not any(any(mask) for _, mask in rows):
+        raise ValueError("no trajectory with a trained token to pre-train on")
+    started = time.monotonic()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    torch.manual_seed(spec.seed)
+    model = Qwen2ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="eager")
+    model.train()
+    optimizer, lr_schedule = adamw_cosine(model, spec.lr, spec.steps, spec.warmup_steps)
+    rng = np.random.default_rng(spec.seed)
+    order: list[int] = []
+    losses: list[float] = []
+    for step in range(spec.steps):
+        if len(order) < spec.batch_size:
+            order += rng.permutation(len(rows)).tolist()
+        batch = padded([rows[order.pop()] for _ in range(spec.batch_size)], tokenizer.pad_token_id)
+        loss = masked_loss(model, *batch)
+        apply_update(loss, model, optimizer, lr_schedule)
+        losses.append(loss.item())
+        if (step + 1) % 50 == 0 or step + 1 == spec.steps:
+            logger.info("trajectory pre-training step %d/%d: loss %.3f", step + 1, spec.steps, losses[-1])
+    save_model(Path(out), model, tokenizer)
+    return {"seconds": time.monotonic() - started, "first_loss": losses[0], "last_loss": losses[-1], "rows": len(rows)}
 
 
 def pretrain(model_dir: Path, out: Path, texts: Sequence[str], spec: PretrainSpec = PretrainSpec()) -> dict:

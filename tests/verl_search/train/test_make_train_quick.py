@@ -27,7 +27,7 @@ def test_quick_pipeline_writes_every_artifact(tmp_path):
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
-    for model in ("sft/model", "sft_answer_only/model", "initial_model"):
+    for model in ("sft/model", "sft_answer_only/model", "initial_model", "pretrain_copy", "base_model"):
         assert (out / model / "config.json").is_file() and (out / model / "model.safetensors").is_file()
     assert (out / "grpo" / "checkpoints" / "global_step_2" / "actor").is_dir()
     dumps = sorted(p.name for p in (out / "grpo" / "val_generations").glob("*.jsonl"))

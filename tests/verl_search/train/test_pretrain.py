@@ -76,3 +76,55 @@ def test_a_window_too_short_for_two_runs_is_refused(tiny_model, other_world_text
     with pytest.raises(ValueError, match="cannot hold two runs"):
         pretrain(tiny_model, tmp_path / "base", other_world_texts, spec)
     assert not (tmp_path / "base").exists()
+
+
+def _rows(model_dir, n: int = 6) -> list[tuple[list[int], list[int]]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows = []
+    for i in range(n):
+        prompt = tokenizer.encode(f"Question: where was person {i} born?", add_special_tokens=False)
+        answer = tokenizer.encode(f" <answer> city {i} </answer>", add_special_tokens=False)
+        rows.append((prompt + answer, [0] * len(prompt) + [1] * len(answer)))
+    return rows
+
+
+def test_masked_loss_counts_only_the_trained_tokens(tiny_model):
+    from transformers import Qwen2ForCausalLM
+
+    from verl_search.train.pretrain import masked_loss, padded
+
+    model = Qwen2ForCausalLM.from_pretrained(tiny_model)
+    ids, mask = [5, 6, 7, 8, 9], [0, 0, 1, 1, 1]
+    with torch.no_grad():
+        log_probs = model(input_ids=torch.tensor([ids])).logits[0, :-1].log_softmax(-1)
+        expected = -sum(log_probs[i - 1, ids[i]] for i in range(len(ids)) if mask[i]) / sum(mask)
+        assert torch.isclose(masked_loss(model, *padded([(ids, mask)], pad_id=0)), expected, atol=1e-5)
+        # a shorter, padded row whose tokens are all masked changes nothing
+        two = padded([(ids, mask), ([3, 4], [0, 0])], pad_id=0)
+        assert two[2][1].tolist() == [1, 1, 0, 0, 0]
+        assert torch.isclose(masked_loss(model, *two), expected, atol=1e-5)
+
+
+def test_trajectory_pretraining_lowers_the_loss_and_writes_a_model(tiny_model, tmp_path):
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+
+    from verl_search.train.pretrain import TaskSpec, masked_loss, padded, train_on_trajectories
+
+    # the tiny model's own tokenizer: rows must be in its vocabulary
+    rows = _rows(tiny_model)
+    pad = AutoTokenizer.from_pretrained(tiny_model).pad_token_id
+    stats = train_on_trajectories(tiny_model, tmp_path / "base", rows, TaskSpec(steps=30, batch_size=3, warmup_steps=1))
+    with torch.no_grad():
+        before = masked_loss(Qwen2ForCausalLM.from_pretrained(tiny_model), *padded(rows, pad))
+        after = masked_loss(Qwen2ForCausalLM.from_pretrained(tmp_path / "base"), *padded(rows, pad))
+    assert after < before and stats["rows"] == len(rows)
+
+
+def test_trajectory_pretraining_refuses_rows_without_a_trained_token(tiny_model, tmp_path):
+    from verl_search.train.pretrain import TaskSpec, train_on_trajectories
+
+    with pytest.raises(ValueError, match="no trajectory with a trained token"):
+        train_on_trajectories(tiny_model, tmp_path / "base", [([1, 2, 3], [0, 0, 0])], TaskSpec(steps=1))
+    assert not (tmp_path / "base").exists()
