@@ -91,10 +91,13 @@ ARGS=(
     actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
     actor_rollout_ref.actor.fsdp_config.model_dtype=fp32
     actor_rollout_ref.actor.fsdp_config.dtype=float32
+    # verl's FSDP engine otherwise computes in bf16, which a CPU without avx512_bf16/AMX emulates (~10x slower)
+    "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
     actor_rollout_ref.actor.fsdp_config.use_torch_compile=False
     actor_rollout_ref.ref.strategy=fsdp2
     actor_rollout_ref.ref.fsdp_config.model_dtype=fp32
     actor_rollout_ref.ref.fsdp_config.dtype=float32
+    "+actor_rollout_ref.ref.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
     actor_rollout_ref.ref.fsdp_config.use_torch_compile=False
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=${MICRO_BATCH}"
     actor_rollout_ref.rollout.name=hf_cpu

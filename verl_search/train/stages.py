@@ -50,6 +50,8 @@ def sft_command(config: TrainConfig, data: Path, model: Path, ckpt_dir: Path, ep
         "+model.override_config.attn_implementation=sdpa",
         "engine.strategy=fsdp2",
         "engine.model_dtype=fp32",
+        # verl's FSDP engine otherwise computes in bf16, which a CPU without avx512_bf16/AMX emulates (~10x slower)
+        "+engine.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
         "engine.use_torch_compile=False",
         f"optim.lr={s.lr}",
         f"optim.lr_warmup_steps={s.warmup_steps}",
