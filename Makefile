@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 ROLLOUT ?= sglang
 TRAIN_ARGS ?=
 
-.PHONY: install test test-all demo demo-model train train-quick lint format bench bench-tool bench-retriever \
+.PHONY: install test test-all demo demo-model demo-scripted train train-quick lint format bench bench-tool bench-retriever \
 	bench-retriever-quick bench-encoder clean lock install-gpu
 
 install: $(STAMP)
@@ -29,15 +29,18 @@ test: install
 test-all: install
 	$(PY) -m pytest -m "not gpu" -q $(PYTEST_ARGS)
 
-# The retrieval pipeline through verl's real agent loops with a SCRIPTED policy (no model): fast, deterministic; the
-# README's main-job command.
+# A real tiny model rolling out with our tool and loop and trained by GRPO through verl's own trainer: a short
+# `make train` whose SFT warm start is built on the first run and cached under .cache/demo (GRPO is redone every run).
 demo: install
-	$(PY) -m verl_search.demo
-
-# A real tiny model rolling out with our tool and loop under GRPO: a short `make train` whose SFT warm start is built
-# once and cached under .cache/demo (the GRPO part is redone on every run). It does not learn to search yet (EM 0).
-demo-model: install
 	$(PY) -m verl_search.train --demo --out .cache/demo $(TRAIN_ARGS)
+
+# The former name of `make demo`.
+demo-model: demo
+
+# The retrieval pipeline through verl's real agent loops with a SCRIPTED policy (no model): about a minute,
+# deterministic; it measures retrieval, not a model.
+demo-scripted: install
+	$(PY) -m verl_search.demo
 
 # SFT warm start + GRPO of a tiny model to search, on this CPU (toy corpus, real retriever, verl's own
 # SFT trainer and main_ppo); prints the before/after table; artifacts under runs/train (TRAIN_ARGS: more flags).
