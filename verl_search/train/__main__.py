@@ -17,7 +17,9 @@ def _parser() -> argparse.ArgumentParser:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="a few minutes, tiny sizes: checks the pipeline only")
     mode.add_argument(
-        "--demo", action="store_true", help="make demo: a short run from a warm start built once and cached; GRPO is redone"
+        "--demo",
+        action="store_true",
+        help="make demo: a short run from a warm start built once and cached; GRPO is redone",
     )
     p.add_argument("--retriever_url", help="use this retriever instead of starting the embedded default")
     p.add_argument("--grpo_steps", type=int, help="GRPO steps")
