@@ -70,7 +70,9 @@ setup(
     long_description=(HERE / "README.md").read_text(encoding="utf-8") if (HERE / "README.md").exists() else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10,<3.13",
-    packages=find_packages(include=["verl_search", "verl_search.*", "local_dense_retriever", "local_dense_retriever.*"]),
+    packages=find_packages(
+        include=["verl_search", "verl_search.*", "local_dense_retriever", "local_dense_retriever.*"]
+    ),
     package_data={"verl_search": ["py.typed"]},
     install_requires=CORE,
     extras_require=EXTRAS,
