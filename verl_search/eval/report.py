@@ -2,7 +2,8 @@
 
 Prints (and writes ``DIR/report.md`` and ``DIR/report.json``, atomically) EM per dataset for NQ, TriviaQA, PopQA,
 HotpotQA, 2Wiki, MuSiQue and Bamboogle beside the paper's Qwen2.5-3B-Instruct GRPO row, with searches per question,
-failed searches, answer rate and response length. Missing datasets show ``-``; averages cover the datasets present.
+failed searches, answer rate, response length, and how often a gold answer was in the retrieved text at all (what
+separates a retrieval failure from a reading failure). Missing datasets show ``-``; averages cover the datasets present.
 Invariant: the numbers come only from the dump (and the validation parquet, to recover data sources).
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 
 from verl_search.atomic import atomic_path
 from verl_search.eval.validation_dump import UNMATCHED, DumpError, SourceLookup, canonical_source, read_dump
+from verl_search.reward import normalize_answer
 
 #: (data source, column label, EM of Search-R1 with Qwen2.5-3B-Instruct trained by GRPO, from the paper)
 DATASETS = [
@@ -35,6 +37,19 @@ PAPER_AVERAGE = 0.336
 _SEARCH_CALL = re.compile(r"<search>|<tool_call>")
 _FAILED = "[search failed"
 _INVALID = "[search error"
+# what the loops insert: search_r1_agent's <information> blocks, tool_agent's hermes tool responses
+_RETRIEVED = re.compile(r"<information>(.*?)</information>|<tool_response>(.*?)</tool_response>", re.S)
+
+
+def _gold_retrieved(row: dict[str, Any]) -> float:
+    """1.0 when a gold answer (normalised as EM normalises it) occurs in the text the retriever returned."""
+    gts = row.get("gts")
+    if isinstance(gts, dict):
+        gts = gts.get("target")
+    golds = [gts] if isinstance(gts, str) else list(gts or [])
+    retrieved = normalize_answer(" ".join(a or b for a, b in _RETRIEVED.findall(str(row["output"]))))
+    padded = f" {retrieved} "
+    return float(any(g and f" {g} " in padded for g in (normalize_answer(str(x)) for x in golds)))
 
 
 def _row_metrics(row: dict[str, Any]) -> dict[str, float]:
@@ -48,6 +63,7 @@ def _row_metrics(row: dict[str, Any]) -> dict[str, float]:
         "invalid": float(out.count(_INVALID)),
         "answered": float(answered) if answered is not None else float("<answer>" in out),
         "chars": float(len(out)),
+        "gold_retrieved": _gold_retrieved(row),
         **{k: float(row[k]) for k in ("subem", "f1") if k in row},
     }
 
@@ -64,6 +80,7 @@ def _summary(metrics: list[dict[str, float]]) -> dict[str, float]:
         "invalid_calls": int(sum(m["invalid"] for m in metrics)),
         "answer_rate": fmean(m["answered"] for m in metrics),
         "response_chars": fmean(m["chars"] for m in metrics),
+        "gold_retrieved_rate": fmean(m["gold_retrieved"] for m in metrics),
     }
     for key in ("subem", "f1"):
         if all(key in m for m in metrics):
@@ -93,7 +110,8 @@ def build_report(rows: list[dict[str, Any]], lookup: SourceLookup | None) -> dic
     present = [(s, label, paper) for s, label, paper in DATASETS if s in datasets]
     average: dict[str, Any] = {"datasets": [label for _, label, _ in present]}
     if present:
-        for key in ("em", "searches_per_question", "failed_search_rate", "answer_rate", "response_chars"):
+        keys = ("em", "searches_per_question", "failed_search_rate", "answer_rate", "response_chars")
+        for key in (*keys, "gold_retrieved_rate"):
             average[key] = fmean(datasets[s][key] for s, _, _ in present)
         average["n"] = sum(datasets[s]["n"] for s, _, _ in present)
         average["paper_em_same_datasets"] = fmean(paper for _, _, paper in present)
@@ -124,6 +142,7 @@ _ROWS = [
     ("searches/question", lambda s, p: f"{s['searches_per_question']:.2f}" if s else "-"),
     ("failed searches", lambda s, p: f"{100 * s['failed_search_rate']:.1f}%" if s else "-"),
     ("answer rate", lambda s, p: f"{100 * s['answer_rate']:.1f}%" if s else "-"),
+    ("gold in results", lambda s, p: f"{100 * s['gold_retrieved_rate']:.1f}%" if s else "-"),
     ("response chars", lambda s, p: f"{s['response_chars']:.0f}" if s else "-"),
 ]
 
@@ -143,7 +162,10 @@ def _notes(report: dict[str, Any], step: int, path: Path) -> list[str]:
             f"Missing datasets ({', '.join(missing)}) show '-'; averages cover the {len(avg['datasets'])} present "
             f"(the paper's 7-dataset average is {PAPER_AVERAGE:.3f})."
         )
-    notes.append("Avg: unweighted mean over datasets (responses: their total); failed searches: share of all searches.")
+    notes.append(
+        "Avg: unweighted mean over datasets (responses: their total); failed searches: share of all searches; "
+        "gold in results: share of responses whose retrieved text holds a gold answer."
+    )
     if report["unmatched_rows"]:
         notes.append(f"{report['unmatched_rows']} rows matched no validation row and are left out.")
     return notes

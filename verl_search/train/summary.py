@@ -32,6 +32,7 @@ class StageResult:
     searches_per_question: float
     answer_rate: float
     failed_searches: int
+    gold_retrieved: float = 0.0
 
 
 def stage_result(stage: str, what: str, val_dir: Path, val_data: Path, step: int | None = None) -> StageResult:
@@ -61,6 +62,7 @@ def stage_result(stage: str, what: str, val_dir: Path, val_data: Path, step: int
         searches_per_question=executed,
         answer_rate=weighted("answer_rate"),
         failed_searches=int(sum(d["failed_searches"] for d in data.values())),
+        gold_retrieved=weighted("gold_retrieved_rate"),
     )
 
 
@@ -70,12 +72,12 @@ def _fmt(value: float | None) -> str:
 
 def render_table(results: list[StageResult]) -> str:
     """A GitHub-markdown table (also readable as plain text)."""
-    header = "| stage | model | EM | EM 1-hop | EM 2-hop | searches/q | failed searches | n |"
-    lines = [header, "|---|---|---:|---:|---:|---:|---:|---:|"]
+    header = "| stage | model | EM | EM 1-hop | EM 2-hop | searches/q | gold in results | failed searches | n |"
+    lines = [header, "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         lines.append(
             f"| {r.stage} | {r.what} | {_fmt(r.em)} | {_fmt(r.em_single_hop)} | {_fmt(r.em_two_hop)} | "
-            f"{r.searches_per_question:.2f} | {r.failed_searches} | {r.n} |"
+            f"{r.searches_per_question:.2f} | {r.gold_retrieved:.2f} | {r.failed_searches} | {r.n} |"
         )
     return "\n".join(lines) + "\n"
 

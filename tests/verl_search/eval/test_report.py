@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from verl_search.eval.report import PAPER_AVERAGE, main
+from verl_search.eval.report import PAPER_AVERAGE, build_report, main, render_markdown
 from verl_search.reward import compute_score
 
 # (data source, question, gold answers); Bamboogle's and HotpotQA's "Paris" rows share gold answers on purpose
@@ -215,3 +215,24 @@ def test_rows_of_another_validation_set_are_reported_as_unmatched(
     other.mkdir()
     (other / "1.jsonl").write_text(json.dumps({"input": "q", "output": "", "gts": ["zzz"], "score": 0}) + "\n")
     assert "none of the 1 rows matched" in _one_line_error([str(other), "--data", str(val_parquet)], capsys)
+
+
+def test_gold_in_results_tells_a_reading_failure_from_a_retrieval_failure() -> None:
+    """A response that retrieved the answer but wrote another one counts as 'gold in results'; a gold answer only in
+    the model's own text or inside a longer word does not."""
+
+    def row(output: str, golds: list[str]) -> dict:
+        return {"output": output, "gts": {"target": golds}, "score": 0.0, "data_source": "nq"}
+
+    rows = [
+        row(
+            "<search>q</search><information>Doc 1 ... born in Oslo, Norway.</information><answer>Bergen</answer>",
+            ["oslo"],
+        ),
+        row("<tool_call>{}</tool_call><tool_response>The Hobbit, by J.R.R. Tolkien</tool_response>", ["Tolkien"]),
+        row("<search>q</search><information>Doc 1 ... Marseille</information><answer>Mars</answer>", ["Mars"]),
+        row("<answer>Paris</answer>", ["Paris"]),
+    ]
+    report = build_report(rows, None)
+    assert report["datasets"]["searchR1_nq"]["gold_retrieved_rate"] == 0.5
+    assert "| gold in results | 50.0% |" in render_markdown(report, 0, Path("val"))
