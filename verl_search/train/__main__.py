@@ -23,6 +23,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--retriever_url", help="use this retriever instead of starting the embedded default")
     p.add_argument("--grpo_steps", type=int, help="GRPO steps")
+    p.add_argument("--grpo_lr", type=float, help="GRPO learning rate")
+    p.add_argument("--rollout_n", type=int, help="GRPO samples per question (the group)")
     p.add_argument("--sft_epochs", type=int, help="SFT epochs")
     p.add_argument("--seed", type=int, help="seed of the question split and data order")
     return p
@@ -37,9 +39,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         config = TrainConfig(out_dir=args.out)
     if not (args.quick or args.demo) and args.retriever_url:
         config = config.model_copy(update={"retriever_url": args.retriever_url})
-    if args.grpo_steps is not None:
-        grpo = config.grpo.model_copy(update={"steps": args.grpo_steps})
-        config = config.model_copy(update={"grpo": GRPOSettings(**grpo.model_dump())})
+    grpo_flags = {"steps": args.grpo_steps, "lr": args.grpo_lr, "rollout_n": args.rollout_n}
+    grpo_update = {k: v for k, v in grpo_flags.items() if v is not None}
+    if grpo_update:  # validated by GRPOSettings itself (a bad value is a ValueError naming the field)
+        config = config.model_copy(update={"grpo": GRPOSettings(**{**config.grpo.model_dump(), **grpo_update})})
     if args.sft_epochs is not None:
         sft = config.sft.model_copy(update={"epochs": args.sft_epochs})
         config = config.model_copy(update={"sft": SFTSettings(**sft.model_dump())})
@@ -55,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     from verl_search.train.pipeline import run_pipeline
     from verl_search.train.summary import render_table
 
-    config = config_from_args(args)
+    try:
+        config = config_from_args(args)
+    except ValueError as e:  # pydantic's ValidationError names the setting and the bound it broke
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.demo:  # the warm start stays cached; GRPO and its evaluation run again
         import shutil
 

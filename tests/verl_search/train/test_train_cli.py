@@ -1,0 +1,32 @@
+"""`python -m verl_search.train`'s flags: they reach the settings, and a bad value is a clear error before any stage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from verl_search.train.__main__ import _parser, config_from_args, main
+
+
+def test_grpo_flags_reach_the_settings_and_keep_the_preset(tmp_path: Path) -> None:
+    args = _parser().parse_args(
+        ["--demo", "--out", str(tmp_path), "--grpo_steps", "7", "--grpo_lr", "5e-4", "--rollout_n", "8"]
+    )
+    config = config_from_args(args)
+    assert (config.grpo.steps, config.grpo.lr, config.grpo.rollout_n) == (7, 5e-4, 8)
+    assert config.grpo.test_freq == 2 and not config.baseline, "the rest of the demo preset is kept"
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "field"),
+    [("--rollout_n", "1", "rollout_n"), ("--grpo_lr", "0", "lr"), ("--grpo_steps", "0", "steps")],
+)
+def test_bad_value_is_one_error_naming_the_setting_and_nothing_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, field: str
+) -> None:
+    out = tmp_path / "run"
+    assert main(["--out", str(out), flag, value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and field in err
+    assert not out.exists(), "no stage ran"
