@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from verl_search.train.config import GRPOSettings, SFTSettings, TrainConfig, demo_config, quick_config
-from verl_search.train.processes import StageError
+from verl_search.train.processes import StageError, exit_on_sigterm
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # pydantic's ValidationError names the setting and the bound it broke
         print(f"error: {e}", file=sys.stderr)
         return 2
+    exit_on_sigterm()
     if args.demo:  # the warm start stays cached; GRPO and its evaluation run again
         import shutil
 

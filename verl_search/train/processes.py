@@ -38,6 +38,17 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM and SIGHUP (``kill``, ``timeout``, a closed terminal, a cancelled CI job) into ``SystemExit``, so
+    the ``finally`` blocks below end the stage's and the retriever's process groups instead of orphaning them."""
+
+    def _exit(signum: int, _frame) -> None:
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit)
+
+
 def _end_group(process: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGTERM)
