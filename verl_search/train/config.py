@@ -121,14 +121,14 @@ def quick_config(out_dir: Path, retriever_url: str | None = None) -> TrainConfig
 
 
 def demo_config(out_dir: Path, retriever_url: str | None = None) -> TrainConfig:
-    """``make demo``: a short ``make train`` (a shorter base-model stage on one other world, 700 SFT questions, 40
-    held-out questions, 4 GRPO steps, no baseline); the warm start is built on the first run and reused from
-    ``out_dir``, GRPO is redone every run."""
+    """``make demo``: a short ``make train`` (a shorter base-model stage: the full copying phase, no language phase,
+    one other world's trajectories; 500 SFT questions, 40 held-out questions, 4 GRPO steps, no baseline); the warm
+    start is built on the first run and reused from ``out_dir``, GRPO is redone every run."""
     return TrainConfig(
         out_dir=out_dir,
         retriever_url=retriever_url,
-        world=WorldSettings(sft_questions=700, eval_questions=40),
-        pretrain=PretrainSettings(copy_steps=500, lm_steps=100, lm_passages=2000, task_worlds=1, task_steps=150),
-        grpo=GRPOSettings(steps=4, test_freq=2),
+        world=WorldSettings(sft_questions=500, eval_questions=40),
+        pretrain=PretrainSettings(copy_steps=1000, lm_steps=0, lm_passages=2000, task_worlds=1, task_steps=200),
+        grpo=GRPOSettings(steps=4, test_freq=4),
         baseline=False,
     )

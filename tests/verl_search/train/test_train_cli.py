@@ -15,7 +15,7 @@ def test_grpo_flags_reach_the_settings_and_keep_the_preset(tmp_path: Path) -> No
     )
     config = config_from_args(args)
     assert (config.grpo.steps, config.grpo.lr, config.grpo.rollout_n) == (7, 5e-4, 8)
-    assert config.grpo.test_freq == 2 and not config.baseline, "the rest of the demo preset is kept"
+    assert config.grpo.test_freq == 4 and not config.baseline, "the rest of the demo preset is kept"
 
 
 @pytest.mark.parametrize(
