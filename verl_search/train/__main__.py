@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(render_table(result.results))
     timing = ", ".join(f"{k} {v:.0f} s" for k, v in result.seconds.items())
-    print(f"time (this machine): {timing}")
+    print(f"time (this machine; a reused stage shows the time it took when it was built): {timing}")
     for name, path in result.artifacts.items():
         print(f"{name}: {path}")
     return 0
