@@ -64,12 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     exit_on_sigterm()
-    if args.demo:  # the warm start stays cached; GRPO and its evaluation run again
-        import shutil
-
-        shutil.rmtree(Path(config.out_dir) / "grpo", ignore_errors=True)
     try:
-        result = run_pipeline(config)
+        result = run_pipeline(config, redo_grpo=args.demo)  # the demo keeps its warm start and redoes GRPO
     except (StageError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -1,14 +1,16 @@
 """``make train`` end to end: retriever, data, initial model, base model (pre-trained on other toy worlds), SFT warm
 start, the answer-only baseline, GRPO, evaluation through ``verl_search.report``, plots, and the before/after table.
 
-Invariant: every stage writes under ``out_dir`` only, atomically; finished stages are reused (so ``make demo`` can
-start from a cached warm start), and the table's numbers come from verl's validation dumps of the held-out questions.
+Invariant: every stage writes under ``out_dir`` only, atomically; finished stages are reused, only under the settings
+that built them (``run_settings``; so ``make demo`` can start from a cached warm start), and the table's numbers
+come from verl's validation dumps of the held-out questions.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ from verl_search.train.config import TrainConfig
 from verl_search.train.data_stage import DataFiles, prepare_data, row_settings
 from verl_search.train.initial_model import corpus_texts, write_initial_model
 from verl_search.train.processes import retriever, run_stage
+from verl_search.train.run_settings import check_and_record
 from verl_search.train.stages import GRPORun, run_grpo, run_sft
 from verl_search.train.summary import StageResult, as_dicts, render_table, stage_result
 
@@ -56,11 +59,15 @@ def _report(run: GRPORun, val_data: Path, log: Path) -> Path:
     return run.val_dir / "report.md"
 
 
-def run_pipeline(config: TrainConfig) -> PipelineResult:
-    """Run every stage (see the module docstring); raises StageError naming the stage that failed."""
+def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult:
+    """Run every stage (see the module docstring); raises StageError naming the stage that failed. ``redo_grpo``:
+    delete a finished GRPO stage first (``make demo``), once the folder's settings are checked."""
     from verl_search.eval.plots import plot_training
 
     out = Path(config.out_dir).resolve()
+    check_and_record(config, out, redo_grpo)  # before anything runs: a folder built with other settings is refused
+    if redo_grpo:
+        shutil.rmtree(out / "grpo", ignore_errors=True)
     logs = out / "logs"
     seconds: dict[str, float] = {}
     started = time.monotonic()
