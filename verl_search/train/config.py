@@ -35,6 +35,15 @@ class SearchSettings(_Section):
     hermes_share: float = Field(
         0.2, ge=0, le=1, description="share of SFT trajectories in the hermes tool_call protocol (rest: native)"
     )
+    no_search_share: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="share of SFT rows that answer at once, without searching (the gold answer, as an instruct "
+        "model answers from memory): the warm start then searches only sometimes, and GRPO has the decision "
+        "whether to search to learn, as in Search-R1; these rows are added to the search trajectories, for SFT "
+        "questions drawn by the split seed",
+    )
 
 
 class ModelSettings(_Section):

@@ -2,8 +2,11 @@
 
 The project's local tokenizer (:mod:`verl_search.cpu.local_tokenizer`) knows chat markup but not the toy world's
 made-up names, which it splits into ~1.7 characters per token; this one keeps the same chat template, special and
-added tokens (so verl's Qwen2 token builder and hermes parser treat it like Qwen2.5's) and learns its merges from the
-corpus, the prompts and the protocol markup as well, so passages are about 3x shorter.
+added tokens (so verl's Qwen2 token builder and hermes parser treat it like Qwen2.5's) and learns its merges from toy
+passages, prompts and the protocol markup as well, so passages are about 3x shorter. Like a real base model's
+tokenizer, it is learnt on *other* toy worlds than the evaluated one (``tokenizer_texts``): learnt on the evaluated
+world, its most frequent names (the cities most questions ask for) became whole tokens that no other world uses, so
+the base-model stage never trained them and a name copied there was not copied here.
 Invariant: the same inputs give the same folder; the folder is complete (config, fp32 weights, tokenizer) or absent.
 """
 
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from verl_search.cpu.tiny_model import TinyModelSpec, build_qwen2, save_model
@@ -43,6 +46,24 @@ def corpus_texts(corpus_path: Path) -> list[str]:
     """The ``contents`` of every corpus line."""
     with open(corpus_path, encoding="utf-8") as f:
         return [json.loads(line)["contents"] for line in f if line.strip()]
+
+
+def tokenizer_texts(world_seeds: Sequence[int], passages: int, templates: Sequence, cache_dir: Path) -> list[str]:
+    """The passages of toy worlds ``world_seeds`` (``passages`` each, generated under ``cache_dir`` or reused) and
+    every one of their questions rendered through each chat template in ``templates`` (``PromptTemplate``)."""
+    from local_dense_retriever.toy.corpus import generate_toy_dataset
+    from local_dense_retriever.toy.world import ToyWorld
+    from verl_search.data.rows import shown_question
+    from verl_search.train.questions import all_questions
+
+    texts: list[str] = []
+    for seed in world_seeds:
+        dataset = generate_toy_dataset(cache_dir / f"world_{seed}_{passages}", passages, seed, num_questions=0)
+        texts += corpus_texts(dataset.corpus_path)
+        for question in all_questions(ToyWorld(passages, seed)):
+            for template in templates:
+                texts += [m["content"] for m in template.render(shown_question(question["question"]))]
+    return texts
 
 
 def write_initial_model(out: Path, texts: Iterable[str], sizes: TinyModelSpec, vocab_size: int) -> Path:

@@ -21,9 +21,10 @@ from verl_search.cpu.tiny_model import TinyModelSpec
 from verl_search.train.base_model import build_base_model
 from verl_search.train.config import TrainConfig
 from verl_search.train.data_stage import DataFiles, prepare_data, row_settings
-from verl_search.train.initial_model import corpus_texts, write_initial_model
+from verl_search.train.initial_model import tokenizer_texts, write_initial_model
 from verl_search.train.processes import retriever, run_stage
 from verl_search.train.run_settings import check_and_record
+from verl_search.train.sft_data import RowSettings
 from verl_search.train.stages import GRPORun, run_grpo, run_sft
 from verl_search.train.summary import StageResult, as_dicts, render_table, stage_result
 
@@ -39,16 +40,20 @@ class PipelineResult:
     artifacts: dict[str, str] = field(default_factory=dict)
 
 
-def _initial_model(config: TrainConfig, data: DataFiles, out: Path) -> Path:
+def _initial_model(config: TrainConfig, data: DataFiles, settings: RowSettings, out: Path) -> Path:
+    """The random initial model and its tokenizer (``initial_model``), learnt on other worlds' text unless
+    ``model.tokenizer_worlds`` is 0."""
     if (out / "config.json").is_file():
         return out
-    import pandas as pd
-
-    sft = pd.read_parquet(data.sft)
-    prompts = [m["content"] for messages in sft["messages"].head(400) for m in messages]
-    schemas = next((list(t) for t in sft["tools"] if t is not None), [])
-    texts = corpus_texts(data.corpus) + prompts + [json.dumps(schemas, default=str)] * 50
-    sizes = TinyModelSpec(**config.model.model_dump(exclude={"vocab_size"}))
+    first, worlds = config.world.world_seed + 1, config.model.tokenizer_worlds
+    templates = (settings.native_template, settings.hermes_template)
+    if worlds:
+        seeds, passages = range(first, first + worlds), config.pretrain.task_passages
+        texts = tokenizer_texts(seeds, passages, templates, out.parent / "other_worlds")
+    else:
+        texts = tokenizer_texts([config.world.world_seed], config.world.passages, templates, out.parent / "toy_world")
+    texts += [json.dumps(settings.tool_schemas, default=str)] * 50
+    sizes = TinyModelSpec(**config.model.model_dump(exclude={"vocab_size", "tokenizer_worlds"}))
     return write_initial_model(out, texts, sizes, config.model.vocab_size)
 
 
@@ -75,9 +80,9 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
         seconds["retriever_start"] = time.monotonic() - started
         t = time.monotonic()
         data = prepare_data(config, url, out / "data", logs)
-        model0 = _initial_model(config, data, out / "initial_model")
-        seconds["data_and_initial_model"] = time.monotonic() - t
         settings = row_settings(config, data.tool_yaml)
+        model0 = _initial_model(config, data, settings, out / "initial_model")
+        seconds["data_and_initial_model"] = time.monotonic() - t
         model0, seconds["base_model"] = build_base_model(config, model0, settings, out)
         sft_model, seconds["sft"] = run_sft(config, data.sft, model0, out / "sft", config.sft.epochs)
         results: list[StageResult] = []
