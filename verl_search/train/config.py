@@ -55,6 +55,13 @@ class ModelSettings(_Section):
     kv_heads: int = Field(2, ge=1)
     intermediate: int = Field(512, ge=16)
     vocab_size: int = Field(4096, ge=512, description="BPE vocabulary learnt on corpus, prompts and markup")
+    tokenizer_worlds: int = Field(
+        2,
+        ge=0,
+        description="the BPE merges are learnt on the passages and questions of worlds world_seed+1 .. +this, as a "
+        "real base model's tokenizer predates the data it is tuned on; 0: on the evaluated world itself, whose "
+        "frequent names then become whole tokens that the base-model stage never trains",
+    )
     max_positions: int = Field(2048, ge=64)
     seed: int = Field(0)
 

@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from verl_search.train.questions import SplitSizes, split_questions
 from verl_search.train.sft_data import (
     PROTOCOLS,
     RowSettings,
+    Trajectory,
     build_trajectories,
     hop_source,
     sft_row,
@@ -121,6 +123,16 @@ async def _sft_rows(config: TrainConfig, world: ToyWorld, questions: list[dict],
     return trajectories, report, baseline
 
 
+def direct_answers(answer_only: Sequence[Trajectory], searched: int, share: float, seed: int) -> list[Trajectory]:
+    """Rows that answer without searching, so that they are ``share`` of all SFT rows next to ``searched`` search
+    trajectories: answer-only trajectories of SFT questions drawn by ``seed`` (at most one per question)."""
+    import numpy as np
+
+    wanted = min(len(answer_only), round(searched * share / (1 - share))) if share > 0 else 0
+    order = np.random.default_rng([seed, 0xD1EC7]).permutation(len(answer_only))[:wanted]
+    return [answer_only[i] for i in sorted(order.tolist())]
+
+
 def prepare_data(config: TrainConfig, url: str, data_dir: Path, log_dir: Path) -> DataFiles:
     """Run the data stage (see the module docstring)."""
     dataset = generate_toy_dataset(
@@ -134,7 +146,9 @@ def prepare_data(config: TrainConfig, url: str, data_dir: Path, log_dir: Path) -
     rl = preprocess(splits["rl"], agent_template, data_dir / "rl", log_dir / "preprocess_rl.log")
     evaluation = preprocess(splits["eval"], agent_template, data_dir / "eval", log_dir / "preprocess_eval.log")
 
-    trajectories, report, baseline = asyncio.run(_sft_rows(config, world, splits["sft"], tool_yaml))
+    searched, report, baseline = asyncio.run(_sft_rows(config, world, splits["sft"], tool_yaml))
+    direct = direct_answers(baseline, len(searched), config.search.no_search_share, w.split_seed)
+    trajectories = searched + direct
     settings = row_settings(config, tool_yaml)
     every = round(1 / config.search.hermes_share) if config.search.hermes_share > 0 else 0
     protocols = [PROTOCOLS[0] if every and i % every == 0 else PROTOCOLS[1] for i in range(len(trajectories))]
@@ -145,6 +159,7 @@ def prepare_data(config: TrainConfig, url: str, data_dir: Path, log_dir: Path) -
     stats = {
         "questions": {name: len(rows) for name, rows in splits.items()},
         "sft_trajectories": report.built,
+        "sft_no_search_rows": len(direct),
         "sft_skipped": report.skipped,
         "sft_protocols": {p: protocols.count(p) for p in PROTOCOLS},
     }
