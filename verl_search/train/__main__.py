@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from verl_search.train.config import GRPOSettings, SFTSettings, TrainConfig, demo_config, quick_config
+from verl_search.train.config import GRPOSettings, SearchSettings, SFTSettings, TrainConfig, demo_config, quick_config
 from verl_search.train.processes import StageError, exit_on_sigterm
 
 
@@ -25,6 +25,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grpo_steps", type=int, help="GRPO steps")
     p.add_argument("--grpo_lr", type=float, help="GRPO learning rate")
     p.add_argument("--rollout_n", type=int, help="GRPO samples per question (the group)")
+    p.add_argument("--temperature", type=float, help="GRPO rollout sampling temperature")
+    p.add_argument(
+        "--no_search_share", type=float, help="share of SFT rows that answer without searching (0: search always)"
+    )
     p.add_argument("--sft_epochs", type=int, help="SFT epochs")
     p.add_argument("--seed", type=int, help="seed of the question split and data order")
     return p
@@ -39,13 +43,21 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         config = TrainConfig(out_dir=args.out)
     if not (args.quick or args.demo) and args.retriever_url:
         config = config.model_copy(update={"retriever_url": args.retriever_url})
-    grpo_flags = {"steps": args.grpo_steps, "lr": args.grpo_lr, "rollout_n": args.rollout_n}
+    grpo_flags = {
+        "steps": args.grpo_steps,
+        "lr": args.grpo_lr,
+        "rollout_n": args.rollout_n,
+        "temperature": args.temperature,
+    }
     grpo_update = {k: v for k, v in grpo_flags.items() if v is not None}
     if grpo_update:  # validated by GRPOSettings itself (a bad value is a ValueError naming the field)
         config = config.model_copy(update={"grpo": GRPOSettings(**{**config.grpo.model_dump(), **grpo_update})})
     if args.sft_epochs is not None:
         sft = config.sft.model_copy(update={"epochs": args.sft_epochs})
         config = config.model_copy(update={"sft": SFTSettings(**sft.model_dump())})
+    if args.no_search_share is not None:
+        search = {**config.search.model_dump(), "no_search_share": args.no_search_share}
+        config = config.model_copy(update={"search": SearchSettings(**search)})
     if args.seed is not None:
         world = config.world.model_copy(update={"split_seed": args.seed})
         config = config.model_copy(update={"world": world})

@@ -11,16 +11,24 @@ from verl_search.train.__main__ import _parser, config_from_args, main
 
 def test_grpo_flags_reach_the_settings_and_keep_the_preset(tmp_path: Path) -> None:
     args = _parser().parse_args(
-        ["--demo", "--out", str(tmp_path), "--grpo_steps", "7", "--grpo_lr", "5e-4", "--rollout_n", "8"]
+        ["--demo", "--out", str(tmp_path), "--grpo_steps", "7", "--grpo_lr", "5e-4", "--rollout_n", "3"]
+        + ["--temperature", "0.9", "--no_search_share", "0"]
     )
     config = config_from_args(args)
-    assert (config.grpo.steps, config.grpo.lr, config.grpo.rollout_n) == (7, 5e-4, 8)
+    assert (config.grpo.steps, config.grpo.lr, config.grpo.rollout_n, config.grpo.temperature) == (7, 5e-4, 3, 0.9)
+    assert config.search.no_search_share == 0
     assert config.grpo.test_freq == 4 and not config.baseline, "the rest of the demo preset is kept"
 
 
 @pytest.mark.parametrize(
     ("flag", "value", "field"),
-    [("--rollout_n", "1", "rollout_n"), ("--grpo_lr", "0", "lr"), ("--grpo_steps", "0", "steps")],
+    [
+        ("--rollout_n", "1", "rollout_n"),
+        ("--grpo_lr", "0", "lr"),
+        ("--grpo_steps", "0", "steps"),
+        ("--temperature", "0", "temperature"),
+        ("--no_search_share", "1", "no_search_share"),
+    ],
 )
 def test_bad_value_is_one_error_naming_the_setting_and_nothing_is_written(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, field: str
