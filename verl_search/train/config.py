@@ -36,13 +36,12 @@ class SearchSettings(_Section):
         0.2, ge=0, le=1, description="share of SFT trajectories in the hermes tool_call protocol (rest: native)"
     )
     no_search_share: float = Field(
-        0.0,
+        0.6,
         ge=0,
         lt=1,
-        description="share of SFT rows that answer at once, without searching (the gold answer, as an instruct "
-        "model answers from memory): the warm start then searches only sometimes, and GRPO has the decision "
-        "whether to search to learn, as in Search-R1; these rows are added to the search trajectories, for SFT "
-        "questions drawn by the split seed",
+        description="share of the SFT questions answered at once, without searching (the gold answer, as an instruct "
+        "model answers from memory; the others get search trajectories): the warm start then answers most held-out "
+        "questions from memory, and GRPO has to learn from the reward that searching pays, as in Search-R1",
     )
 
 
@@ -77,7 +76,7 @@ class PretrainSettings(_Section):
     lm_passages: int = Field(4000, ge=50, description="passages of that world")
     task_worlds: int = Field(2, ge=0, description="search trajectories of worlds world_seed+1 .. +task_worlds")
     task_passages: int = Field(2000, ge=50, description="passages of each of those worlds")
-    task_steps: int = Field(800, ge=0, description="steps on those trajectories (batches of 8)")
+    task_steps: int = Field(2000, ge=0, description="steps on those trajectories (batches of 8)")
     lr: float = Field(1e-3, gt=0, description="3e-3 and above did not form the copy skill in 800 steps")
 
 
@@ -98,13 +97,13 @@ class GRPOSettings(_Section):
     agent: str = Field("search_r1_agent", description="agent loop of the RL and evaluation rows")
     steps: int = Field(12, ge=1)
     batch_size: int = Field(8, ge=1, description="questions per step")
-    rollout_n: int = Field(4, ge=2, description="samples per question (the GRPO group)")
+    rollout_n: int = Field(8, ge=2, description="samples per question (the GRPO group)")
     lr: float = Field(1e-4, gt=0)
     kl_coef: float = Field(0.001, ge=0)
     test_freq: int = Field(6, ge=1, description="evaluate the held-out questions every this many steps")
     max_prompt_length: int = Field(768, ge=64)
     max_response_length: int = Field(400, ge=64)
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(0.7, gt=0, description="rollout sampling temperature (validation is greedy)")
 
 
 class TrainConfig(_Section):
@@ -137,14 +136,14 @@ def quick_config(out_dir: Path, retriever_url: str | None = None) -> TrainConfig
 
 
 def demo_config(out_dir: Path, retriever_url: str | None = None) -> TrainConfig:
-    """``make demo``: a short ``make train`` (a shorter base-model stage: the full copying phase, no language phase,
-    one other world's trajectories; 500 SFT questions, 40 held-out questions, 4 GRPO steps, no baseline); the warm
-    start is built on the first run and reused from ``out_dir``, GRPO is redone every run."""
+    """``make demo``: a short ``make train`` (a shorter base-model stage: 500 copying steps, no language phase, 900
+    steps on one other world's trajectories; 500 SFT questions, 40 held-out questions, 5 GRPO steps, no baseline);
+    the warm start is built on the first run and reused from ``out_dir``, GRPO is redone every run."""
     return TrainConfig(
         out_dir=out_dir,
         retriever_url=retriever_url,
         world=WorldSettings(sft_questions=500, eval_questions=40),
-        pretrain=PretrainSettings(copy_steps=1000, lm_steps=0, lm_passages=2000, task_worlds=1, task_steps=200),
-        grpo=GRPOSettings(steps=4, test_freq=4),
+        pretrain=PretrainSettings(copy_steps=500, lm_steps=0, lm_passages=2000, task_worlds=1, task_steps=900),
+        grpo=GRPOSettings(steps=5, test_freq=5),
         baseline=False,
     )

@@ -11,7 +11,6 @@ import asyncio
 import json
 import logging
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,6 @@ from verl_search.train.questions import SplitSizes, split_questions
 from verl_search.train.sft_data import (
     PROTOCOLS,
     RowSettings,
-    Trajectory,
     build_trajectories,
     hop_source,
     sft_row,
@@ -113,24 +111,27 @@ def preprocess(questions: list[dict], template: str, out_dir: Path, log: Path) -
 
 
 async def _sft_rows(config: TrainConfig, world: ToyWorld, questions: list[dict], tool_yaml: Path) -> tuple:
+    """Search trajectories of the SFT questions not answered directly, and answer-only ones of every SFT question
+    (the baseline's rows; the direct rows are taken from them)."""
     search_config = SearchToolConfig.from_dict(yaml.safe_load(tool_yaml.read_text())["tools"][0]["config"])
-    bridges = [bridge_name(world, q) for q in questions]
+    direct = directly_answered(len(questions), config.search.no_search_share, config.world.split_seed)
+    searched = [q for i, q in enumerate(questions) if i not in direct]
     try:
-        trajectories, report = await build_trajectories(questions, bridges, search_config)
-        baseline, _ = await build_trajectories(questions, bridges, search_config, answer_only=True)
+        bridges = [bridge_name(world, q) for q in searched]
+        trajectories, report = await build_trajectories(searched, bridges, search_config)
+        answer_only, _ = await build_trajectories(questions, [None] * len(questions), search_config, answer_only=True)
     finally:
         await RetrievalClient.close_all()
-    return trajectories, report, baseline
+    return trajectories, report, answer_only, [answer_only[i] for i in sorted(direct)]
 
 
-def direct_answers(answer_only: Sequence[Trajectory], searched: int, share: float, seed: int) -> list[Trajectory]:
-    """Rows that answer without searching, so that they are ``share`` of all SFT rows next to ``searched`` search
-    trajectories: answer-only trajectories of SFT questions drawn by ``seed`` (at most one per question)."""
+def directly_answered(questions: int, share: float, seed: int) -> set[int]:
+    """Which of ``questions`` SFT questions (indices) are answered at once without searching: ``share`` of them,
+    drawn by ``seed``; the others get search trajectories."""
     import numpy as np
 
-    wanted = min(len(answer_only), round(searched * share / (1 - share))) if share > 0 else 0
-    order = np.random.default_rng([seed, 0xD1EC7]).permutation(len(answer_only))[:wanted]
-    return [answer_only[i] for i in sorted(order.tolist())]
+    order = np.random.default_rng([seed, 0xD1EC7]).permutation(questions)
+    return set(order[: round(questions * share)].tolist())
 
 
 def prepare_data(config: TrainConfig, url: str, data_dir: Path, log_dir: Path) -> DataFiles:
@@ -146,8 +147,7 @@ def prepare_data(config: TrainConfig, url: str, data_dir: Path, log_dir: Path) -
     rl = preprocess(splits["rl"], agent_template, data_dir / "rl", log_dir / "preprocess_rl.log")
     evaluation = preprocess(splits["eval"], agent_template, data_dir / "eval", log_dir / "preprocess_eval.log")
 
-    searched, report, baseline = asyncio.run(_sft_rows(config, world, splits["sft"], tool_yaml))
-    direct = direct_answers(baseline, len(searched), config.search.no_search_share, w.split_seed)
+    searched, report, baseline, direct = asyncio.run(_sft_rows(config, world, splits["sft"], tool_yaml))
     trajectories = searched + direct
     settings = row_settings(config, tool_yaml)
     every = round(1 / config.search.hermes_share) if config.search.hermes_share > 0 else 0
@@ -159,7 +159,7 @@ def prepare_data(config: TrainConfig, url: str, data_dir: Path, log_dir: Path) -
     stats = {
         "questions": {name: len(rows) for name, rows in splits.items()},
         "sft_trajectories": report.built,
-        "sft_no_search_rows": len(direct),
+        "sft_answered_without_search": len(direct),
         "sft_skipped": report.skipped,
         "sft_protocols": {p: protocols.count(p) for p in PROTOCOLS},
     }

@@ -57,6 +57,13 @@ def _initial_model(config: TrainConfig, data: DataFiles, settings: RowSettings, 
     return write_initial_model(out, texts, sizes, config.model.vocab_size)
 
 
+def _sft_label(stats: dict) -> str:
+    """What the warm start was trained on, for the table."""
+    direct = stats.get("sft_answered_without_search", 0)
+    searched = f"SFT: {stats['sft_trajectories']} questions searched"
+    return f"{searched}, {direct} answered from memory" if direct else searched
+
+
 def _report(run: GRPORun, val_data: Path, log: Path) -> Path:
     """``python -m verl_search.report`` on the run's latest validation dump (writes report.md/json there)."""
     command = [sys.executable, "-m", "verl_search.report", str(run.val_dir), "--data", str(val_data)]
@@ -101,7 +108,7 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
         seconds["grpo"] = grpo.seconds
     report = _report(grpo, data.eval, logs / "report.log")
     results += [
-        stage_result("after SFT", "SFT on search trajectories", grpo.val_dir, data.eval, step=0),
+        stage_result("after SFT", _sft_label(data.stats), grpo.val_dir, data.eval, step=0),
         stage_result("after GRPO", f"GRPO, {config.grpo.steps} steps", grpo.val_dir, data.eval),
     ]
     plots = plot_training(grpo.metrics, out / "plots", title=f"GRPO on the toy world ({config.grpo.steps} steps)")
