@@ -19,7 +19,12 @@ def _config(out: Path, **sections) -> TrainConfig:
 def test_same_settings_reuse_the_folder_and_where_it_runs_does_not_matter(tmp_path: Path) -> None:
     check_and_record(_config(tmp_path), tmp_path)
     recorded = json.loads((tmp_path / FILE).read_text())
-    assert recorded["sft.epochs"] == 1 and recorded["pretrain.task_steps"] == 800
+    defaults = TrainConfig()
+    assert (
+        recorded["sft.epochs"] == defaults.sft.epochs
+        and recorded["pretrain.task_steps"] == defaults.pretrain.task_steps
+    )
+    assert recorded["model.tokenizer_worlds"] == 2 and "out_dir" not in recorded
     check_and_record(TrainConfig(out_dir=tmp_path, retriever_url="http://127.0.0.1:9/retrieve"), tmp_path)
 
 
