@@ -27,7 +27,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rollout_n", type=int, help="GRPO samples per question (the group)")
     p.add_argument("--temperature", type=float, help="GRPO rollout sampling temperature")
     p.add_argument(
-        "--no_search_share", type=float, help="share of SFT rows that answer without searching (0: search always)"
+        "--no_search_share",
+        type=float,
+        help="share of SFT questions answered from memory, without searching (0: every one is searched)",
     )
     p.add_argument("--sft_epochs", type=int, help="SFT epochs")
     p.add_argument("--seed", type=int, help="seed of the question split and data order")

@@ -38,8 +38,8 @@ def build_base_model(config: TrainConfig, initial: Path, settings: RowSettings, 
     """``out/base_model`` (the model SFT starts from) and the seconds it took (0 when reused)."""
     from transformers import AutoTokenizer
 
-    from local_dense_retriever.toy.corpus import generate_toy_dataset
     from verl_search.train.initial_model import corpus_texts
+    from verl_search.train.other_worlds import world_dataset
     from verl_search.train.pretrain import PretrainSpec, TaskSpec, pretrain, train_on_trajectories
 
     p = config.pretrain
@@ -52,7 +52,7 @@ def build_base_model(config: TrainConfig, initial: Path, settings: RowSettings, 
     started, worlds = time.monotonic(), out / "other_worlds"
     if not (copied / "config.json").is_file():
         seed = config.world.world_seed + 1
-        world = generate_toy_dataset(worlds / f"world_{seed}_{p.lm_passages}", p.lm_passages, seed, num_questions=0)
+        world = world_dataset(seed, p.lm_passages, worlds)
         stats = pretrain(
             initial, copied, corpus_texts(world.corpus_path), PretrainSpec(p.copy_steps, lm_steps=p.lm_steps, lr=p.lr)
         )

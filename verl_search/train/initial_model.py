@@ -51,15 +51,14 @@ def corpus_texts(corpus_path: Path) -> list[str]:
 def tokenizer_texts(world_seeds: Sequence[int], passages: int, templates: Sequence, cache_dir: Path) -> list[str]:
     """The passages of toy worlds ``world_seeds`` (``passages`` each, generated under ``cache_dir`` or reused) and
     every one of their questions rendered through each chat template in ``templates`` (``PromptTemplate``)."""
-    from local_dense_retriever.toy.corpus import generate_toy_dataset
     from local_dense_retriever.toy.world import ToyWorld
     from verl_search.data.rows import shown_question
+    from verl_search.train.other_worlds import world_dataset
     from verl_search.train.questions import all_questions
 
     texts: list[str] = []
     for seed in world_seeds:
-        dataset = generate_toy_dataset(cache_dir / f"world_{seed}_{passages}", passages, seed, num_questions=0)
-        texts += corpus_texts(dataset.corpus_path)
+        texts += corpus_texts(world_dataset(seed, passages, cache_dir).corpus_path)
         for question in all_questions(ToyWorld(passages, seed)):
             for template in templates:
                 texts += [m["content"] for m in template.render(shown_question(question["question"]))]

@@ -25,9 +25,15 @@ from verl_search.train.questions import all_questions
 from verl_search.train.sft_data import Trajectory
 
 
+def world_dataset(world_seed: int, passages: int, cache_dir: Path):
+    """Toy world ``world_seed``'s corpus (no questions), generated once under ``cache_dir`` and reused: the one folder
+    naming the tokenizer, the language phase and the trajectories share, so each world is written once per run."""
+    return generate_toy_dataset(cache_dir / f"world_{world_seed}_{passages}", passages, world_seed, num_questions=0)
+
+
 def oracle_trajectories(world_seed: int, passages: int, max_result_chars: int, cache_dir: Path) -> Iterator[Trajectory]:
     """Every question of toy world ``world_seed`` as a trajectory whose searches return its supporting passages."""
-    dataset = generate_toy_dataset(cache_dir / f"world_{world_seed}_{passages}", passages, world_seed, num_questions=0)
+    dataset = world_dataset(world_seed, passages, cache_dir)
     with open(dataset.corpus_path, encoding="utf-8") as f:
         corpus = [json.loads(line) for line in f]
     world = ToyWorld(passages, world_seed)

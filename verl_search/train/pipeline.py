@@ -20,7 +20,7 @@ from verl_search.atomic import atomic_path
 from verl_search.cpu.tiny_model import TinyModelSpec
 from verl_search.train.base_model import build_base_model
 from verl_search.train.config import TrainConfig
-from verl_search.train.data_stage import DataFiles, prepare_data, row_settings
+from verl_search.train.data_stage import prepare_data, row_settings
 from verl_search.train.initial_model import tokenizer_texts, write_initial_model
 from verl_search.train.processes import retriever, run_stage
 from verl_search.train.run_settings import check_and_record
@@ -40,7 +40,7 @@ class PipelineResult:
     artifacts: dict[str, str] = field(default_factory=dict)
 
 
-def _initial_model(config: TrainConfig, data: DataFiles, settings: RowSettings, out: Path) -> Path:
+def _initial_model(config: TrainConfig, settings: RowSettings, out: Path) -> Path:
     """The random initial model and its tokenizer (``initial_model``), learnt on other worlds' text unless
     ``model.tokenizer_worlds`` is 0."""
     if (out / "config.json").is_file():
@@ -88,7 +88,7 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
         t = time.monotonic()
         data = prepare_data(config, url, out / "data", logs)
         settings = row_settings(config, data.tool_yaml)
-        model0 = _initial_model(config, data, settings, out / "initial_model")
+        model0 = _initial_model(config, settings, out / "initial_model")
         seconds["data_and_initial_model"] = time.monotonic() - t
         model0, seconds["base_model"] = build_base_model(config, model0, settings, out)
         sft_model, seconds["sft"] = run_sft(config, data.sft, model0, out / "sft", config.sft.epochs)

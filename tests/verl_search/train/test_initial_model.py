@@ -9,9 +9,11 @@ from collections import Counter
 import pytest
 
 from local_dense_retriever.toy.world import ToyWorld
+from verl_search.data.rows import shown_question
 from verl_search.data.templates import load_templates
 from verl_search.train.initial_model import build_tokenizer, tokenizer_texts
 from verl_search.train.processes import REPO
+from verl_search.train.questions import all_questions
 
 PASSAGES = 300
 
@@ -33,7 +35,8 @@ def test_texts_hold_other_worlds_passages_and_prompts_but_nothing_of_the_evaluat
     texts = tokenizer_texts([1, 2], PASSAGES, templates, tmp_path)
     joined = "\n".join(texts)
     assert ToyWorld(PASSAGES, 1).name[0] in joined and ToyWorld(PASSAGES, 2).name[0] in joined
-    assert "Question:" in joined or "question" in joined.lower()  # the rendered prompts are there
+    asked = shown_question(all_questions(ToyWorld(PASSAGES, 1))[0]["question"])
+    assert asked in joined and templates[0].render(asked)[-1]["content"] in texts  # the rendered prompts are there
     evaluated = ToyWorld(PASSAGES, 0).word
     assert sum(word in joined for word in evaluated) < len(evaluated) / 50  # a rare clash of random syllables at most
 

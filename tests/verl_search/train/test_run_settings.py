@@ -24,7 +24,7 @@ def test_same_settings_reuse_the_folder_and_where_it_runs_does_not_matter(tmp_pa
         recorded["sft.epochs"] == defaults.sft.epochs
         and recorded["pretrain.task_steps"] == defaults.pretrain.task_steps
     )
-    assert recorded["model.tokenizer_worlds"] == 2 and "out_dir" not in recorded
+    assert recorded["model.tokenizer_worlds"] == defaults.model.tokenizer_worlds and "out_dir" not in recorded
     check_and_record(TrainConfig(out_dir=tmp_path, retriever_url="http://127.0.0.1:9/retrieve"), tmp_path)
 
 
