@@ -29,8 +29,9 @@ test: install
 test-all: install
 	$(PY) -m pytest -m "not gpu" -q $(PYTEST_ARGS)
 
-# A real tiny model rolling out with our tool and loop and trained by GRPO through verl's own trainer: a short
-# `make train` whose SFT warm start is built on the first run and cached under .cache/demo (GRPO is redone every run).
+# A real tiny model rolling out with our tool and loop and trained by GRPO through verl's own trainer: `make train`'s
+# warm start (its base model built once per machine, cached under ~/.cache/verl_search/base_models and shared with
+# `make train`; the SFT model cached under .cache/demo), then 6 GRPO steps, redone every run.
 demo: install
 	$(PY) -m verl_search.train --demo --out .cache/demo $(TRAIN_ARGS)
 

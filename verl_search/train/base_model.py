@@ -50,6 +50,10 @@ def build_base_model(config: TrainConfig, initial: Path, settings: RowSettings, 
         logger.info("reusing %s", base)
         return base, json.loads(done.read_text())["seconds"] if done.is_file() else 0.0
     started, worlds = time.monotonic(), out / "other_worlds"
+    logger.info(
+        "building the base model: the longest stage (about 10 min on 2 CPU cores at the defaults), once per "
+        "machine: later runs with the same base-model settings restore it (verl_search.train.base_cache)"
+    )
     if not (copied / "config.json").is_file():
         seed = config.world.world_seed + 1
         world = world_dataset(seed, p.lm_passages, worlds)

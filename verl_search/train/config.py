@@ -136,14 +136,9 @@ def quick_config(out_dir: Path, retriever_url: str | None = None) -> TrainConfig
 
 
 def demo_config(out_dir: Path, retriever_url: str | None = None) -> TrainConfig:
-    """``make demo``: a short ``make train`` (a shorter base-model stage: the copying phase, 300 language steps, 700
-    steps on one other world's trajectories; 500 SFT questions, 40 held-out questions, 4 GRPO steps, no baseline);
-    the warm start is built on the first run and reused from ``out_dir``, GRPO is redone every run."""
+    """``make demo``: ``make train``'s warm start (the same base model, from the machine-wide cache when any run on
+    this machine built it, and the same SFT), then 6 GRPO steps evaluated before and after, no baseline; the warm
+    start is reused from ``out_dir``, GRPO is redone every run."""
     return TrainConfig(
-        out_dir=out_dir,
-        retriever_url=retriever_url,
-        world=WorldSettings(sft_questions=500, eval_questions=40),
-        pretrain=PretrainSettings(copy_steps=1000, lm_steps=300, lm_passages=2000, task_worlds=1, task_steps=700),
-        grpo=GRPOSettings(steps=4, test_freq=4),
-        baseline=False,
+        out_dir=out_dir, retriever_url=retriever_url, grpo=GRPOSettings(steps=6, test_freq=6), baseline=False
     )

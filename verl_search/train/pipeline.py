@@ -18,6 +18,7 @@ from pathlib import Path
 
 from verl_search.atomic import atomic_path
 from verl_search.cpu.tiny_model import TinyModelSpec
+from verl_search.train import base_cache
 from verl_search.train.base_model import build_base_model
 from verl_search.train.config import TrainConfig
 from verl_search.train.data_stage import prepare_data, row_settings
@@ -88,12 +89,18 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
         t = time.monotonic()
         data = prepare_data(config, url, out / "data", logs)
         settings = row_settings(config, data.tool_yaml)
+        restored = base_cache.restore(config, out)  # a base model built by another run folder on this machine
         model0 = _initial_model(config, settings, out / "initial_model")
         seconds["data_and_initial_model"] = time.monotonic() - t
         model0, seconds["base_model"] = build_base_model(config, model0, settings, out)
+        if restored:
+            seconds["base_model"] = 0.0  # its build time is the other run's
+        cached = restored or base_cache.store(config, out)
         sft_model, seconds["sft"] = run_sft(config, data.sft, model0, out / "sft", config.sft.epochs)
         results: list[StageResult] = []
         artifacts: dict[str, str] = {"sft_model": str(sft_model)}
+        if cached:
+            artifacts["base_model_cache"] = str(cached)
         if config.baseline:
             base_model, seconds["sft_answer_only"] = run_sft(
                 config, data.baseline_sft, model0, out / "sft_answer_only", config.sft.baseline_epochs

@@ -24,7 +24,7 @@ def test_quick_pipeline_writes_every_artifact(tmp_path):
         capture_output=True,
         text=True,
         timeout=1500,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO), "VERL_SEARCH_CACHE": str(tmp_path / "cache")},
     )
     assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
     for model in ("sft/model", "sft_answer_only/model", "initial_model", "pretrain_copy", "base_model"):
@@ -42,3 +42,5 @@ def test_quick_pipeline_writes_every_artifact(tmp_path):
     assert all(r["n"] == 8 for r in summary["results"])
     assert "| after GRPO |" in process.stdout  # the table is printed
     assert "after GRPO" in (out / "summary.md").read_text()
+    cached = list((tmp_path / "cache" / "base_models").glob("*/base_model/model.safetensors"))
+    assert len(cached) == 1  # the next run folder on this machine starts from it

@@ -70,7 +70,7 @@ def test_demo_pointed_at_a_make_train_folder_deletes_nothing(
     (out / "grpo").mkdir()
     (out / "grpo" / "done.json").write_text("{}")
     assert main(["--demo", "--out", str(out)]) == 1
-    assert "sft_questions" in capsys.readouterr().err
+    assert "baseline: True -> False" in capsys.readouterr().err
     assert (out / "grpo" / "done.json").is_file(), "the finished GRPO run is kept"
 
 
