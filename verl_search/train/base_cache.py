@@ -5,9 +5,11 @@ split, the SFT or GRPO settings: ``make train --seed 1``, a run in another ``--o
 the same base model, so it is built once per machine and copied into each run folder, which stays self-contained.
 
 Invariant: an entry is keyed by every setting that the initial model and the base-model stage read (``model.*``,
-``pretrain.*``, ``search.*``, ``world.world_seed``) and by :data:`FORMAT`, which changes whenever the code that
-builds a base model changes what it builds; an entry is written atomically (complete or absent), and an entry that
-is incomplete (cut short by hand) is never restored and is replaced by the next store.
+``pretrain.*``, the search settings that shape a trajectory, ``world.world_seed``, and ``world.passages`` when the
+tokenizer is learnt on the evaluated world), by the rows' rendering (the shipped prompt templates, rendered, and the
+tool's schemas) and by :data:`FORMAT`, which changes whenever the code that builds a base model changes what it
+builds. An entry is written atomically (complete or absent); one that is incomplete (cut short by hand) is never
+restored and is replaced by the next store.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from verl_search.atomic import atomic_path
 from verl_search.train.config import TrainConfig
 from verl_search.train.run_settings import settings_of
+from verl_search.train.sft_data import RowSettings
 
 logger = logging.getLogger(__name__)
 
@@ -33,16 +36,27 @@ DONE = "base_model.json"
 ENV_DISABLE = "VERL_SEARCH_NO_BASE_CACHE"
 
 
-def base_settings(config: TrainConfig) -> dict:
-    """The settings a base model depends on."""
+#: search settings that shape the SFT data only, never the other worlds' trajectories the base model trains on
+_SFT_ONLY = {"search.hermes_share", "search.no_search_share"}
+
+
+def base_settings(config: TrainConfig, rows: RowSettings) -> dict:
+    """The settings a base model depends on, the rendered rows' fingerprint included."""
     wanted = ("model.", "pretrain.", "search.")
-    chosen = {k: v for k, v in settings_of(config).items() if k.startswith(wanted)}
+    chosen = {k: v for k, v in settings_of(config).items() if k.startswith(wanted) and k not in _SFT_ONLY}
     chosen["world.world_seed"] = config.world.world_seed
+    if config.model.tokenizer_worlds == 0:  # the tokenizer is then learnt on the evaluated world's corpus
+        chosen["world.passages"] = config.world.passages
+    probe = "In what year was the probe born?"
+    rendering = [rows.hermes_template.render(probe), rows.native_template.render(probe), rows.tool_schemas]
+    rendering += [rows.max_turns, rows.final_instruction]
+    blob = json.dumps(rendering, sort_keys=True, default=str)
+    chosen["rows"] = hashlib.sha256(blob.encode()).hexdigest()[:16]
     return chosen
 
 
-def base_key(config: TrainConfig) -> str:
-    blob = json.dumps({"format": FORMAT, **base_settings(config)}, sort_keys=True)
+def base_key(config: TrainConfig, rows: RowSettings) -> str:
+    blob = json.dumps({"format": FORMAT, **base_settings(config, rows)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -60,7 +74,7 @@ def _complete(folder: Path) -> bool:
     return all((folder / part / "config.json").is_file() for part in PARTS) and (folder / DONE).is_file()
 
 
-def restore(config: TrainConfig, out: Path) -> Path | None:
+def restore(config: TrainConfig, rows: RowSettings, out: Path) -> Path | None:
     """Copy the cached base model of ``config`` into the run folder ``out`` when the folder has none; returns the
     cache entry it came from, or None.
 
@@ -68,7 +82,7 @@ def restore(config: TrainConfig, out: Path) -> Path | None:
     root = cache_root()
     if root is None or not config.pretrain.enabled or (out / "base_model" / "config.json").is_file():
         return None
-    entry = root / base_key(config)
+    entry = root / base_key(config, rows)
     if not _complete(entry):
         return None
     for part in PARTS:
@@ -81,7 +95,7 @@ def restore(config: TrainConfig, out: Path) -> Path | None:
     return entry
 
 
-def store(config: TrainConfig, out: Path) -> Path | None:
+def store(config: TrainConfig, rows: RowSettings, out: Path) -> Path | None:
     """Copy the run folder's base model into the cache (if it is complete and not cached yet); returns the entry.
 
     A failure to write the cache (a full or read-only disk) is logged, never raised: it costs only a rebuild later.
@@ -89,7 +103,7 @@ def store(config: TrainConfig, out: Path) -> Path | None:
     root = cache_root()
     if root is None or not config.pretrain.enabled or not _complete(out):
         return None
-    entry = root / base_key(config)
+    entry = root / base_key(config, rows)
     if _complete(entry):
         return entry
     try:
@@ -100,7 +114,7 @@ def store(config: TrainConfig, out: Path) -> Path | None:
             for part in PARTS:
                 shutil.copytree(out / part, tmp / part)
             shutil.copyfile(out / DONE, tmp / DONE)
-            (tmp / "settings.json").write_text(json.dumps(base_settings(config), indent=2, sort_keys=True))
+            (tmp / "settings.json").write_text(json.dumps(base_settings(config, rows), indent=2, sort_keys=True))
     except OSError as e:  # another run stored it first, or the disk refused: the run folder has its own copy
         if _complete(entry):
             return entry

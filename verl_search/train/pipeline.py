@@ -89,13 +89,13 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
         t = time.monotonic()
         data = prepare_data(config, url, out / "data", logs)
         settings = row_settings(config, data.tool_yaml)
-        restored = base_cache.restore(config, out)  # a base model built by another run folder on this machine
+        restored = base_cache.restore(config, settings, out)  # a base model built by another run folder on this machine
         model0 = _initial_model(config, settings, out / "initial_model")
         seconds["data_and_initial_model"] = time.monotonic() - t
         model0, seconds["base_model"] = build_base_model(config, model0, settings, out)
         if restored:
             seconds["base_model"] = 0.0  # its build time is the other run's
-        cached = restored or base_cache.store(config, out)
+        cached = restored or base_cache.store(config, settings, out)
         sft_model, seconds["sft"] = run_sft(config, data.sft, model0, out / "sft", config.sft.epochs)
         results: list[StageResult] = []
         artifacts: dict[str, str] = {"sft_model": str(sft_model)}
