@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(render_table(result.results))
     timing = ", ".join(f"{k} {v:.0f} s" for k, v in result.seconds.items())
-    print(f"time (this machine; a reused stage shows the time it took when it was built): {timing}")
+    note = "a stage reused from --out shows the time it took when built; one restored from the cache, 0"
+    print(f"time (this machine; {note}): {timing}")
     for name, path in result.artifacts.items():
         print(f"{name}: {path}")
     return 0
