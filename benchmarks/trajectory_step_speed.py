@@ -47,16 +47,25 @@ def native_rows(run: Path, tokenizer, count: int) -> list[tuple[list[int], list[
     return rows
 
 
-def time_steps(model_dir: Path, rows, batch: int, steps: int, bf16: bool, pad_id: int) -> float:
-    """Seconds per step (mean over ``steps``, after one untimed step)."""
+def trainable(model_dir: Path, steps: int):
+    """``(model, optimizer, schedule)`` as ``train_on_trajectories`` sets them up (fp32, sdpa, AdamW and cosine)."""
     import torch
     from transformers import Qwen2ForCausalLM
 
-    from verl_search.train.pretrain import adamw_cosine, apply_update, masked_loss, padded
+    from verl_search.train.pretrain import adamw_cosine
 
     model = Qwen2ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="sdpa")
     model.train()
-    optimizer, schedule = adamw_cosine(model, 1e-3, steps + 1, 1)
+    return (model, *adamw_cosine(model, 1e-3, steps, 1))
+
+
+def time_steps(model_dir: Path, rows, batch: int, steps: int, bf16: bool, pad_id: int) -> float:
+    """Seconds per step (mean over ``steps``, after one untimed step)."""
+    import torch
+
+    from verl_search.train.pretrain import apply_update, masked_loss, padded
+
+    model, optimizer, schedule = trainable(model_dir, steps + 1)
     batches = [padded(rows[i * batch : (i + 1) * batch], pad_id) for i in range(steps + 1)]
     started = 0.0
     for i, tensors in enumerate(batches):
@@ -95,12 +104,10 @@ def main() -> int:
             print(f"repeat {repeat}  {'bf16 autocast' if bf16 else 'fp32':14s} {seconds:.3f} s/step")
     if args.profile:
         import torch
-        from transformers import Qwen2ForCausalLM
 
-        from verl_search.train.pretrain import adamw_cosine, apply_update, masked_loss, padded
+        from verl_search.train.pretrain import apply_update, masked_loss, padded
 
-        model = Qwen2ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="sdpa")
-        optimizer, schedule = adamw_cosine(model, 1e-3, 10, 1)
+        model, optimizer, schedule = trainable(model_dir, 4)
         tensors = padded(rows[: args.batch], tokenizer.pad_token_id)
         apply_update(masked_loss(model, *tensors), model, optimizer, schedule)
         with torch.profiler.profile() as prof:
