@@ -6,18 +6,19 @@ Fairness: a micro-batch holds at most ``max_batch_size`` queries and about ``max
 query at a time round-robin across the waiting requests, so a large request (a whole rollout turn) is spread over
 several micro-batches and a small request waits about one micro-batch, not for the large one. A failing batch is
 retried request by request so only the request that broke it fails. Queries of callers that went away (cancelled)
-are dropped from the queue at once and never computed.
+are dropped from the queue at once and never computed. The waiting requests and their query count have one owner,
+``FairQueue``, so the worker never finds queries counted that it cannot take: every pass takes a batch or awaits.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
+from local_dense_retriever.fair_queue import FairQueue, Request, Slice
 from local_dense_retriever.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -43,30 +44,6 @@ def estimate_tokens(text: str, *, cap: int) -> int:
     return min(cap, 2 + len(text) // 3)
 
 
-@dataclass(eq=False)
-class _Request:
-    queries: list[str]
-    k: int
-    future: asyncio.Future
-    costs: list[int]
-    results: list = field(default_factory=list)
-    next: int = 0  # first query not yet handed to a micro-batch
-    answered: int = 0
-
-    @property
-    def remaining(self) -> int:
-        return len(self.queries) - self.next
-
-
-@dataclass
-class _Slice:
-    """Queries ``lo:hi`` of one request inside a micro-batch."""
-
-    req: _Request
-    lo: int
-    hi: int
-
-
 class Batcher:
     """Round-robin queue of requests + one worker task; the engine call runs on a single dedicated thread."""
 
@@ -88,13 +65,13 @@ class Batcher:
         self.max_queue = max_queue
         self._cost = cost or (lambda _q: 1)
         self._metrics = metrics
-        self._active: collections.deque[_Request] = collections.deque()  # requests with queries not yet handed out
-        self._queued = 0  # queries waiting (not yet handed to a micro-batch)
-        self._dead = 0  # dropped requests still in ``_active`` (skipped when reached)
+        self._queue = FairQueue()  # the one owner of the waiting requests and of their query count
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retriever-batch")
-        metrics.queue_depth = lambda: self._queued
+        self._last_progress = time.monotonic()  # a batch taken or finished, or the queue newly non-empty
+        self._resyncs = 0
+        metrics.queue_depth = lambda: self._queue.queued
 
     @property
     def running(self) -> bool:
@@ -118,89 +95,86 @@ class Batcher:
             raise BatcherStopped("the batching worker is not running")
         if not queries:
             return []
-        if self._queued + len(queries) > self.max_queue:
-            raise Overloaded(f"{self._queued} queries already queued (max_queue={self.max_queue})")
+        queued = self._queue.queued
+        if queued + len(queries) > self.max_queue:
+            raise Overloaded(f"{queued} queries already queued (max_queue={self.max_queue})")
         future = asyncio.get_running_loop().create_future()
-        req = _Request(queries, k, future, [self._cost(q) for q in queries], [None] * len(queries))
-        req.future.add_done_callback(lambda _f, req=req: self._drop(req))
-        self._active.append(req)
-        self._queued += len(queries)
+        req = Request(queries, k, future, [self._cost(q) for q in queries], [None] * len(queries))
+        # resolved, failed or cancelled (the caller went away): its queries still waiting are never computed
+        future.add_done_callback(lambda _f, req=req: self._queue.discard(req))
+        if not queued:
+            self._last_progress = time.monotonic()  # the stall clock starts when work arrives, not at the last batch
+        self._queue.push(req)
         self._wake.set()
-        return await req.future
+        return await future
 
-    def _drop(self, req: _Request) -> None:
-        """The request is resolved (or its caller went away): forget the queries it still had waiting."""
-        if req.remaining:
-            self._queued -= req.remaining
-            req.next = len(req.queries)
-            self._dead += 1  # still in the round-robin deque: compact it before the dead outnumber the living
-            if self._dead > max(64, len(self._active) // 2):
-                self._active = collections.deque(r for r in self._active if r.remaining and not r.future.done())
-                self._dead = 0
+    @property
+    def queued(self) -> int:
+        """Queries waiting for a micro-batch."""
+        return self._queue.queued
 
     @property
     def waiting_requests(self) -> int:
         """Requests held in the round-robin queue (bounded: dropped ones are compacted away)."""
-        return len(self._active)
+        return self._queue.waiting_requests
 
-    def _take_batch(self) -> list[_Slice]:
-        slices: dict[_Request, _Slice] = {}
-        size = tokens = 0
-        while self._active and size < self.max_batch_size:
-            req = self._active.popleft()
-            if req.future.done() or req.remaining <= 0:  # resolved, or its caller gave up: skip its queries
-                self._dead = max(0, self._dead - 1)
-                continue
-            cost = req.costs[req.next]
-            if size and self.max_batch_tokens is not None and tokens + cost > self.max_batch_tokens:
-                self._active.appendleft(req)
-                break
-            part = slices.get(req)
-            if part is None:
-                slices[req] = _Slice(req, req.next, req.next + 1)
-            else:
-                part.hi += 1
-            req.next += 1
-            self._queued -= 1
-            size += 1
-            tokens += cost
-            if req.remaining:
-                self._active.append(req)  # round-robin: its next query waits for the other requests' turn
-        return list(slices.values())
+    def stalled_for(self, now: float) -> float:
+        """Seconds the worker has made no progress while queries wait (0 when idle or moving); a watchdog reads this
+        from another thread."""
+        if not self._queue.queued:
+            return 0.0
+        return max(0.0, now - self._last_progress)
+
+    def describe_state(self) -> dict:
+        """The worker's state, for a watchdog's log line."""
+        return {**self._queue.state(), "running": self.running, "resyncs": self._resyncs}
 
     async def _worker(self) -> None:
         loop = asyncio.get_running_loop()
         last_size = 1
+        batch: list[Slice] = []
         try:
-            while True:
-                while not self._queued:
+            while True:  # every pass takes a batch or awaits: it never spins
+                if not self._queue.queued:
                     self._wake.clear()
                     await self._wake.wait()
+                    continue
                 # Closed-loop callers re-send right after their answers: wait (briefly) until as many queries as
                 # the previous batch had are back, so the batch does not split into a large and a small half.
                 target = min(self.max_batch_size, last_size)
                 deadline = loop.time() + self.max_wait_s
-                while self._queued < target and (left := deadline - loop.time()) > 0:
+                while self._queue.queued < target and (left := deadline - loop.time()) > 0:
+                    self._wake.clear()
                     try:
                         await asyncio.wait_for(self._wake.wait(), left)
                     except asyncio.TimeoutError:
                         break
-                    self._wake.clear()
-                batch = self._take_batch()
-                if batch:
-                    last_size = sum(s.hi - s.lo for s in batch)
-                    await self._run_batch(loop, batch)
+                batch = self._queue.take(self.max_batch_size, self.max_batch_tokens)
+                if not batch:  # only when nothing is queued (FairQueue's invariant); never loop on a stale count
+                    if self._queue.queued:
+                        self._resyncs += 1
+                        state = self._queue.state()
+                        logger.error("queue count disagreed with the queue (a bug): %s; re-derived it", state)
+                        self._queue.resync()
+                    continue
+                self._last_progress = time.monotonic()
+                last_size = sum(s.hi - s.lo for s in batch)
+                await self._run_batch(loop, batch)
+                batch = []
+                self._last_progress = time.monotonic()
         finally:
+            for s in batch:  # the worker died mid-batch: its callers are answered too
+                self._fail(s.req, BatcherStopped("the batching worker stopped mid-batch"))
             self._fail_pending(BatcherStopped("the batching worker stopped"))
 
-    async def _call(self, loop: asyncio.AbstractEventLoop, slices: list[_Slice]) -> list:
+    async def _call(self, loop: asyncio.AbstractEventLoop, slices: list[Slice]) -> list:
         queries = [q for s in slices for q in s.req.queries[s.lo : s.hi]]
         results = await loop.run_in_executor(self._executor, self._search, queries, max(s.req.k for s in slices))
         if len(results) != len(queries):
             raise RuntimeError(f"search returned {len(results)} result lists for {len(queries)} queries")
         return results
 
-    async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: list[_Slice]) -> None:
+    async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: list[Slice]) -> None:
         size = sum(s.hi - s.lo for s in batch)
         try:
             try:
@@ -222,9 +196,9 @@ class Batcher:
         self._metrics.observe_batch(size)
         self._deliver(batch, results)
 
-    async def _isolate(self, loop: asyncio.AbstractEventLoop, batch: list[_Slice]) -> None:
+    async def _isolate(self, loop: asyncio.AbstractEventLoop, batch: list[Slice]) -> None:
         """Run each request's part alone: the ones that still fail are the culprits (if any part succeeds)."""
-        failures: list[tuple[_Slice, Exception]] = []
+        failures: list[tuple[Slice, Exception]] = []
         answered = 0
         for s in batch:
             if s.req.future.done():
@@ -247,7 +221,7 @@ class Batcher:
                 logger.error("batch of %d queries failed: %s: %s", s.hi - s.lo, type(e).__name__, e)
                 self._fail(s.req, e)
 
-    def _deliver(self, batch: list[_Slice], results: list) -> None:
+    def _deliver(self, batch: list[Slice], results: list) -> None:
         pos = 0
         for s in batch:
             n = s.hi - s.lo
@@ -259,15 +233,13 @@ class Batcher:
                     req.future.set_result(req.results)
             pos += n
 
-    def _fail(self, req: _Request, error: BaseException) -> None:
+    def _fail(self, req: Request, error: BaseException) -> None:
         if not req.future.done():
             req.future.set_exception(error)
-            self._drop(req)  # its queries still waiting are not computed
+        self._queue.discard(req)  # its queries still waiting are not computed
 
     def _fail_pending(self, error: Exception) -> None:
-        while self._active:
-            self._fail(self._active.popleft(), error)
-        self._queued = self._dead = 0
+        self._queue.clear(lambda req: self._fail(req, error))
 
 
 class DirectRunner:
