@@ -41,7 +41,7 @@ demo-model: demo
 # The retrieval pipeline through verl's real agent loops with a SCRIPTED policy (no model): about a minute,
 # deterministic; it measures retrieval, not a model.
 demo-scripted: install
-	$(PY) -m verl_search.demo
+	$(PY) -m verl_search.testing.scripted_demo
 
 # SFT warm start + GRPO of a tiny model to search, on this CPU (toy corpus, real retriever, verl's own
 # SFT trainer and main_ppo); prints the before/after table; artifacts under runs/train (TRAIN_ARGS: more flags).

@@ -26,7 +26,11 @@ REPO = Path(__file__).resolve().parents[1]
 SPLIT = ["timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor", "timing_s/update_weights"]
 #: per-trajectory agent-loop times (mean over the batch's trajectories); only verl's legacy trainer logs them
 AGENT_LOOP = ["timing_s/agent_loop/generate_sequences/mean", "timing_s/agent_loop/tool_calls/mean"]
-FORCED = "test_force_search_every:2,test_force_answer:Paris,test_force_answer_every:1,max_tokens_per_turn:48"
+#: the test kit's opening policy (verl_search.testing.forced_prefix): a random model searches and answers
+FORCED = (
+    "opening_policy:{path:verl_search.testing.forced_prefix.ForcedOpenings,search_every:2,answer:Paris,answer_every:1},"
+    "max_tokens_per_turn:48"
+)
 
 
 class RssSampler(threading.Thread):
@@ -55,8 +59,8 @@ class RssSampler(threading.Thread):
 
 def prepare(root: Path) -> dict[str, str]:
     """A tiny model, the real retriever (embedded toy default) and mixed tool_agent/search_r1_agent data."""
-    from verl_search.cpu.background_server import free_port, wait_until_healthy
-    from verl_search.cpu.tiny_model import write_tiny_model
+    from verl_search.testing.background_server import free_port, wait_until_healthy
+    from verl_search.train.tiny_model import write_tiny_model
 
     model = write_tiny_model(root / "tiny")
     port = free_port()

@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from local_dense_retriever.encoder import bundled_minilm_path  # noqa: E402
-from verl_search.cpu.background_server import free_port, wait_until_healthy  # noqa: E402
+from verl_search.testing.background_server import free_port, wait_until_healthy  # noqa: E402
 
 DIM = 384
 OLD_LOADER = """

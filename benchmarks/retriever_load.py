@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from local_dense_retriever.config import default_cache_dir  # noqa: E402
 from local_dense_retriever.encoder import bundled_minilm_path  # noqa: E402
 from local_dense_retriever.toy.corpus import generate_toy_dataset  # noqa: E402
-from verl_search.cpu.background_server import free_port, wait_until_healthy  # noqa: E402
-from verl_search.demo import retrieval_recall  # noqa: E402
+from verl_search.testing.background_server import free_port, wait_until_healthy  # noqa: E402
+from verl_search.testing.scripted_demo import retrieval_recall  # noqa: E402
 
 #: questions asked for recall@3 when the index holds real MiniLM vectors
 RECALL_QUESTIONS = 1_000

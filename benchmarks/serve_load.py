@@ -27,7 +27,7 @@ from retriever_load import closed_loop, prepare, start_server  # noqa: E402
 
 from local_dense_retriever.config import ServerConfig  # noqa: E402
 from local_dense_retriever.encoder import bundled_minilm_path  # noqa: E402
-from verl_search.cpu.background_server import free_port  # noqa: E402
+from verl_search.testing.background_server import free_port  # noqa: E402
 
 
 def serve_mode(corpus: Path, npy: Path, replicas: int, shards: int, threads: int):

@@ -23,14 +23,14 @@ from datetime import date
 import aiohttp
 
 from verl_search import SearchTool
-from verl_search.cpu.background_server import free_port, wait_until_healthy
+from verl_search.testing.background_server import free_port, wait_until_healthy
 from verl_search.tool.client import RetrievalClient
 from verl_search.tool.stats import STATS, percentile
 
 
 def start_stub() -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "verl_search.cpu.stub_retriever", "--port", str(port)])
+    proc = subprocess.Popen([sys.executable, "-m", "verl_search.testing.stub_retriever", "--port", str(port)])
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(url, proc, timeout=30, what="stub server")

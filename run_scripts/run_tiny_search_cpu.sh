@@ -2,7 +2,7 @@
 # GRPO with the search tool on verl's real trainer (python -m verl.trainer.main_ppo) on a CPU: a tiny Qwen2 policy,
 # FSDP2 over gloo, the hf_cpu rollout backend of verl_search.cpu. For CI, smoke tests and laptops; no GPU needed.
 #
-#   python -m verl_search.cpu.tiny_model --out /tmp/tiny-qwen2
+#   python -m verl_search.train.tiny_model --out /tmp/tiny-qwen2
 #   MODEL_PATH=/tmp/tiny-qwen2 RETRIEVER_URL=http://127.0.0.1:8000/retrieve bash run_scripts/run_tiny_search_cpu.sh
 #   DRY_RUN=1 MODEL_PATH=... bash run_scripts/run_tiny_search_cpu.sh      # checks only
 #
@@ -13,7 +13,7 @@ set -euo pipefail
 # shellcheck source=run_scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-MODEL_PATH="${MODEL_PATH:?set MODEL_PATH to a model folder, e.g. one written by python -m verl_search.cpu.tiny_model}"
+MODEL_PATH="${MODEL_PATH:?set MODEL_PATH to a model folder, e.g. one written by python -m verl_search.train.tiny_model}"
 DATA_DIR="${DATA_DIR:-${HOME}/data/searchR1_processed_direct}"
 TRAIN_DATA="${TRAIN_DATA:-${DATA_DIR}/train.parquet}"
 VAL_DATA="${VAL_DATA:-${DATA_DIR}/val_subset.parquet}"

@@ -4,6 +4,7 @@ into subpackages, and the import rules each subpackage's docstring states hold (
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -49,7 +50,26 @@ TOOLING = (
     "verl_search.data",
     "verl_search.demo",
     "verl_search.train",
+    "verl_search.testing",
 )
+TEST_KIT = ("verl_search.testing", "verl_search.demo")
+
+#: old module path -> where it moved; each old path is a forwarding module that still imports (and runs, for CLIs)
+MOVED = {
+    "verl_search.cpu.stub_retriever": "verl_search.testing.stub_retriever",
+    "verl_search.cpu.foreign_retrievers": "verl_search.testing.foreign_retrievers",
+    "verl_search.cpu.background_server": "verl_search.testing.background_server",
+    "verl_search.cpu.scripted_policy": "verl_search.testing.scripted_policy",
+    "verl_search.cpu.scripted_rollout": "verl_search.testing.scripted_rollout",
+    "verl_search.cpu.forced_prefix": "verl_search.testing.forced_prefix",
+    "verl_search.cpu.tiny_model": "verl_search.train.tiny_model",
+    "verl_search.cpu.local_tokenizer": "verl_search.train.local_tokenizer",
+    "verl_search.demo": "verl_search.testing.scripted_demo",
+}
+
+
+def _module_file(name: str) -> Path:
+    return REPO.joinpath(*name.split(".")).with_suffix(".py")
 
 
 def test_runtime_plugin_never_imports_the_tooling():
@@ -57,6 +77,37 @@ def test_runtime_plugin_never_imports_the_tooling():
     assert _violations(runtime, TOOLING) == []
     # the entry point's one exception: it registers the CPU backend, and only when VERL_PLATFORM=cpu asks
     assert _violations(_py("verl_search", "plugin.py"), TOOLING, allowed=("verl_search.cpu.register",)) == []
+
+
+def test_neither_the_runtime_plugin_nor_the_cpu_backend_imports_the_test_kit():
+    runtime = [
+        *_py("verl_search", "tool"),
+        *[REPO / "verl_search" / f for f in ("agent_loop.py", "reward.py", "plugin.py")],
+    ]
+    forwarders = {_module_file(old) for old in MOVED}
+    backend = [path for path in _py("verl_search", "cpu") if path not in forwarders]
+    expected = {"platform", "rollout", "rollout_server", "sampler", "options", "verl_gaps", "register", "errors"}
+    assert {path.stem for path in backend} == expected | {"__init__"}
+    assert _violations([*runtime, *backend], TEST_KIT) == []
+    # the CPU backend is the backend alone: the tiny model and the tokenizer are make train's
+    assert _violations(backend, ("verl_search.train",)) == []
+
+
+def test_forwarding_modules_only_forward():
+    for old, new in MOVED.items():
+        path = _module_file(old)
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        assert doc.startswith("Forwarding module") and new in doc, f"{path.relative_to(REPO)} is not a forwarder"
+        assert _imports(path) <= {"sys", new, new.rpartition(".")[0]}, f"{path.relative_to(REPO)} does more"
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_old_import_paths_expose_the_same_names(old):
+    moved = importlib.import_module(MOVED[old])
+    forwarded = importlib.import_module(old)
+    public = {name for name in vars(moved) if not name.startswith("_")}
+    assert public and public <= set(dir(forwarded))
+    assert all(getattr(forwarded, name) is getattr(moved, name) for name in public)
 
 
 def test_shared_leaves_import_nothing_of_ours():
@@ -102,6 +153,12 @@ def test_reward_path_resolves_through_verls_loader():
     [
         ["-m", "verl_search.report", "--help"],
         ["-m", "verl_search.preflight", "--help"],
+        ["-m", "verl_search.cpu.tiny_model", "--help"],
+        ["-m", "verl_search.train.tiny_model", "--help"],
+        ["-m", "verl_search.cpu.stub_retriever", "--help"],
+        ["-m", "verl_search.testing.stub_retriever", "--help"],
+        ["-m", "verl_search.demo", "--help"],
+        ["-m", "verl_search.testing.scripted_demo", "--help"],
         ["-m", "local_dense_retriever.toy_corpus", "--help"],
         ["-m", "local_dense_retriever.serve", "--help"],
         ["local_dense_retriever/retrieval_server.py", "--help"],

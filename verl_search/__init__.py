@@ -3,7 +3,8 @@
 Two audiences share the package. verl's worker processes import the runtime plugin: ``plugin`` (the ``verl.plugins``
 entry point), ``tool/`` (SearchTool and its client), ``agent_loop`` and ``reward``, over the shared leaves ``errors``,
 ``protocol``, ``loop_messages`` and ``atomic``. People run the tooling: ``data/`` (preprocessing), ``launch/``
-(preflight, tool YAML), ``eval/`` (the report) and ``cpu/`` (running verl without GPUs, the demo's machinery).
+(preflight, tool YAML), ``eval/`` (the report), ``cpu/`` (the CPU backend for verl), ``train/`` (``make train``) and
+``testing/`` (the test kit: stub retrievers, scripted policy, the scripted demo).
 Dependencies point one way: tooling → runtime plugin → leaves; the runtime plugin never imports the tooling.
 
 Exports are lazy so that ``import verl_search`` (which verl triggers through its ``verl.plugins`` entry point while

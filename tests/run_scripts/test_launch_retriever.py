@@ -9,7 +9,7 @@ import signal
 import pytest
 import requests
 
-from verl_search.cpu.background_server import free_port
+from verl_search.testing.background_server import free_port
 
 READY = re.compile(r"stop it with: kill (\d+)")
 

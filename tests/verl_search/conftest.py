@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from verl_search.cpu.local_tokenizer import ensure_tokenizer_dir
-from verl_search.cpu.stub_retriever import StubServer
+from verl_search.testing.stub_retriever import StubServer
 from verl_search.tool.client import RetrievalClient
 from verl_search.tool.config import SearchToolConfig
 from verl_search.tool.stats import STATS
+from verl_search.train.local_tokenizer import ensure_tokenizer_dir
 
 CORPUS = [
     {"id": "0", "contents": '"Paul Walker"\nPaul Walker was an American actor known for the Fast and Furious films.'},

@@ -1,18 +1,81 @@
 """Options of the CPU rollout backend, read from ``actor_rollout_ref.rollout.engine_kwargs.<backend name>``.
 
-Invariant: unknown keys are an error naming the key; the ``test_*`` fields change what the model is made to write and
-exist only so CI can exercise the tool path with a random tiny model: they are off by default.
+Invariant: unknown keys are an error naming the key. The one seam for tests, ``opening_policy``, names by dotted path
+an object the server asks for each request's forced opening and tells what it did; it is unset in production, and
+then the server does no work for it (no decode, no fingerprint, no record).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from omegaconf import DictConfig, OmegaConf
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from verl_search.cpu.errors import CpuRolloutConfigError
 
 BACKEND_NAME = "hf_cpu"
+
+
+def _one_line(error: Exception) -> str:
+    """A validation error as ``key: problem; ...`` (other errors as their message)."""
+    if isinstance(error, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in error.errors())
+    return str(error)
+
+
+class OpeningPolicy(Protocol):
+    """What ``opening_policy`` builds (the test kit's ``verl_search.testing.forced_prefix.ForcedOpenings`` is one)."""
+
+    def opening_for(self, prompt_text: str) -> str:
+        """The text this request's output must start with ("" for none); the model's own sampling follows it."""
+        ...
+
+    def observe(self, event: dict[str, Any]) -> None:
+        """One thing the server did (``start``, ``generate``, ``update_weights``), as a JSON-able dict."""
+        ...
+
+
+def resolve(path: str) -> Any:
+    """The object a dotted path names: ``package.module.attr`` or ``package.module:attr``."""
+    module_name, sep, attr = path.partition(":") if ":" in path else path.rpartition(".")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{path!r} is not a dotted path to an object (package.module.attr)")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"{path!r} cannot be imported: {e}") from e
+
+
+class OpeningPolicySpec(BaseModel):
+    """``opening_policy``: a dotted path (``path``) to a factory called as ``factory(replica_rank=..., **the other
+    keys)``; a bare string is the path alone."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    path: str = Field(..., description="dotted path to the policy class or factory (package.module.attr)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _path_alone(cls, value: Any) -> Any:
+        return {"path": value} if isinstance(value, str) else value
+
+    @field_validator("path")
+    @classmethod
+    def _importable(cls, path: str) -> str:
+        resolve(path)
+        return path
+
+    def build(self, replica_rank: int) -> OpeningPolicy:
+        """The policy object; bad keyword arguments are a config error naming them."""
+        kwargs = self.model_dump(exclude={"path"})
+        try:
+            return resolve(self.path)(replica_rank=replica_rank, **kwargs)
+        except (TypeError, ValueError) as e:
+            raise CpuRolloutConfigError(
+                f"actor_rollout_ref.rollout.engine_kwargs.{BACKEND_NAME}.opening_policy ({self.path}): {_one_line(e)}"
+            ) from e
 
 
 class CpuRolloutOptions(BaseModel):
@@ -27,27 +90,25 @@ class CpuRolloutOptions(BaseModel):
     max_tokens_per_turn: int | None = Field(
         None, ge=1, description="server-side cap on new tokens per generate call (None: the request's own budget)"
     )
-    record_dir: str | None = Field(
-        None, description="folder where each server appends a JSON line per weight update and per generate call"
-    )
-    test_force_search_every: int = Field(
-        0,
-        ge=0,
-        description="TEST ONLY: every k-th first-turn request starts with a forced, real search call on the "
-        "question (hermes <tool_call> when the prompt lists tools, else <search>); 0 = never",
-    )
-    test_force_answer: str | None = Field(
-        None, description="TEST ONLY: text of a forced '<answer>...</answer>' opening (see test_force_answer_every)"
-    )
-    test_force_answer_every: int = Field(
-        0, ge=0, description="TEST ONLY: every k-th request that follows a search result starts with the forced answer"
+    opening_policy: OpeningPolicySpec | None = Field(
+        None,
+        description="FOR TESTS: a policy that forces the opening of some outputs and observes the server (a dotted "
+        "path, or {path: ..., its keyword arguments}), so CI can exercise the tool path with a random tiny model; "
+        "unset (the default) forces nothing and costs nothing",
     )
 
     @classmethod
     def from_engine_kwargs(cls, engine_kwargs: Any) -> CpuRolloutOptions:
-        raw = dict((engine_kwargs or {}).get(BACKEND_NAME) or {})
+        raw = (engine_kwargs or {}).get(BACKEND_NAME) or {}
+        if isinstance(raw, DictConfig):  # nested values (opening_policy) become plain dicts too
+            raw = OmegaConf.to_container(raw, resolve=True)
         try:
-            return cls(**raw)
+            return cls(**dict(raw))
         except ValidationError as e:
-            problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-            raise CpuRolloutConfigError(f"actor_rollout_ref.rollout.engine_kwargs.{BACKEND_NAME}: {problems}") from e
+            raise CpuRolloutConfigError(
+                f"actor_rollout_ref.rollout.engine_kwargs.{BACKEND_NAME}: {_one_line(e)}"
+            ) from e
+
+    def build_opening_policy(self, replica_rank: int) -> OpeningPolicy | None:
+        """The configured policy, or None when unset (production)."""
+        return None if self.opening_policy is None else self.opening_policy.build(replica_rank)

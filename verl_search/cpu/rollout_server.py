@@ -2,24 +2,20 @@
 transformers copy of the policy, batching requests that arrive together, and takes the actor's weights each step.
 
 Invariant: generation and weight updates never overlap (one lock); every request gets a result or its exception;
-what the server forces (only with the ``test_force_*`` options, see :mod:`verl_search.cpu.forced_prefix`) is
-recorded per call when ``record_dir`` is set.
+an opening is forced and the server's events are reported only when ``opening_policy`` names a policy (tests, see
+:mod:`verl_search.testing.forced_prefix`); unset, the server does no work for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
-import os
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from verl_search.cpu.forced_prefix import ForcedOpenings
 from verl_search.cpu.options import CpuRolloutOptions
 from verl_search.cpu.sampler import BatchSampler, SampleRequest
 
@@ -59,24 +55,20 @@ class CpuRolloutServer:
         eos.update(configured if isinstance(configured, list) else [configured])
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.sampler = BatchSampler(self.model, self.tokenizer, [e for e in eos if e is not None], pad)
-        self.forced = ForcedOpenings(self.options)
+        self.opening_policy = self.options.build_opening_policy(replica_rank)
         self.max_model_len = config.max_model_len or (config.prompt_length + config.response_length)
         self.global_steps: int | None = None
         self._lock = asyncio.Lock()
         self._pending: list[tuple[SampleRequest, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
-        self._record_path = None
-        if self.options.record_dir:
-            Path(self.options.record_dir).mkdir(parents=True, exist_ok=True)
-            self._record_path = Path(self.options.record_dir) / f"server-{replica_rank}-{os.getpid()}.jsonl"
-        self._record({"event": "start", "fingerprint": weight_fingerprint(self.model)})
+        if self.opening_policy is not None:
+            self._observe({"event": "start", "fingerprint": weight_fingerprint(self.model)})
 
-    def _record(self, entry: dict) -> None:
-        if self._record_path is not None:
-            entry = {"time": time.time(), "replica": self.replica_rank, "global_steps": self.global_steps, **entry}
-            with open(self._record_path, "a") as f:
-                f.write(json.dumps(entry) + "\n")
+    def _observe(self, entry: dict) -> None:
+        """Tell the opening policy what happened (callers check that there is one: nothing is built otherwise)."""
+        entry = {"time": time.time(), "replica": self.replica_rank, "global_steps": self.global_steps, **entry}
+        self.opening_policy.observe(entry)
 
     async def ready(self) -> bool:
         return True
@@ -109,9 +101,10 @@ class CpuRolloutServer:
         )
         if params:
             logger.warning("CPU rollout server ignores sampling params %s", sorted(params))
-        opening = self.forced.opening_for(self.tokenizer.decode(prompt_ids, skip_special_tokens=False))
-        if opening:
-            request.forced = self.tokenizer.encode(opening, add_special_tokens=False)[:max_tokens]
+        if self.opening_policy is not None:
+            opening = self.opening_policy.opening_for(self.tokenizer.decode(prompt_ids, skip_special_tokens=False))
+            if opening:
+                request.forced = self.tokenizer.encode(opening, add_special_tokens=False)[:max_tokens]
         return request
 
     async def generate(
@@ -134,16 +127,17 @@ class CpuRolloutServer:
         self._ensure_loop()
         self._wakeup.set()
         result = await future
-        self._record(
-            {
-                "event": "generate",
-                "request_id": request_id,
-                "prompt_ids": request.prompt_ids,
-                "token_ids": result.token_ids,
-                "forced": len(request.forced),
-                "stop_reason": result.stop_reason,
-            }
-        )
+        if self.opening_policy is not None:
+            self._observe(
+                {
+                    "event": "generate",
+                    "request_id": request_id,
+                    "prompt_ids": request.prompt_ids,
+                    "token_ids": result.token_ids,
+                    "forced": len(request.forced),
+                    "stop_reason": result.stop_reason,
+                }
+            )
         return TokenOutput(
             token_ids=result.token_ids,
             log_probs=result.log_probs if want_log_probs else None,
@@ -189,8 +183,10 @@ class CpuRolloutServer:
                     own[name].copy_(tensor.to(own[name].dtype))
             self.global_steps = global_steps
         seconds = time.perf_counter() - start
-        fingerprint = weight_fingerprint(self.model) if self._record_path is not None else None
-        self._record({"event": "update_weights", "fingerprint": fingerprint, "seconds": seconds})
+        fingerprint = None
+        if self.opening_policy is not None:
+            fingerprint = weight_fingerprint(self.model)
+            self._observe({"event": "update_weights", "fingerprint": fingerprint, "seconds": seconds})
         return {"seconds": seconds, "fingerprint": fingerprint}
 
     # Memory management and control calls verl makes on every server: nothing to free or pause on a CPU.

@@ -46,7 +46,7 @@ class SearchSettings(_Section):
 
 
 class ModelSettings(_Section):
-    """The policy's sizes (verl_search.cpu.tiny_model.TinyModelSpec, plus the tokenizer's vocabulary)."""
+    """The policy's sizes (verl_search.train.tiny_model.TinyModelSpec, plus the tokenizer's vocabulary)."""
 
     layers: int = Field(4, ge=1)
     hidden: int = Field(128, ge=16)

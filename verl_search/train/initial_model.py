@@ -1,6 +1,6 @@
 """The untrained policy for ``make train``: a tiny random Qwen2 with a tokenizer trained on the toy corpus.
 
-The project's local tokenizer (:mod:`verl_search.cpu.local_tokenizer`) knows chat markup but not the toy world's
+The project's local tokenizer (:mod:`verl_search.train.local_tokenizer`) knows chat markup but not the toy world's
 made-up names, which it splits into ~1.7 characters per token; this one keeps the same chat template, special and
 added tokens (so verl's Qwen2 token builder and hermes parser treat it like Qwen2.5's) and learns its merges from toy
 passages, prompts and the protocol markup as well, so passages are about 3x shorter. Like a real base model's
@@ -17,7 +17,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from verl_search.cpu.tiny_model import TinyModelSpec, build_qwen2, save_model
+from verl_search.train.tiny_model import TinyModelSpec, build_qwen2, save_model
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def _markup_lines() -> list[str]:
 def build_tokenizer(texts: Iterable[str], vocab_size: int):
     """A byte-level BPE tokenizer learnt on ``texts`` and the protocol markup, with the local tokenizer's chat
     template and tokens."""
-    from verl_search.cpu.local_tokenizer import build_bpe_tokenizer
+    from verl_search.train.local_tokenizer import build_bpe_tokenizer
 
     return build_bpe_tokenizer([*texts, *_markup_lines()], vocab_size)
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_search.atomic import atomic_path
-from verl_search.cpu.tiny_model import TinyModelSpec
 from verl_search.train import base_cache
 from verl_search.train.base_model import build_base_model
 from verl_search.train.config import TrainConfig
@@ -28,6 +27,7 @@ from verl_search.train.run_settings import check_and_record
 from verl_search.train.sft_data import RowSettings
 from verl_search.train.stages import GRPORun, run_grpo, run_sft
 from verl_search.train.summary import StageResult, as_dicts, render_table, stage_result
+from verl_search.train.tiny_model import TinyModelSpec
 
 logger = logging.getLogger(__name__)
 

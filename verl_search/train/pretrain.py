@@ -160,7 +160,7 @@ def train_on_trajectories(
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
-    from verl_search.cpu.tiny_model import save_model
+    from verl_search.train.tiny_model import save_model
 
     if not rows or not any(any(mask) for _, mask in rows):
         raise ValueError("no trajectory with a trained token to pre-train on")
@@ -196,7 +196,7 @@ def pretrain(model_dir: Path, out: Path, texts: Sequence[str], spec: PretrainSpe
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
-    from verl_search.cpu.tiny_model import save_model
+    from verl_search.train.tiny_model import save_model
 
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from verl_search.cpu.background_server import free_port, wait_until_healthy
+from verl_search.testing.background_server import free_port, wait_until_healthy
 
 logger = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ import pytest
 import yaml
 from verl.utils.reward_score import default_compute_score
 
-from verl_search.agent_loop import INVALID_ACTION_MESSAGE, SearchR1LoopConfig
-from verl_search.cpu.scripted_policy import native_search_policy, scripted_turns
-from verl_search.cpu.scripted_rollout import run_rows
+from verl_search.agent_loop import INVALID_ACTION_MESSAGE, SearchR1LoopConfig, parse_action
 from verl_search.errors import ConfigError
+from verl_search.testing.scripted_policy import native_search_policy, scripted_turns
+from verl_search.testing.scripted_rollout import run_rows
 
 REPO = Path(__file__).resolve().parents[3]
 AGENT = "search_r1_agent"
@@ -258,3 +258,14 @@ async def test_reward_reads_only_the_models_text_not_the_loops_messages(run, ret
     assert trajectory.extra_fields["answered"] == 0.0
     assert trajectory.extra_fields["num_searches"] == 0.0
     assert trajectory.score == 0.0
+
+
+def test_parse_action_follows_search_r1():
+    assert parse_action("<think>x</think><search> a b </search>") == ("search", "a b")
+    assert parse_action("<answer> Paris </answer><search> q </search>") == ("answer", "Paris")
+    assert parse_action("<search> unterminated") == (None, "")
+
+
+def test_loop_config_rejects_unknown_keys():
+    with pytest.raises(ValueError, match="extra"):
+        SearchR1LoopConfig(max_turn=3)

@@ -1,9 +1,11 @@
 """verl's real trainer (``python -m verl.trainer.main_ppo``) on the CPU: GRPO on a tiny Qwen2 with our search tool,
 both agent loops, the real retriever and our reward; validation, a checkpoint, and a resumed run.
 
-What is forced, and why (test-only options of the hf_cpu rollout server, see verl_search/cpu/forced_prefix.py): a
-random model never searches nor answers, so every 2nd first turn opens with a real search call on the question and
-every turn after a search result opens with ``<answer> Paris </answer>``; the rest is the model's own sampling.
+What is forced, and why (the test kit's opening policy for the hf_cpu rollout server, named by
+``engine_kwargs.hf_cpu.opening_policy``, see verl_search/testing/forced_prefix.py): a random model never searches nor
+answers, so every 2nd first turn opens with a real search call on the question and every turn after a search result
+opens with ``<answer> Paris </answer>``; the rest is the model's own sampling. The policy also records the server's
+events (weight fingerprints per update).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "run_scripts" / "run_tiny_search_cpu.sh"
-FORCED = "test_force_search_every:2,test_force_answer:Paris,test_force_answer_every:1"
+FORCED = "path:verl_search.testing.forced_prefix.ForcedOpenings,search_every:2,answer:Paris,answer_every:1"
 
 
 def _launch(run_dir: Path, env: dict[str, str], total_steps: int, *overrides: str) -> subprocess.CompletedProcess:
@@ -66,7 +68,8 @@ def test_grpo_with_search_trains_validates_checkpoints_and_resumes(
         "TEST_FREQ": "2",
     }
     options = (
-        f"+actor_rollout_ref.rollout.engine_kwargs.hf_cpu={{max_tokens_per_turn:48,record_dir:{records},{FORCED}}}"
+        "+actor_rollout_ref.rollout.engine_kwargs.hf_cpu="
+        f"{{max_tokens_per_turn:48,opening_policy:{{{FORCED},record_dir:{records}}}}}"
     )
     first = _launch(run_dir, env, 2, options, f"trainer.rollout_data_dir={tmp_path / 'rollouts'}")
     assert first.returncode == 0, first.stdout[-4000:]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from verl_search import SearchTool
-from verl_search.cpu.background_server import free_port
-from verl_search.cpu.stub_retriever import StubServer
+from verl_search.testing.background_server import free_port
+from verl_search.testing.stub_retriever import StubServer
 from verl_search.tool.endpoints import EndpointSet
 
 

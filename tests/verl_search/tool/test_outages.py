@@ -7,8 +7,8 @@ import asyncio
 import logging
 
 from verl_search import SearchTool, search_stats
-from verl_search.cpu.background_server import free_port
-from verl_search.cpu.stub_retriever import StubServer
+from verl_search.testing.background_server import free_port
+from verl_search.testing.stub_retriever import StubServer
 from verl_search.tool.client import RetrievalClient
 
 

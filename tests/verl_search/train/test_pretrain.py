@@ -22,7 +22,7 @@ def other_world_texts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from verl_search.cpu.tiny_model import TinyModelSpec, write_tiny_model
+    from verl_search.train.tiny_model import TinyModelSpec, write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("m") / "tiny", TinyModelSpec(layers=1, hidden=32, intermediate=64))
 

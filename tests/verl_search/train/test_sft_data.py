@@ -2,7 +2,7 @@
 model turns each loop parses as intended, and SFT tokens equal to what verl's agent loops lay out at rollout, with the
 loss only on the model's own text.
 
-The retriever is the word-overlap stub (verl_search.cpu.stub_retriever) serving a small generated toy world, so no
+The retriever is the word-overlap stub (verl_search.testing.stub_retriever) serving a small generated toy world, so no
 encoder runs; the rollouts are verl's real AgentLoopWorker with a scripted policy replaying the SFT model turns.
 """
 
@@ -18,12 +18,12 @@ from omegaconf import OmegaConf
 
 from local_dense_retriever.toy.world import ToyWorld
 from verl_search.agent_loop import parse_action
-from verl_search.cpu.scripted_policy import scripted_turns
-from verl_search.cpu.scripted_rollout import run_rows
-from verl_search.cpu.stub_retriever import StubServer
 from verl_search.data.rows import build_row
 from verl_search.data.schema import QARecord
 from verl_search.data.templates import load_templates
+from verl_search.testing.scripted_policy import scripted_turns
+from verl_search.testing.scripted_rollout import run_rows
+from verl_search.testing.stub_retriever import StubServer
 from verl_search.tool.client import RetrievalClient
 from verl_search.tool.config import SearchToolConfig
 from verl_search.train.data_stage import bridge_name, tool_schemas

@@ -1,40 +1,12 @@
-"""The CPU harness itself: tokenizer, scripted server semantics, and clear errors for bad input."""
+"""The test kit's scripted harness: scripted server semantics, the oracle reader, and clear errors for bad input."""
 
 from __future__ import annotations
 
 import pytest
 from omegaconf.errors import ConfigKeyError
 
-from verl_search.agent_loop import SearchR1LoopConfig, parse_action
-from verl_search.cpu.local_tokenizer import ensure_tokenizer_dir
-from verl_search.cpu.scripted_policy import OracleReader, ScriptedServerManager, question_of, scripted_turns
-from verl_search.cpu.scripted_rollout import rows_to_batch, verl_trainer_config
-
-
-def test_tokenizer_dir_is_built_once_and_renders_qwen_markup(tokenizer_dir, tokenizer):
-    assert ensure_tokenizer_dir(tokenizer_dir.parent) == tokenizer_dir  # cached, not rebuilt
-    for token in ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"):
-        assert len(tokenizer.encode(token, add_special_tokens=False)) == 1, token
-    assert tokenizer.encode("\n", add_special_tokens=False) != []
-    text = tokenizer.apply_chat_template(
-        [
-            {"role": "user", "content": "q"},
-            {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [
-                    {"type": "function", "function": {"name": "search", "arguments": {"query_list": ["q"]}}}
-                ],
-            },
-            {"role": "tool", "content": "Doc 1"},
-        ],
-        tokenize=False,
-        add_generation_prompt=True,
-    )
-    assert text.endswith(
-        '<|im_start|>assistant\n<tool_call>\n{"name": "search", "arguments": {"query_list": ["q"]}}\n</tool_call>'
-        "<|im_end|>\n<|im_start|>user\n<tool_response>\nDoc 1\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-    )
+from verl_search.testing.scripted_policy import OracleReader, ScriptedServerManager, question_of, scripted_turns
+from verl_search.testing.scripted_rollout import rows_to_batch, verl_trainer_config
 
 
 async def test_scripted_server_stops_like_a_rollout_server(tokenizer):
@@ -73,12 +45,6 @@ def test_question_of_reads_the_first_user_turn():
         scripted_turns()
 
 
-def test_parse_action_follows_search_r1():
-    assert parse_action("<think>x</think><search> a b </search>") == ("search", "a b")
-    assert parse_action("<answer> Paris </answer><search> q </search>") == ("answer", "Paris")
-    assert parse_action("<search> unterminated") == (None, "")
-
-
 def test_bad_rows_and_config_keys_are_rejected():
     with pytest.raises(ValueError, match="rows is empty"):
         rows_to_batch([])
@@ -88,5 +54,3 @@ def test_bad_rows_and_config_keys_are_rejected():
         rows_to_batch([{"prompt": [{"role": "user", "content": "q"}]}])
     with pytest.raises(ConfigKeyError):
         verl_trainer_config(["actor_rollout_ref.rollout.multi_turn.max_asistant_turns=3"])
-    with pytest.raises(ValueError, match="extra"):
-        SearchR1LoopConfig(max_turn=3)
