@@ -32,6 +32,7 @@ from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.engine import RetrievalEngine
 from local_dense_retriever.metrics import Metrics
 from local_dense_retriever.middleware import GuardPostBodies, error_response, internal_error
+from local_dense_retriever.watchdog import Watchdog
 from verl_search.protocol import ErrorResponse, RetrieveResponse
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,18 @@ class ServiceState:
         self.detail = "loading model, index and corpus"
         self.engine: RetrievalEngine | None = None
         self.runner: Batcher | DirectRunner | None = None
+        self.watchdog = Watchdog(
+            stalled_for=lambda now: self.runner.stalled_for(now) if self.runner is not None else 0.0,
+            describe=lambda: self.runner.describe_state() if self.runner is not None else {"status": self.status},
+            stall_s=config.watchdog_stall_s,
+            loop_block_s=config.watchdog_loop_block_s,
+        )
+
+    @property
+    def healthy(self) -> bool:
+        """Ready, its worker running, and the watchdog sees nothing stuck (what a supervisor's check asks)."""
+        runner = self.runner
+        return self.status == "ready" and runner is not None and runner.running and self.watchdog.problem is None
 
     def set_ready(self, engine: RetrievalEngine) -> None:
         c = self.config
@@ -153,6 +166,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        state.watchdog.start()
         load_task = None
         if engine is not None:
             ready(engine)
@@ -163,6 +177,7 @@ def create_app(
             load_task.cancel()
         if state.runner is not None:
             await state.runner.stop()
+        await state.watchdog.stop()
 
     app = FastAPI(
         title="verl-search local retriever",
@@ -241,13 +256,17 @@ def create_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        """200 once model, index and corpus are loaded; 503 while loading or after a failed load."""
+        """200 once model, index and corpus are loaded and the service is not stuck; 503 while loading, after a
+        failed load, when the batching worker has stopped, or while the watchdog sees the service stuck."""
         body = {"status": state.status, "detail": state.detail}
+        if state.status == "ready" and not state.healthy:
+            problem = state.watchdog.problem or "the batching worker is not running"
+            body = {"status": "stuck", "detail": f"{problem}; restart the server if this lasts"}
         if state.engine is not None:
             body["passages"] = len(state.engine.corpus)
             body["batching"] = config.batching
             body["pages"] = len(state.engine.pages) if state.engine.pages is not None else None
-        return JSONResponse(body, status_code=200 if state.status == "ready" else 503)
+        return JSONResponse(body, status_code=200 if state.healthy else 503)
 
     @app.get("/metrics")
     async def metrics() -> JSONResponse:

@@ -262,6 +262,13 @@ class DirectRunner:
     def start(self) -> None:
         pass
 
+    def stalled_for(self, now: float) -> float:
+        """Always 0: requests run on their own threads, with no queue a worker could stop draining."""
+        return 0.0
+
+    def describe_state(self) -> dict:
+        return {"in_flight": self._inflight}
+
     async def stop(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 

@@ -121,6 +121,20 @@ class ServerConfig(BaseModel):
         "and the connection is closed).",
     )
 
+    # --- watchdog ---
+    watchdog_stall_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="The batching worker counts as stuck when queries wait and no micro-batch has started or finished "
+        "for this long (well above the slowest engine call): logged once, and /health answers 503 while it lasts.",
+    )
+    watchdog_loop_block_s: float = Field(
+        default=1.0,
+        gt=0,
+        description="The event loop counts as blocked when it has not run for this long: logged once with the "
+        "loop thread's stack, /health answers 503 while it lasts, and a SIGTERM it cannot honour ends the process.",
+    )
+
     # --- embedded default ---
     toy_passages: int = Field(
         default=2_000, ge=50, description="Passages of the embedded default corpus (encoded on first start)."

@@ -180,7 +180,14 @@ def main(argv: list[str] | None = None) -> int:
             log.info("wrote the server address to %s", save_address(config.save_address_to, config.host, port))
 
     app = create_app(config, loader=lambda: load_engine(config), on_load_failed=on_load_failed, on_ready=on_ready)
-    server = uvicorn.Server(
+    watchdog = app.state.service.watchdog
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame) -> None:
+            watchdog.terminate_requested()  # honoured by the watchdog if the event loop is blocked and cannot
+            super().handle_exit(sig, frame)
+
+    server = Server(
         uvicorn.Config(
             app,
             log_level=log_level.lower(),

@@ -43,10 +43,12 @@ class Retriever:
         return self._service
 
     def check_health(self) -> None:
-        """Serve restarts a replica whose check raises: one whose batcher can no longer take requests."""
-        runner = self._service.state.service.runner
-        if runner is None or not runner.running:
-            raise RuntimeError("the retriever's batching worker is not running")
+        """Serve replaces a replica whose check raises (or does not answer within its timeout, as a replica whose
+        event loop is blocked cannot): one whose batcher can no longer take requests, or that its watchdog sees
+        stuck."""
+        service = self._service.state.service
+        if not service.healthy:
+            raise RuntimeError(f"retriever replica unhealthy: {service.watchdog.problem or 'batching worker stopped'}")
 
 
 class Shard(ShardSearcher):

@@ -9,15 +9,22 @@ import hashlib
 import json
 import os
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # effective only if torch is not imported yet (see the CLI)
 
+import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-TOY_PASSAGES = 300  # MiniLM encodes this in well under a minute on 2 shared cores
+TOY_PASSAGES = 300
+SERVER_SCRIPT = (
+    Path(__file__).resolve().parents[2] / "local_dense_retriever" / "retrieval_server.py"
+)  # MiniLM encodes this in well under a minute on 2 shared cores
 
 
 class HashEncoder:
@@ -130,3 +137,46 @@ def toy_questions(toy_dataset) -> list[dict]:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(0)
+
+
+def _start_cli_server(args: list[str], log: Path, script: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+    """The published command (or ``script``: a wrapper of it) on an ephemeral port of 127.0.0.1, read from its log;
+    its output goes to ``log``. Returns the process and its URL once /health answers 200."""
+    out = open(log, "w")  # noqa: SIM115 (owned by the process for its life)
+    proc = subprocess.Popen(
+        [sys.executable, *(script or [str(SERVER_SCRIPT)]), *args, "--port", "0", "--num_threads", "1"],
+        stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    out.close()
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited {proc.returncode}: {log.read_text()}")
+        if m := re.search(r"serving on (http://127\.0\.0\.1:\d+)", log.read_text()):
+            url = m.group(1)
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    return proc, url
+            except httpx.TransportError:
+                pass
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"server never became ready: {log.read_text()}")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.fixture(scope="session")
+def start_cli_server():
+    """Factory: (args, log path, script=None) -> (process, url) of the real server in its own process."""
+    return _start_cli_server
+
+
+@pytest.fixture(scope="session")
+def cpu_seconds():
+    """Function: pid -> CPU seconds the process has used."""
+    return _cpu_seconds

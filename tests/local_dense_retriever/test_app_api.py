@@ -10,8 +10,8 @@ import pytest
 from local_dense_retriever.app import create_app
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.engine import RetrievalEngine
-from verl_search.cpu.background_server import BackgroundServer
 from verl_search.protocol import RetrieveResponse
+from verl_search.testing.background_server import BackgroundServer
 
 
 @pytest.fixture(scope="module")

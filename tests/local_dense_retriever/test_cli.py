@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from local_dense_retriever.retrieval_server import config_from_args, main
-from verl_search.cpu.background_server import free_port
+from verl_search.testing.background_server import free_port
 
 SCRIPT = Path(__file__).resolve().parents[2] / "local_dense_retriever" / "retrieval_server.py"
 

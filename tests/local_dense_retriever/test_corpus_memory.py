@@ -17,7 +17,7 @@ from local_dense_retriever.corpus_store import CorpusStore
 from local_dense_retriever.engine import RetrievalEngine
 from local_dense_retriever.index.base import DenseSearch
 from local_dense_retriever.index.torch_flat import TorchFlatIndex
-from verl_search.cpu.background_server import BackgroundServer
+from verl_search.testing.background_server import BackgroundServer
 
 ROWS = 1_000_000
 

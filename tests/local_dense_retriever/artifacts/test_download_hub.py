@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from local_dense_retriever.artifacts.download import CORPUS, INDEX, download
 from local_dense_retriever.artifacts.sources import DownloadError, HubSource
-from verl_search.cpu.background_server import BackgroundServer
+from verl_search.testing.background_server import BackgroundServer
 
 COMMIT = "0" * 40
 
