@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +40,34 @@ class HashEncoder:
             for word in re.findall(r"\w+", text.lower()):
                 out[row, int(hashlib.md5(word.encode()).hexdigest(), 16) % self.dim] += 1.0
         return torch.nn.functional.normalize(out + 1e-6, dim=-1)
+
+
+class SteerableBackend:
+    """A search backend the test steers: each call waits until ``release`` is set (at most ``wait_s``), then raises
+    ``error`` if one is set, else answers from the wrapped backend."""
+
+    def __init__(self, inner, wait_s: float = 30.0) -> None:
+        self.inner = inner
+        self.wait_s = wait_s
+        self.release = threading.Event()
+        self.error: Exception | None = None
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def describe(self) -> str:
+        return "steerable"
+
+    def search(self, queries, k):
+        self.release.wait(self.wait_s)
+        if self.error is not None:
+            raise self.error
+        return self.inner.search(queries, k)
+
+
+@pytest.fixture(scope="session")
+def steerable_backend() -> type[SteerableBackend]:
+    return SteerableBackend
 
 
 def write_corpus(path: Path, texts: list[str]) -> Path:

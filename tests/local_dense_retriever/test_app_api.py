@@ -163,29 +163,8 @@ def test_concurrent_clients_each_get_their_own_results(server):
     assert results == {i: str(i) for i in range(40)}
 
 
-class _Backend:
-    """A search backend whose behaviour the test steers: block until released, or raise."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.release = threading.Event()
-        self.error: Exception | None = None
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def describe(self) -> str:
-        return "steerable"
-
-    def search(self, queries, k):
-        self.release.wait(20)
-        if self.error is not None:
-            raise self.error
-        return self.inner.search(queries, k)
-
-
-def test_overload_answers_429_and_engine_failure_500_then_recovers(engine):
-    backend = _Backend(engine.backend)
+def test_overload_answers_429_and_engine_failure_500_then_recovers(engine, steerable_backend):
+    backend = steerable_backend(engine.backend, wait_s=20)
     steerable = RetrievalEngine(backend, engine.corpus)
     config = ServerConfig(max_queue=2, max_wait_ms=0, max_batch_size=1, max_queries_per_request=1)
     with BackgroundServer(create_app(config, engine=steerable)) as srv:

@@ -71,27 +71,9 @@ def test_sigterm_ends_the_process_only_when_the_blocked_loop_cannot():
     assert exits == [FORCED_EXIT_STATUS]
 
 
-class Gate:
-    """An engine backend whose calls wait for the test to open the gate."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.open = threading.Event()
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def describe(self) -> str:
-        return "gated"
-
-    def search(self, queries, k):
-        self.open.wait(30)
-        return self.inner.search(queries, k)
-
-
-def test_health_says_stuck_while_the_worker_makes_no_progress(animal_corpus, make_hash_engine):
+def test_health_says_stuck_while_the_worker_makes_no_progress(animal_corpus, make_hash_engine, steerable_backend):
     engine = make_hash_engine(animal_corpus)
-    gate = Gate(engine.backend)
+    gate = steerable_backend(engine.backend)
     config = ServerConfig(watchdog_stall_s=0.5, max_wait_ms=0)
     with BackgroundServer(create_app(config, engine=RetrievalEngine(gate, engine.corpus))) as srv:
         assert httpx.get(f"{srv.url}/health").status_code == 200
@@ -109,7 +91,7 @@ def test_health_says_stuck_while_the_worker_makes_no_progress(animal_corpus, mak
             time.sleep(0.1)
         assert r.status_code == 503
         assert r.json()["status"] == "stuck" and "no progress" in r.json()["detail"]
-        gate.open.set()
+        gate.release.set()
         for t in calls:
             t.join(30)
         assert [answers[i].status_code for i in range(2)] == [200, 200]

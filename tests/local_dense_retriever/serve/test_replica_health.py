@@ -18,23 +18,6 @@ from local_dense_retriever.serve.deployments import Retriever  # noqa: E402
 from verl_search.testing.background_server import BackgroundServer  # noqa: E402
 
 
-class Gate:
-    """An engine backend whose calls wait for the test to open the gate."""
-
-    def __init__(self, inner) -> None:
-        self.inner, self.open = inner, threading.Event()
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def describe(self) -> str:
-        return "gated"
-
-    def search(self, queries, k):
-        self.open.wait(30)
-        return self.inner.search(queries, k)
-
-
 class Replica:
     """What Serve's health check sees of a replica after start-up: its app, built over a loaded engine."""
 
@@ -45,9 +28,9 @@ class Replica:
         Retriever.check_health(self)
 
 
-def test_a_stuck_replica_fails_its_health_check_until_it_moves(animal_corpus, make_hash_engine):
+def test_a_stuck_replica_fails_its_health_check_until_it_moves(animal_corpus, make_hash_engine, steerable_backend):
     engine = make_hash_engine(animal_corpus)
-    gate = Gate(engine.backend)
+    gate = steerable_backend(engine.backend)
     app = create_app(ServerConfig(watchdog_stall_s=0.3, max_wait_ms=0), engine=RetrievalEngine(gate, engine.corpus))
     replica = Replica(app)
     with BackgroundServer(app) as srv:
@@ -69,7 +52,7 @@ def test_a_stuck_replica_fails_its_health_check_until_it_moves(animal_corpus, ma
             time.sleep(0.05)
         else:
             raise AssertionError("the stuck replica kept passing its health check")
-        gate.open.set()
+        gate.release.set()
         for t in calls:
             t.join(30)
         deadline = time.monotonic() + 10
