@@ -15,8 +15,12 @@ Precision = Literal["auto", "float32", "float16", "bfloat16"]
 
 
 def default_cache_dir() -> Path:
-    """``${VERL_SEARCH_CACHE:-~/.cache/verl_search}``: where the embedded default corpus and index live."""
-    return Path(os.environ.get("VERL_SEARCH_CACHE") or Path.home() / ".cache" / "verl_search")
+    """The project's machine-wide cache: ``$VERL_SEARCH_CACHE``, else ``$XDG_CACHE_HOME/verl_search``, else
+    ``~/.cache/verl_search``. The one definition: the embedded default corpus and index, the local tokenizer, the
+    toy worlds and the base models all live under it."""
+    if os.environ.get("VERL_SEARCH_CACHE"):
+        return Path(os.environ["VERL_SEARCH_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "verl_search"
 
 
 class ServerConfig(BaseModel):

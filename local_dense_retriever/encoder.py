@@ -13,7 +13,7 @@ from typing import Literal, Protocol, get_args
 import numpy as np
 import torch
 
-from local_dense_retriever.config import Precision
+from local_dense_retriever.config import Precision, ServerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -206,3 +206,17 @@ class HFEncoder:
             mask = batch["attention_mask"].unsqueeze(-1).to(out.dtype)
             emb = (out * mask).sum(1) / mask.sum(1).clamp(min=1)
         return torch.nn.functional.normalize(emb, dim=-1)
+
+
+def encoder_for(config: ServerConfig, *, device: str | None = None, max_length: int | None = None) -> HFEncoder:
+    """The encoder ``config`` describes (model, prefixes, pooling, precision): the one place the server and the index
+    builder make it, so an index is never encoded with other pooling or prefixes than the server queries it with.
+    ``device`` and ``max_length`` default to the server's (``config.device``, ``config.query_max_length``)."""
+    return HFEncoder(
+        config.retriever_model,
+        retriever_name=config.retriever_name,
+        pooling=config.resolved_pooling(),
+        device=device or config.device,
+        dtype=config.requested_encoder_dtype(),
+        max_length=max_length or config.query_max_length,
+    )

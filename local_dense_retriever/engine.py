@@ -97,7 +97,7 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
 
     ``index`` replaces the index of ``config.index_path`` (the Serve router's fan-out over shards); the encoder and
     the corpus still come from ``config``."""
-    from local_dense_retriever.encoder import HFEncoder, resolve_device
+    from local_dense_retriever.encoder import encoder_for, resolve_device
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
@@ -131,14 +131,7 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
     else:
         assert config.index_path is not None
         with _Timer(timings, "encoder"):
-            encoder = HFEncoder(
-                config.retriever_model,
-                retriever_name=config.retriever_name,
-                pooling=config.resolved_pooling(),
-                device=config.device,
-                dtype=config.requested_encoder_dtype(),
-                max_length=config.query_max_length,
-            )
+            encoder = encoder_for(config)
         if index is None:
             with _Timer(timings, f"{backend_name} index"):
                 if backend_name == "torch":

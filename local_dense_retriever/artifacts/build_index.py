@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     from local_dense_retriever.config import ServerConfig
-    from local_dense_retriever.encoder import HFEncoder
+    from local_dense_retriever.encoder import encoder_for
 
     try:
         CorpusStore(args.corpus_path).close()  # fail fast (and build the offsets table) before loading a model
@@ -166,14 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             fp16=args.fp16,
             encoder_dtype=args.encoder_dtype,
         )
-        encoder = HFEncoder(
-            args.retriever_model,
-            retriever_name=args.retriever_name,
-            pooling=config.resolved_pooling(),
-            device=args.device,
-            dtype=config.requested_encoder_dtype(),
-            max_length=args.max_length,
-        )
+        encoder = encoder_for(config, device=args.device, max_length=args.max_length)
         n = build_flat_index(
             args.corpus_path,
             args.output,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import subprocess
 import sys
@@ -23,6 +22,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from local_dense_retriever.config import default_cache_dir
 
 REPO = Path(__file__).resolve().parents[2]
 BANNER = "SCRIPTED POLICY — no language model runs in this demo (see verl_search/testing/scripted_demo.py)"
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--questions", type=int, default=64, help="questions rolled out per agent loop")
     parser.add_argument("--toy_passages", type=int, default=2000, help="size of the generated corpus")
     parser.add_argument("--max_turns", type=int, default=4)
-    parser.add_argument("--cache_dir", default=os.environ.get("VERL_SEARCH_CACHE", "~/.cache/verl_search"))
+    parser.add_argument("--cache_dir", default=str(default_cache_dir()), help="the machine-wide cache")
     args = parser.parse_args(argv)
     t0 = time.monotonic()
     print(BANNER)

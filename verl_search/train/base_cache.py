@@ -63,7 +63,7 @@ def base_key(config: TrainConfig, rows: RowSettings) -> str:
 def cache_root() -> Path | None:
     """``$VERL_SEARCH_CACHE/base_models`` (see ``default_cache_dir``), or None when ``$VERL_SEARCH_NO_BASE_CACHE``
     is set to anything but 0 or empty."""
-    from verl_search.train.local_tokenizer import default_cache_dir
+    from local_dense_retriever.config import default_cache_dir
 
     if os.environ.get(ENV_DISABLE, "") not in ("", "0"):
         return None

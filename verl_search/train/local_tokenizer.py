@@ -19,6 +19,8 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config
 
+from local_dense_retriever.config import default_cache_dir
+
 logger = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -125,13 +127,6 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 def _fingerprint() -> str:
     blob = "|".join([_LAYOUT, CHAT_TEMPLATE, str(VOCAB_SIZE), *SPECIAL_TOKENS, *ADDED_TOKENS, *_WORDS])
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def default_cache_dir() -> Path:
-    """``$VERL_SEARCH_CACHE`` or ``$XDG_CACHE_HOME/verl_search`` (``~/.cache/verl_search``)."""
-    if os.environ.get("VERL_SEARCH_CACHE"):
-        return Path(os.environ["VERL_SEARCH_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "verl_search"
 
 
 def ensure_tokenizer_dir(cache_dir: Path | None = None) -> Path:
