@@ -14,16 +14,13 @@ import numpy as np
 import torch
 
 from local_dense_retriever.config import Precision, ServerConfig
+from local_dense_retriever.errors import EncoderError
 
 logger = logging.getLogger(__name__)
 
 BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
 #: texts per forward pass when a large CPU batch is split by length (bf16 on AMX prefers larger matmuls)
 CPU_SUB_BATCH = {torch.float32: 32, torch.bfloat16: 64, torch.float16: 64}
-
-
-class EncoderError(RuntimeError):
-    """The encoder model cannot be loaded."""
 
 
 class Encoder(Protocol):
@@ -154,12 +151,23 @@ class HFEncoder:
         model = model.to(device=self.device).eval()
         if dtype == "auto" and self.device.type == "cpu":
             flags = cpu_bf16_flags()
-            timings = self._probe(model) if flags else None
+            timings = self._cached_probe(model, model_name_or_path, flags) if flags else None
             self.dtype, why = choose_cpu_precision(flags, timings)
             logger.info("encoder precision %s", why)
         else:
             self.dtype = resolve_encoder_dtype(dtype, self.device)
         self.model = model.to(dtype=self.dtype)
+
+    def _cached_probe(self, model, model_name_or_path: str | Path, flags: list[str]) -> dict[str, float]:
+        """The probe's timings, measured once per model, CPU, torch version and thread count on this machine."""
+        from local_dense_retriever import precision_cache
+
+        key = precision_cache.probe_key(model_name_or_path, model.config.to_json_string(), flags)
+        timings = precision_cache.cached_timings(key)
+        if timings is None:
+            timings = self._probe(model)
+            precision_cache.remember(key, timings)
+        return timings
 
     @torch.inference_mode()
     def _probe(self, model) -> dict[str, float]:

@@ -170,13 +170,26 @@ def test_cpu_precision_follows_bf16_support_and_the_measured_speed():
     assert set(cpu_bf16_flags()) <= {"amx_bf16", "avx512_bf16"}
 
 
-def test_auto_precision_on_this_cpu_is_measured_and_logged(minilm_path, caplog):
+def test_auto_precision_on_this_cpu_is_measured_once_and_logged(minilm_path, caplog, monkeypatch, tmp_path):
     from local_dense_retriever.encoder import HFEncoder, cpu_bf16_flags
 
-    with caplog.at_level("INFO", logger="local_dense_retriever.encoder"):
+    monkeypatch.setenv("VERL_SEARCH_CACHE", str(tmp_path))
+    with caplog.at_level("INFO", logger="local_dense_retriever"):
         encoder = HFEncoder(minilm_path, retriever_name="minilm", device="cpu", dtype="auto")
     [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("encoder precision")]
     assert str(encoder.dtype).removeprefix("torch.") in line
-    if cpu_bf16_flags():  # the probe ran: both timings are in the line
+    if cpu_bf16_flags():  # the probe ran: both timings are in the line, and they are kept for the next start
         assert "ms in bfloat16" in line and "ms in float32" in line
+        caplog.clear()
+        with caplog.at_level("INFO", logger="local_dense_retriever"):
+            again = HFEncoder(minilm_path, retriever_name="minilm", device="cpu", dtype="auto")
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("reusing the timings measured on this machine" in m for m in messages)
+        assert [m for m in messages if m.startswith("encoder precision")] == [line]  # the same choice, same numbers
+        assert again.dtype == encoder.dtype
+        (tmp_path / "encoder_precision_probes.json").write_text("not json")  # a broken cache is measured anew
+        assert HFEncoder(minilm_path, retriever_name="minilm", device="cpu", dtype="auto").dtype in (
+            torch.float32,
+            torch.bfloat16,
+        )
     assert encoder.encode(["who founded it?"]).shape == (1, encoder.dim)

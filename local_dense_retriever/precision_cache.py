@@ -1,0 +1,82 @@
+"""The encoder's start-up precision probe, remembered per machine: the float32 and bfloat16 timings of one model on
+one CPU are measured once and reused by every later start (every restart and every replica of a fleet used to repeat
+it, and a probe taken while the machine is busy can flip the choice from one start to the next).
+
+Invariants: an entry is reused only for the same model (its path and config), CPU (model name and bf16 flags), torch
+version and thread count; the file is replaced atomically; an unreadable or foreign file is ignored and rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from local_dense_retriever.config import default_cache_dir
+from verl_search.atomic import atomic_path
+
+logger = logging.getLogger(__name__)
+
+FILE_NAME = "encoder_precision_probes.json"
+FORMAT = 1
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown cpu"
+
+
+def probe_key(model_name_or_path: str | Path, model_config: str, flags: list[str]) -> str:
+    """What a probe's result depends on, hashed."""
+    parts = [str(model_name_or_path), model_config, _cpu_model(), "+".join(sorted(flags)), torch.__version__,
+             str(torch.get_num_threads())]  # fmt: skip
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def _path(cache_dir: Path | None) -> Path:
+    return (cache_dir or default_cache_dir()) / FILE_NAME
+
+
+def _entries(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("probes"), dict):
+        return {}
+    return data["probes"]
+
+
+def cached_timings(key: str, cache_dir: Path | None = None) -> dict[str, float] | None:
+    """The timings measured earlier for ``key``, or None."""
+    entry = _entries(_path(cache_dir)).get(key)
+    if not isinstance(entry, dict):
+        return None
+    timings = entry.get("timings")
+    if not isinstance(timings, dict) or not all(isinstance(timings.get(k), float) for k in ("float32", "bfloat16")):
+        return None
+    logger.info("reusing the timings measured on this machine at %s for the encoder precision", entry.get("measured"))
+    return {"float32": timings["float32"], "bfloat16": timings["bfloat16"]}
+
+
+def remember(key: str, timings: dict[str, float], cache_dir: Path | None = None) -> None:
+    """Store ``timings`` for ``key`` (a cache that cannot be written is only logged: the probe ran anyway)."""
+    path = _path(cache_dir)
+    probes = _entries(path)
+    probes[key] = {"timings": timings, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            tmp.write_text(json.dumps({"format": FORMAT, "probes": probes}, indent=1), encoding="utf-8")
+    except OSError as e:
+        logger.warning("encoder precision probe: cannot cache the timings in %s: %s", path, e)
