@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from local_dense_retriever.errors import BatcherStopped, Overloaded, QueryRejected
 from local_dense_retriever.fair_queue import FairQueue, Request, Slice
 from local_dense_retriever.metrics import Metrics
 
@@ -25,18 +26,6 @@ logger = logging.getLogger(__name__)
 
 SearchFn = Callable[[list[str], int], list[list[tuple[dict, float]]]]
 CostFn = Callable[[str], int]
-
-
-class Overloaded(RuntimeError):
-    """The queue is full; the caller should retry later (HTTP 429)."""
-
-
-class BatcherStopped(RuntimeError):
-    """The batcher is not running (shutting down, or its worker died)."""
-
-
-class QueryRejected(ValueError):
-    """This request's queries made the engine fail while the other requests of the same batch were answered."""
 
 
 def estimate_tokens(text: str, *, cap: int) -> int:

@@ -14,15 +14,12 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from local_dense_retriever.errors import CorpusError
 from verl_search.atomic import atomic_path
 
 logger = logging.getLogger(__name__)
 
 _CHUNK = 64 << 20
-
-
-class CorpusError(RuntimeError):
-    """The corpus file is missing, compressed, or a row cannot be read as a JSON document."""
 
 
 def offsets_path_for(corpus_path: Path) -> Path:

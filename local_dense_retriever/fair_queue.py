@@ -16,6 +16,8 @@ import collections
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from local_dense_retriever.errors import QueueInvariantError
+
 
 @dataclass(eq=False)
 class Request:
@@ -42,10 +44,6 @@ class Slice:
     req: Request
     lo: int
     hi: int
-
-
-class QueueInvariantError(AssertionError):
-    """The queue's counts disagree with its contents (a bug; ``check`` raises it, the property test calls it)."""
 
 
 class FairQueue:

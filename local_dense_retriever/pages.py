@@ -16,13 +16,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from local_dense_retriever.errors import PagesError
 from verl_search.atomic import atomic_path
 
 logger = logging.getLogger(__name__)
-
-
-class PagesError(RuntimeError):
-    """The pages file is missing or unreadable."""
 
 
 def normalize_url(url: str) -> str:

@@ -11,9 +11,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-
-class IndexLoadError(RuntimeError):
-    """The index file is missing, of the wrong kind for the backend, or does not fit the encoder."""
+from local_dense_retriever.errors import IndexLoadError
 
 
 class VectorIndex(Protocol):

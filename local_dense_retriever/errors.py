@@ -1,0 +1,72 @@
+"""Every failure of the retrieval service, as one tree under ``RetrieverError`` (the CLIs print the one-line message;
+the HTTP layer maps the request-time ones to JSON statuses in ``app.py``). Each class also derives from the builtin
+that callers caught before the tree existed (``RuntimeError``, ``ValueError``), so no caller breaks.
+
+RetrieverError
+├── loading (the server exits 1 with the message)
+│   ├── CorpusError            the corpus file is missing, compressed, or a row is not a JSON document
+│   ├── EncoderError           the encoder model cannot be loaded
+│   ├── IndexLoadError         the index file is missing, of the wrong kind, or does not fit the encoder
+│   └── PagesError             the pages file is missing or unreadable
+├── request time (``app.py`` answers them)
+│   ├── Overloaded             the queue is full: 429, the caller retries later
+│   ├── BatcherStopped         the batcher is not running (shutting down, or its worker died): 503
+│   └── QueryRejected          this request's text makes the engine fail while its batch-mates were answered: 422
+├── DownloadError              a download could not be completed (artifacts/)
+│   ├── SourceUnreachable      no network, HF_HUB_OFFLINE, a closed mirror endpoint
+│   └── SizeMismatch           a file's size differs from what the source declares
+├── ServeSetupError            the Ray Serve fleet could not start (defined in serve/errors.py, which needs no ray)
+│   ├── ServeExtraMissing, RayUnreachable, ShardingError, DeploymentFailed
+└── QueueInvariantError        the batcher's queue counts disagree with its contents (a bug; tests check for it)
+"""
+
+from __future__ import annotations
+
+
+class RetrieverError(Exception):
+    """Root of every error the retrieval service raises."""
+
+
+class CorpusError(RetrieverError, RuntimeError):
+    """The corpus file is missing, compressed, or a row cannot be read as a JSON document."""
+
+
+class EncoderError(RetrieverError, RuntimeError):
+    """The encoder model cannot be loaded."""
+
+
+class IndexLoadError(RetrieverError, RuntimeError):
+    """The index file is missing, of the wrong kind for the backend, or does not fit the encoder."""
+
+
+class PagesError(RetrieverError, RuntimeError):
+    """The pages file is missing or unreadable."""
+
+
+class Overloaded(RetrieverError, RuntimeError):
+    """The queue is full; the caller should retry later (HTTP 429)."""
+
+
+class BatcherStopped(RetrieverError, RuntimeError):
+    """The batcher is not running (shutting down, or its worker died)."""
+
+
+class QueryRejected(RetrieverError, ValueError):
+    """This request's queries made the engine fail while the other requests of the same batch were answered."""
+
+
+class DownloadError(RetrieverError, RuntimeError):
+    """A download could not be completed; the message is one line that says why and what to do."""
+
+
+class SourceUnreachable(DownloadError):
+    """The source cannot be reached at all (no network, HF_HUB_OFFLINE, a closed mirror endpoint)."""
+
+
+class SizeMismatch(DownloadError):
+    """A file's size differs from what the source declares (a truncated or corrupt transfer)."""
+
+
+class QueueInvariantError(RetrieverError, AssertionError):
+    """The queue's counts disagree with its contents (a bug; ``FairQueue.check`` raises it, the property test calls
+    it)."""
