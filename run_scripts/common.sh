@@ -8,6 +8,11 @@ DRY_RUN="${DRY_RUN:-0}"
 SKIP_PREFLIGHT="${SKIP_PREFLIGHT:-0}"
 # seconds the preflight waits for the retriever's answer to its one probe query
 PROBE_TIMEOUT="${PROBE_TIMEOUT:-10}"
+# verl's V1 trainer of this mode (sync, colocate_async, separate_async); with SEARCH_MONITOR=1 its search_* twin,
+# which also logs the search behaviour of every step (search/* metrics) and watches them for collapse
+# (verl_search.monitor; alarm settings as overrides, e.g. +search_monitor.alarms.stop_after=3)
+TRAINER_MODE="${TRAINER_MODE:-sync}"
+SEARCH_MONITOR="${SEARCH_MONITOR:-1}"
 # The checkout's verl_search wins over an installed copy, here and in every Ray worker started from this shell.
 export PYTHONPATH="${VS_REPO_DIR}${PYTHONPATH:+:${PYTHONPATH}}"
 export PYTHONUNBUFFERED=1
@@ -72,8 +77,8 @@ vs_rollout_overrides() {
 }
 
 # vs_search_overrides: set VS_SEARCH_ARGS to the overrides that plug our tool, agent loop and reward into verl's
-# multi-turn rollout (from AGENT, MAX_TURNS, MAX_TOOL_RESPONSE_LENGTH, RUN_TOOL_CONFIG, REWARD_FN_PATH and
-# AGENT_LOOP_CONFIG). Call vs_prepare_run first.
+# multi-turn rollout, and the trainer mode (from AGENT, MAX_TURNS, MAX_TOOL_RESPONSE_LENGTH, RUN_TOOL_CONFIG,
+# REWARD_FN_PATH, AGENT_LOOP_CONFIG, TRAINER_MODE and SEARCH_MONITOR). Call vs_prepare_run first.
 vs_search_overrides() {
     VS_SEARCH_ARGS=(
         actor_rollout_ref.rollout.multi_turn.enable=True
@@ -86,6 +91,15 @@ vs_search_overrides() {
         "reward.custom_reward_function.path=${REWARD_FN_PATH}"
         reward.custom_reward_function.name=compute_score
     )
+    case "$TRAINER_MODE" in
+        sync | colocate_async | separate_async) ;;
+        *) vs_die "TRAINER_MODE=${TRAINER_MODE}: choose sync, colocate_async or separate_async" ;;
+    esac
+    case "$SEARCH_MONITOR" in
+        1) VS_SEARCH_ARGS+=("trainer.v1.trainer_mode=search_${TRAINER_MODE}") ;;
+        0) VS_SEARCH_ARGS+=("trainer.v1.trainer_mode=${TRAINER_MODE}") ;;
+        *) vs_die "SEARCH_MONITOR=${SEARCH_MONITOR}: 1 (per-step search metrics and alarms) or 0" ;;
+    esac
     if [[ "$AGENT" == search_r1_agent ]]; then
         VS_SEARCH_ARGS+=("actor_rollout_ref.rollout.agent.agent_loop_config_path=${AGENT_LOOP_CONFIG}")
     fi

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from typing import Any
 from uuid import uuid4
 
@@ -23,7 +24,7 @@ from verl.utils.rollout_trace import rollout_trace_op
 from verl_search.errors import ConfigError
 from verl_search.loop_messages import FINAL_TURN_INSTRUCTION, INVALID_ACTION_MESSAGE, LOOP_MESSAGES_KEY
 from verl_search.tool.config import SearchToolConfig
-from verl_search.tool.search_tool import TRAJECTORY_STATS, record_search, run_search
+from verl_search.tool.search_tool import ROLLOUT_WALL_S, TRAJECTORY_STATS, record_search, run_search
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +158,7 @@ class SearchR1AgentLoop(AgentLoopBase):
 
     @rollout_trace_op
     async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs: Any) -> AgentLoopOutput:
+        started = time.monotonic()
         prompt_ids = await self.ct_build_initial_tokens(list(kwargs["raw_prompt"]))
         priority = int(priority)
         request_id = f"det-{priority}" if self.rollout_config.get("full_determinism", False) else uuid4().hex
@@ -226,6 +228,7 @@ class SearchR1AgentLoop(AgentLoopBase):
                 **weight_steps,
                 **stats,
                 LOOP_MESSAGES_KEY: loop_messages,
+                ROLLOUT_WALL_S: time.monotonic() - started,  # the share of it spent in search: verl_search.monitor
             },
         )
 

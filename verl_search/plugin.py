@@ -1,5 +1,6 @@
-"""verl plugin entry point (group ``verl.plugins``): makes ``import verl`` register the ``search_r1_agent`` loop, and
-the CPU backend (:mod:`verl_search.cpu.register`) only when ``VERL_PLATFORM=cpu``.
+"""verl plugin entry point (group ``verl.plugins``): makes ``import verl`` register the ``search_r1_agent`` loop, the
+``search_*`` trainer modes (:mod:`verl_search.monitor.trainer`), and the CPU backend (:mod:`verl_search.cpu.register`)
+only when ``VERL_PLATFORM=cpu``.
 
 verl loads this module at the end of ``import verl`` in every process, Ray workers included, and silently skips a
 plugin that raises. Invariants: importing it is cheap (it imports nothing heavy: the registration happens when verl's
@@ -9,16 +10,17 @@ agent-loop module is imported, through a one-shot import hook) and it never rais
 from __future__ import annotations
 
 import logging
-import os
 from types import ModuleType
 
 from verl_search.import_hook import after_import
+from verl_search.platform_choice import cpu_requested
 
 logger = logging.getLogger(__name__)
 
 AGENT_NAME = "search_r1_agent"
 AGENT_TARGET = "verl_search.agent_loop.SearchR1AgentLoop"
 REGISTRY_MODULE = "verl.experimental.agent_loop.agent_loop"
+TRAINER_MODULE = "verl.trainer.ppo.v1"
 
 
 def register_agent_loop(module: ModuleType) -> None:
@@ -26,9 +28,18 @@ def register_agent_loop(module: ModuleType) -> None:
     module._agent_loop_registry.setdefault(AGENT_NAME, {"_target_": AGENT_TARGET})
 
 
+def register_trainers(module: ModuleType) -> None:
+    """Add the ``search_*`` trainer modes (verl's V1 trainers logging per-step search metrics) to verl's registry."""
+    from verl_search.monitor.trainer import register_search_trainers
+
+    register_search_trainers(module)
+
+
 def install() -> None:
-    """Register now if verl's agent-loop module is loaded, else when it is first imported. Idempotent."""
+    """Register now if verl's agent-loop and trainer modules are loaded, else when each is first imported.
+    Idempotent."""
     after_import(REGISTRY_MODULE, register_agent_loop)
+    after_import(TRAINER_MODULE, register_trainers)
 
 
 try:
@@ -36,7 +47,7 @@ try:
 except Exception:  # noqa: BLE001 - an entry point must never raise into `import verl`
     logger.exception("verl_search: plugin setup failed; the %s agent loop is not registered", AGENT_NAME)
 
-if os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu":
+if cpu_requested():
     try:
         from verl_search.cpu.register import install as install_cpu_backend
 

@@ -54,6 +54,14 @@ class RewardOptions(BaseModel):
         description="Added to structure_format_score when a gold answer appears in the retrieved text of a well-formed "
         "response whose answer is wrong.",
     )
+    no_search_penalty: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Subtracted (floor 0) from the score of a response in which the model never searched "
+        "(torchtitan's no_search_penalty): for a warm start that answers from memory and never learns to search. "
+        "Leave it 0 when questions can be answered without search.",
+    )
     strict_single_answer: bool = Field(
         default=False, description="Score 0 when the model writes more than one <answer> block."
     )
@@ -185,11 +193,13 @@ def compute_score(
     tags. A well-formed response (tags balanced and unnested, one answer block, nothing after it) scores
     ``max(base, structure_format_score [+ retrieval_score])``; an ill-formed one scores ``base -
     structure_format_score`` when right, ``final_format_score`` when it answered wrong, else 0.
-    ``strict_single_answer`` scores 0 when there is more than one answer block.
+    ``strict_single_answer`` scores 0 when there is more than one answer block. ``no_search_penalty`` is subtracted
+    (floor 0) when the model wrote no search at all.
 
     Returns ``score`` plus ``em``, ``subem``, ``f1`` (of the final answer), ``answered`` (1.0 if the model wrote an
     answer block), ``num_searches`` (``<search>`` plus ``<tool_call>`` blocks the model wrote) and ``failed_searches``
-    (retrieved blocks that report a failed search), and ``search_latency_s`` / ``search_cached`` from the agent
+    (retrieved blocks that report a failed search), ``gold_in_results`` (1.0 if a gold answer appears in the retrieved
+    text), and ``search_latency_s`` / ``search_cached`` from the agent
     loop's per-trajectory stats in ``extra_info`` (0.0 when absent). verl logs these keys, unlike tool metrics.
     """
     options = _options(kwargs)
@@ -202,25 +212,31 @@ def compute_score(
     answered = bool(answers)
     metrics = answer_metrics(answers[-1].strip(), golds) if answered else {"em": 0.0, "subem": 0.0, "f1": 0.0}
 
+    gold_retrieved = gold_in_text(retrieved, golds)
     value = metrics[options.metric]
     tag_spam = max(own_text.count("<answer>"), own_text.count("</answer>")) > options.max_answer_tags
     base = value * options.tag_spam_factor if tag_spam else value
     if options.strict_single_answer and len(answers) > 1:
         score = 0.0
     elif _well_formed(own_text, len(answers)):
-        bonus = options.retrieval_score if _gold_in(retrieved, golds) else 0.0
+        bonus = options.retrieval_score if gold_retrieved else 0.0
         score = max(base, options.structure_format_score + bonus)
     elif base > 0:
         score = max(base - options.structure_format_score, 0.0)
     else:
         score = options.final_format_score if answered else 0.0
+    searches = len(_SEARCH_BLOCK.findall(own_text))
+    if not searches:
+        score = max(score - options.no_search_penalty, 0.0)
     return {
         "score": float(score),
         **metrics,
         "answered": float(answered),
-        "num_searches": float(len(_SEARCH_BLOCK.findall(own_text))),
+        "num_searches": float(searches),
         # both loops show a failed search as "[search failed: <kind>] ..." (verl_search.tool.search_tool.failure_text)
         "failed_searches": float(sum(text.count("[search failed:") for text in retrieved)),
+        # a gold answer appears (normalised) in the retrieved text: retrieval worked, whatever the model answered
+        "gold_in_results": float(gold_retrieved),
         # recorded by the agent loops in extra_fields (0.0 when absent, so every sample has the same keys)
         "search_latency_s": _stat(extra_info, "search_latency_s"),
         "search_cached": _stat(extra_info, "search_cached"),
@@ -235,7 +251,9 @@ def _stat(extra_info: Any, key: str) -> float:
         return 0.0
 
 
-def _gold_in(retrieved: list[str], golds: tuple[str, ...]) -> bool:
-    texts = [normalize_answer(t) for t in retrieved]
-    normalized = [g for g in (normalize_answer(gold) for gold in golds) if g]
-    return any(gold in text for text in texts for gold in normalized)
+def gold_in_text(retrieved: list[str], golds: tuple[str, ...] | list[str]) -> bool:
+    """Whether a gold answer occurs, as whole words and normalised as EM normalises, in any retrieved text (the one
+    definition of "gold in results": the reward's key and bonus, and the evaluation report)."""
+    normalized = [g for g in (normalize_answer(str(gold)) for gold in golds) if g]
+    padded = [f" {normalize_answer(t)} " for t in retrieved]
+    return any(f" {gold} " in text for text in padded for gold in normalized)

@@ -116,7 +116,7 @@ def test_reports_every_metric_and_counts():
     result = compute_score("searchR1_nq", response, GOLD)
     assert result == {
         "score": 0.0, "em": 0.0, "subem": 1.0, "f1": pytest.approx(2 / 3), "answered": 1.0, "num_searches": 2.0,
-        "failed_searches": 0.0, "search_latency_s": 0.0, "search_cached": 0.0,
+        "failed_searches": 0.0, "gold_in_results": 1.0, "search_latency_s": 0.0, "search_cached": 0.0,
     }  # fmt: skip
 
 
@@ -124,7 +124,7 @@ def test_same_keys_when_unanswered():
     result = compute_score("searchR1_nq", "no idea", GOLD)
     assert result == {
         "score": 0.0, "em": 0.0, "subem": 0.0, "f1": 0.0, "answered": 0.0, "num_searches": 0.0,
-        "failed_searches": 0.0, "search_latency_s": 0.0, "search_cached": 0.0,
+        "failed_searches": 0.0, "gold_in_results": 0.0, "search_latency_s": 0.0, "search_cached": 0.0,
     }  # fmt: skip
 
 
@@ -182,6 +182,19 @@ def test_format_reward(case, response, expected):
 
 def test_format_reward_is_off_by_default():
     assert compute_score("searchR1_nq", WELL_FORMED_WRONG, GOLD)["score"] == 0.0
+
+
+def test_no_search_penalty_costs_only_responses_that_never_searched():
+    direct = "<answer>Beijing</answer>"
+    searched = "<search>q</search><information>d</information><answer>Beijing</answer>"
+    hermes = '<tool_call>{"name": "search"}</tool_call><tool_response>d</tool_response><answer>Beijing</answer>'
+    assert compute_score("x", direct, GOLD, no_search_penalty=0.3)["score"] == pytest.approx(0.7)
+    assert compute_score("x", searched, GOLD, no_search_penalty=0.3)["score"] == 1.0
+    assert compute_score("x", hermes, GOLD, no_search_penalty=0.3)["score"] == 1.0
+    assert compute_score("x", "<answer>Shanghai</answer>", GOLD, no_search_penalty=0.3)["score"] == 0.0  # floor 0
+    assert compute_score("x", direct, GOLD)["score"] == 1.0  # off by default
+    with pytest.raises(ConfigError, match="no_search_penalty"):
+        compute_score("x", direct, GOLD, no_search_penalty=1.0)
 
 
 def test_strict_single_answer():

@@ -1,5 +1,6 @@
 """Training curves from verl's file-logger metrics (one JSON line per step): reward and EM per step, searches per
-question, response length and failed searches, as PNG files (matplotlib, no display needed).
+question, response length and failed searches, and the run's search health per step (``plot_health``: the search/*
+metrics of verl_search.monitor), as PNG files (matplotlib, no display needed).
 
 Invariant: every plotted number is read from the metrics file as logged; a panel whose metrics are absent says so
 instead of being left out, and every PNG is written atomically.
@@ -52,6 +53,35 @@ PANELS = (
 )
 
 
+#: the run's health per training step: the search/* metrics of verl_search.monitor (trainer_mode search_*)
+HEALTH_PANELS = (
+    Panel(
+        "Searches per trajectory",
+        "searches / share",
+        (r"^search/calls_per_traj/mean$", r"^search/calls_per_traj/share_0$", r"^search/calls_per_traj/max$"),
+        "health_searches.png",
+    ),
+    Panel(
+        "Answers and retrieval",
+        "share of trajectories",
+        (r"^search/answered_share$", r"^search/gold_in_results_share$", r"^search/invalid_action_share$"),
+        "health_answers.png",
+    ),
+    Panel(
+        "Failed searches",
+        "share of calls / count",
+        (r"^search/failed_share$", r"^search/failed/(.+)$", r"^search/alarm_steps$"),
+        "health_failures.png",
+    ),
+    Panel(
+        "Search latency and waiting",
+        "seconds / share",
+        (r"^search/latency_s/(p50|p99)$", r"^search/wait_share$", r"^response_length/clip_ratio$"),
+        "health_latency.png",
+    ),
+)
+
+
 def read_metrics(path: Path) -> dict[int, dict[str, float]]:
     """``{step: {key: value}}`` from a verl file-logger JSONL (later lines for a step update earlier ones)."""
     steps: dict[int, dict[str, float]] = {}
@@ -73,9 +103,15 @@ def series(steps: dict[int, dict[str, float]], pattern: str) -> dict[str, list[t
         for key, value in steps[step].items():
             match = regex.match(key)
             if match:
-                label = f"validation {match.group(1)}" if match.groups() else f"training ({key})"
+                is_val = match.groups() and key.startswith("val-")
+                label = f"validation {match.group(1)}" if is_val else f"training ({key})"
                 out.setdefault(label, []).append((step, value))
     return out
+
+
+def plot_health(metrics: Path, out_dir: Path, title: str = "") -> list[Path]:
+    """The run's search health per training step (``HEALTH_PANELS``), plus ``search_health.png`` with all four."""
+    return plot_training(metrics, out_dir, title, HEALTH_PANELS, overview="search_health.png")
 
 
 def _draw(ax, steps: dict[int, dict[str, float]], panel: Panel) -> None:
@@ -101,8 +137,14 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def plot_training(metrics: Path, out_dir: Path, title: str = "", panels: Sequence[Panel] = PANELS) -> list[Path]:
-    """One PNG per panel plus ``training_curves.png`` with all of them; returns the paths written."""
+def plot_training(
+    metrics: Path,
+    out_dir: Path,
+    title: str = "",
+    panels: Sequence[Panel] = PANELS,
+    overview: str = "training_curves.png",
+) -> list[Path]:
+    """One PNG per panel plus ``overview`` with all of them; returns the paths written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -121,6 +163,6 @@ def plot_training(metrics: Path, out_dir: Path, title: str = "", panels: Sequenc
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    written.append(_save(fig, Path(out_dir) / "training_curves.png"))
+    written.append(_save(fig, Path(out_dir) / overview))
     plt.close(fig)
     return written

@@ -20,7 +20,7 @@ from typing import Any
 
 from verl_search.atomic import atomic_path
 from verl_search.eval.validation_dump import UNMATCHED, DumpError, SourceLookup, canonical_source, read_dump
-from verl_search.reward import normalize_answer
+from verl_search.reward import gold_in_text
 
 #: (data source, column label, EM of Search-R1 with Qwen2.5-3B-Instruct trained by GRPO, from the paper)
 DATASETS = [
@@ -47,9 +47,7 @@ def _gold_retrieved(row: dict[str, Any]) -> float:
     if isinstance(gts, dict):
         gts = gts.get("target")
     golds = [gts] if isinstance(gts, str) else list(gts or [])
-    retrieved = normalize_answer(" ".join(a or b for a, b in _RETRIEVED.findall(str(row["output"]))))
-    padded = f" {retrieved} "
-    return float(any(g and f" {g} " in padded for g in (normalize_answer(str(x)) for x in golds)))
+    return float(gold_in_text([" ".join(a or b for a, b in _RETRIEVED.findall(str(row["output"])))], golds))
 
 
 def _row_metrics(row: dict[str, Any]) -> dict[str, float]:
@@ -197,8 +195,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("dir", type=Path, help="trainer.validation_data_dir of the run")
     p.add_argument("--step", type=int, default=None, help="which step's dump (default: the latest)")
     p.add_argument("--data", type=Path, default=None, help="validation parquet, to recover each row's data source")
+    p.add_argument(
+        "--metrics",
+        type=Path,
+        default=None,
+        help="the run's verl file-logger metrics (JSONL): also draw its per-step search health into DIR/health/",
+    )
     args = p.parse_args(argv)
     try:
+        if args.metrics is not None and not args.metrics.is_file():
+            raise DumpError(f"no metrics file at {args.metrics}")
         step, path, rows = read_dump(args.dir, args.step)
         lookup = SourceLookup.from_parquet(args.data) if args.data else None
         report = build_report(rows, lookup)
@@ -214,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(render_text(report, step, path), end="")
     print(f"wrote {args.dir / 'report.md'} and {args.dir / 'report.json'}")
+    if args.metrics is not None:
+        from verl_search.eval.plots import plot_health
+
+        written = plot_health(args.metrics, args.dir / "health", title=f"search health per step: {args.metrics.name}")
+        print(f"wrote {len(written)} search-health plots under {args.dir / 'health'}")
     return 0
 
 

@@ -62,6 +62,14 @@ class SearchOutcome:
 TRAJECTORY_STATS = ("search_calls", "search_failures", "search_latency_s", "search_cached", "invalid_actions")
 
 
+#: per-call detail kept beside TRAJECTORY_STATS for the per-step training metrics (verl_search.monitor): each call's
+#: latency, and failures counted by kind under ``search_failed_<kind>``
+CALL_LATENCIES = "search_call_latencies"
+FAILED_PREFIX = "search_failed_"
+#: seconds a trajectory took from its first token request to its end (recorded by the native loop)
+ROLLOUT_WALL_S = "rollout_wall_s"
+
+
 def record_search(fields: dict[str, Any], outcome: SearchOutcome) -> None:
     """Add one search call to a trajectory's ``extra_fields`` (creating every key of TRAJECTORY_STATS)."""
     for key in TRAJECTORY_STATS:
@@ -70,6 +78,10 @@ def record_search(fields: dict[str, Any], outcome: SearchOutcome) -> None:
     fields["search_failures"] += 0 if outcome.ok else 1
     fields["search_latency_s"] += outcome.latency_s
     fields["search_cached"] += outcome.cached
+    fields.setdefault(CALL_LATENCIES, []).append(round(outcome.latency_s, 6))
+    if not outcome.ok and outcome.failure:
+        key = FAILED_PREFIX + outcome.failure
+        fields[key] = fields.get(key, 0) + 1
 
 
 def failure_text(error: SearchError, config: SearchToolConfig) -> str:

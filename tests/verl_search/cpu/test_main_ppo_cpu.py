@@ -79,6 +79,11 @@ def test_grpo_with_search_trains_validates_checkpoints_and_resumes(
     assert max(m["actor/grad_norm"] for m in metrics.values()) > 0  # forced answers give GRPO non-zero advantages
     assert metrics[2]["val-core/searchR1_nq/reward/mean@1"] >= 0  # validation through our reward, at test_freq
     assert "val-aux/searchR1_nq/num_searches/mean@1" in metrics[2]  # search statistics reach the logger
+    # ... at every training step too (trainer_mode search_sync, verl_search.monitor), and they describe these rollouts
+    for step in metrics.values():
+        assert step["search/calls_per_traj/mean"] > 0 and step["search/latency_s/p50"] > 0
+        assert 0 <= step["search/answered_share"] <= 1 and 0 <= step["search/wait_share"] <= 1
+        assert step["search/alarm_steps"] >= 0
     assert (run_dir / "checkpoints" / "global_step_2" / "actor").is_dir()
 
     with urllib.request.urlopen(f"{real_retriever}/metrics") as response:

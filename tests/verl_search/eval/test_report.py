@@ -236,3 +236,32 @@ def test_gold_in_results_tells_a_reading_failure_from_a_retrieval_failure() -> N
     report = build_report(rows, None)
     assert report["datasets"]["searchR1_nq"]["gold_retrieved_rate"] == 0.5
     assert "| gold in results | 50.0% |" in render_markdown(report, 0, Path("val"))
+
+
+def test_metrics_option_draws_the_runs_search_health(tmp_path: Path, write_generations) -> None:
+    """``--metrics``: per-step curves of the search/* metrics of a run (what a user looks at for its health)."""
+    dump = tmp_path / "val"
+    _dump(write_generations, dump, 10, PLAN, with_source=True)
+    metrics = tmp_path / "metrics.jsonl"
+    with open(metrics, "w") as f:
+        for step in range(1, 9):
+            data = {
+                "critic/score/mean": 0.1 * step,
+                "search/calls_per_traj/mean": 2.0 if step < 6 else 0.0,
+                "search/calls_per_traj/share_0": 0.1 if step < 6 else 1.0,
+                "search/answered_share": 0.9,
+                "search/gold_in_results_share": 0.5,
+                "search/failed_share": 0.0 if step < 4 else 0.5,
+                "search/failed/timeout": 0 if step < 4 else 3,
+                "search/latency_s/p50": 0.05,
+                "search/latency_s/p99": 0.4,
+                "search/wait_share": 0.1,
+            }
+            f.write(json.dumps({"step": step, "data": data}) + "\n")
+    assert main([str(dump), "--metrics", str(metrics)]) == 0
+    written = sorted(p.name for p in (dump / "health").iterdir())
+    assert written == [
+        "health_answers.png", "health_failures.png", "health_latency.png", "health_searches.png", "search_health.png",
+    ]  # fmt: skip
+    assert all((dump / "health" / name).stat().st_size > 5_000 for name in written)  # drawn, not empty
+    assert main([str(dump), "--metrics", str(tmp_path / "absent.jsonl")]) == 1

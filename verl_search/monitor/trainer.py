@@ -1,0 +1,102 @@
+"""verl's own V1 trainers, logging the search behaviour of every training step: ``trainer.v1.trainer_mode=search_sync``
+(``search_colocate_async``, ``search_separate_async``) runs the trainer of mode ``sync`` (...) unchanged, adding the
+``search/*`` metrics of :mod:`verl_search.monitor.step_metrics` to the step's metrics before verl logs them to every
+configured logger (console, file, wandb, tensorboard, ...), and watching them for collapse
+(:mod:`verl_search.monitor.alarms`, set under ``+search_monitor.alarms``). Without it verl logs the reward's extra
+keys only at validation.
+
+Registered through verl's public ``register_trainer`` when ``verl.trainer.ppo.v1`` is imported (the plugin's import
+hook). Invariant: the trainer behaves exactly as verl's of the same mode (the config's mode is set back to verl's own
+name before verl reads it, since verl compares it with ``"sync"``); the metrics never fail a step (a failure to read
+them is logged once and the step goes on without them).
+"""
+
+from __future__ import annotations
+
+import logging
+from types import ModuleType
+from typing import Any
+
+from verl_search.monitor.alarms import AlarmSettings, CollapseWatcher
+from verl_search.monitor.step_metrics import search_step_metrics
+
+logger = logging.getLogger(__name__)
+
+#: our trainer modes and the verl mode each one runs
+SEARCH_MODES = {
+    "search_sync": "sync",
+    "search_colocate_async": "colocate_async",
+    "search_separate_async": "separate_async",
+}
+
+
+class SearchMetricsMixin:
+    """Adds the step's ``search/*`` metrics to verl's (put before verl's trainer class in the bases)."""
+
+    def __init__(self, config: Any) -> None:
+        from omegaconf import open_dict
+
+        mode = config.trainer.v1.trainer_mode
+        with open_dict(config):
+            config.trainer.v1.trainer_mode = SEARCH_MODES.get(mode, mode)
+        self.search_watcher = CollapseWatcher(alarm_settings(config))
+        self._search_metrics_failed = False
+        super().__init__(config)
+
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):  # noqa: ANN001 (verl's signature)
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+        try:
+            metrics.update(search_step_metrics(self._step_extra_fields(batch)))
+        except Exception:  # noqa: BLE001 - the run matters more than its metrics; say so once
+            if not self._search_metrics_failed:
+                logger.exception("verl_search: the search metrics of step %s could not be computed", global_steps)
+            self._search_metrics_failed = True
+        watcher = self.search_watcher
+        watcher.observe(global_steps, metrics)
+        metrics["search/alarm_steps"] = watcher.alarmed_steps
+        if watcher.should_stop:  # the loop ends after this step; the last periodic checkpoint predates the collapse
+            logger.error("search monitor: stopping the run after step %d: in alarm for %d steps (stop_after=%d): %s",
+                         global_steps, watcher.alarmed_steps, watcher.settings.stop_after,
+                         "; ".join(f"{a.name} since step {a.step}" for a in watcher.history[-5:]))  # fmt: skip
+            self.total_training_steps = global_steps
+
+    def _step_extra_fields(self, batch) -> list:  # noqa: ANN001
+        """Each real (not padding) trajectory's ``extra_fields`` in the step's TransferQueue batch."""
+        import transfer_queue as tq
+
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+        fields = data.pop("extra_fields").tolist()
+        return [f for f, tag in zip(fields, batch.tags, strict=True) if not tag.get("is_padding", False)]
+
+
+def alarm_settings(config: Any) -> AlarmSettings:
+    """``search_monitor.alarms`` of verl's config (``+search_monitor.alarms.stop_after=3``), validated."""
+    from omegaconf import OmegaConf
+    from pydantic import ValidationError
+
+    from verl_search.errors import ConfigError
+
+    monitor = config.get("search_monitor") if hasattr(config, "get") else None
+    raw = OmegaConf.to_container(monitor, resolve=True) if OmegaConf.is_config(monitor) else (monitor or {})
+    try:
+        return AlarmSettings(**(raw.get("alarms") or {}))
+    except ValidationError as e:
+        first = e.errors()[0]
+        key = ".".join(str(p) for p in first["loc"]) or "alarms"
+        raise ConfigError(f"search_monitor.alarms.{key}: {first['msg']}") from e
+
+
+def register_search_trainers(v1: ModuleType) -> None:
+    """Register a search trainer for each of verl's V1 modes (idempotent); ``v1`` is ``verl.trainer.ppo.v1``."""
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+
+    for name, base_name in SEARCH_MODES.items():
+        if name in TRAINER_REGISTRY or base_name not in TRAINER_REGISTRY:
+            continue
+        base = TRAINER_REGISTRY[base_name]
+        cls = type(
+            f"Search{base.__name__}",
+            (SearchMetricsMixin, base),
+            {"__module__": __name__, "__doc__": f"verl's {base.__name__} with per-step search metrics."},
+        )
+        v1.register_trainer(name)(cls)

@@ -1,0 +1,20 @@
+"""Which verl platform this process was asked for: ``VERL_PLATFORM=cpu`` selects the CPU backend. The one reading of
+that variable, shared by the plugin entry point, the backend's registration and the launch check.
+
+Invariant: a shared leaf: it reads the environment only and imports nothing of ours, so the plugin can ask on every
+``import verl`` without loading the CPU backend.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+#: the environment variable verl reads to pick its platform, and the value that selects ours
+VARIABLE = "VERL_PLATFORM"
+CPU = "cpu"
+
+
+def cpu_requested(env: Mapping[str, str] = os.environ) -> bool:
+    """True when this process was asked to run verl on the CPU platform (case and surrounding blanks ignored)."""
+    return env.get(VARIABLE, "").strip().lower() == CPU
