@@ -1,31 +1,54 @@
-"""Every failure verl-search can raise, in one tree.
+"""Every failure verl-search can raise, in one tree under :class:`VerlSearchError`.
 
-    SearchError
-    ├── ConfigError              the tool YAML / config dict is invalid (raised at start-up, never mid-rollout)
-    ├── InvalidArguments         the model's tool arguments are unusable; no request was sent
-    └── RetrievalError           a request to the retrieval service failed
-        ├── DeadlineExceeded     the call's overall deadline passed (retries included)
-        ├── ServiceUnavailable   connection refused/dropped, 429/503 after retries, or no healthy endpoint
-        ├── RequestRejected      the service answered 4xx (our request was wrong; never retried)
-        ├── ServerError          the service answered 5xx other than 503 (never retried)
-        └── BadResponse          the reply was not JSON or not the /retrieve shape (never retried)
-    Branches declared beside the code that raises them:
-      verl_search.data.errors.PreprocessError (SearchError): preprocessing input/template/source failures
-      verl_search.launch.trainer_config.LaunchConfigError (ConfigError): a training/eval override verl would reject
-      verl_search.launch.checks.PreflightError (SearchError): a launch precondition that fails
-      verl_search.launch.gpu_locks.LockFileError (SearchError): a GPU lock file is missing or not pinned
+    VerlSearchError                      the package root: ``except VerlSearchError`` catches every failure of ours
+    ├── SearchError                      a search call failed (the tool's branch, turned into model-facing text)
+    │   ├── ConfigError (ValueError)     the tool YAML / config dict is invalid (at start-up, never mid-rollout)
+    │   │   └── launch.trainer_config.LaunchConfigError   a training/eval override verl would reject
+    │   ├── InvalidArguments (ValueError)  the model's tool arguments are unusable; no request was sent
+    │   └── RetrievalError               a request to the retrieval service failed
+    │       ├── DeadlineExceeded         the call's overall deadline passed (retries included)
+    │       ├── ServiceUnavailable       connection refused/dropped, 429/503 after retries, no healthy endpoint
+    │       ├── RequestRejected          the service answered 4xx (our request was wrong; never retried)
+    │       ├── ServerError              the service answered 5xx other than 503 (never retried)
+    │       └── BadResponse              the reply was not JSON or not the /retrieve shape (never retried)
+    ├── data.errors.PreprocessError (ValueError)   preprocessing failed; the CLI prints it and exits 1
+    │   ├── TemplateError                prompt.yaml is unreadable or a template is invalid / unknown
+    │   ├── InputSchemaError             an input file lacks a column, or a row has an empty/ill-typed field
+    │   └── SourceUnavailable            an input file or hub download cannot be obtained
+    ├── launch.checks.PreflightError     a launch precondition that fails
+    │   └── PreflightWarning             a problem that does not stop the launch
+    ├── launch.gpu_locks.LockFileError   a GPU lock file is missing or not pinned
+    ├── eval.validation_dump.DumpError (ValueError)    the validation dumps or data cannot make the report
+    ├── cpu.errors.CpuBackendError       the CPU training backend cannot run as configured
+    │   ├── UnsupportedVerlError         the installed verl is not the version whose gaps we bridge
+    │   ├── UnsupportedVllmError         the installed vLLM CPU build is not one whose gaps with verl we bridge
+    │   └── CpuRolloutConfigError (ValueError)         engine_kwargs.<backend> of the rollout config is invalid
+    ├── train.processes.StageError (RuntimeError)      a ``make train`` stage failed or left no output
+    ├── train.run_settings.SettingsMismatch (ValueError)  the run folder was built with other settings
+    └── train.sft_data.TrajectoryError (ValueError)    an SFT trajectory cannot be built faithfully
 
-Helpers raise these; exactly one boundary (``SearchTool.execute`` and the native agent loop) turns them into
-model-facing text plus metrics. ``kind`` is the stable label used in texts and counters.
+Branches outside this module are declared beside the code that raises them (paths relative to ``verl_search``);
+a builtin in parentheses is a second base, kept so callers that catch it still do.
+
+Tool helpers raise ``SearchError``s; exactly one boundary (``SearchTool.execute`` and the native agent loop, through
+``run_search``) turns them into model-facing text plus metrics, so only the tool's own failures live under
+``SearchError``. Tooling errors (launch, data, eval, cpu, train) are not search failures, so a bug that raised one
+inside a search is reported as internal, never shown to the model as a search outcome; the command that raises them
+(``preprocess``, ``preflight``, ``report``, ``make train``) turns them into a one-line message and a non-zero exit.
+``kind`` is the stable label used in texts and counters.
 """
 
 from __future__ import annotations
 
 
-class SearchError(Exception):
+class VerlSearchError(Exception):
     """Base of every verl-search error."""
 
     kind = "error"
+
+
+class SearchError(VerlSearchError):
+    """A search call failed: base of the tool's errors, which the tool boundary turns into model-facing text."""
 
 
 class ConfigError(SearchError, ValueError):

@@ -5,12 +5,12 @@ Readers only fetch and decode; validation is schema.py's job. Failures raise Sou
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from verl_search.data.errors import InputSchemaError, SourceUnavailable
+from verl_search.jsonl import read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -36,17 +36,10 @@ def read_jsonl_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
     if not path.is_file():
         raise SourceUnavailable(f"input file not found: {path}")
     rows = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputSchemaError(f"{path}:{number}: not valid JSON ({e.msg})") from e
-            if not isinstance(obj, dict):
-                raise InputSchemaError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
-            rows.append((number, obj))
+    for number, obj in read_jsonl(path, InputSchemaError):
+        if not isinstance(obj, dict):
+            raise InputSchemaError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
+        rows.append((number, obj))
     if not rows:
         raise InputSchemaError(f"{path}: no rows")
     return rows

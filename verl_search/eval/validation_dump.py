@@ -11,19 +11,21 @@ Invariant: every failure raises ``DumpError`` with a one-line message.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from verl_search.errors import VerlSearchError
+from verl_search.jsonl import read_jsonl
+
 _STEP_FILE = re.compile(r"^(\d+)\.jsonl$")
 #: the data source of a row no validation row (or more than one) matches
 UNMATCHED = "unmatched"
 
 
-class DumpError(ValueError):
+class DumpError(VerlSearchError, ValueError):
     """The dump folder or the validation data cannot be used; the message says why."""
 
 
@@ -46,19 +48,12 @@ def read_dump(folder: Path, step: int | None = None) -> tuple[int, Path, list[di
         raise DumpError(f"no dump for step {step} in {folder}; steps found: {', '.join(map(str, steps))}")
     path = steps[step]
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DumpError(f"{path}:{number}: not valid JSON ({e.msg})") from e
-            if not isinstance(row, dict) or not isinstance(row.get("output"), str):
-                raise DumpError(f"{path}:{number}: not a verl generation row (no string 'output')")
-            if "em" not in row and "score" not in row:
-                raise DumpError(f"{path}:{number}: the row has neither 'em' nor 'score'")
-            rows.append(row)
+    for number, row in read_jsonl(path, DumpError):
+        if not isinstance(row, dict) or not isinstance(row.get("output"), str):
+            raise DumpError(f"{path}:{number}: not a verl generation row (no string 'output')")
+        if "em" not in row and "score" not in row:
+            raise DumpError(f"{path}:{number}: the row has neither 'em' nor 'score'")
+        rows.append(row)
     if not rows:
         raise DumpError(f"{path} is empty")
     return step, path, rows

@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from verl_search.errors import SearchError
+from verl_search.errors import VerlSearchError
 from verl_search.launch.environment import InstalledEnvironment, PythonEnvironment
 from verl_search.launch.gpu_locks import DEFAULT_LOCK_DIR
 
@@ -24,7 +24,7 @@ from verl_search.launch.gpu_locks import DEFAULT_LOCK_DIR
 REQUIRED_COLUMNS = ("prompt", "data_source", "reward_model")
 
 
-class PreflightError(SearchError):
+class PreflightError(VerlSearchError):
     """A launch problem; the message is the one line shown to the user."""
 
     kind = "preflight"

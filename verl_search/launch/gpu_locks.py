@@ -13,7 +13,7 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from verl_search.errors import SearchError
+from verl_search.errors import VerlSearchError
 
 #: the rollout engines that have a locked environment (``actor_rollout_ref.rollout.name``)
 ROLLOUT_ENGINES = ("sglang", "vllm")
@@ -25,7 +25,7 @@ CORE_PACKAGES = ("torch", "transformers", "verl")
 DEFAULT_LOCK_DIR = Path(__file__).resolve().parents[2] / "requirements"
 
 
-class LockFileError(SearchError):
+class LockFileError(VerlSearchError):
     """A lock file is missing or cannot be read as ``name==version`` pins."""
 
     kind = "lock_file"

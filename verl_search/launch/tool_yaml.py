@@ -1,4 +1,4 @@
-"""Write a run's copy of a tool YAML with the retrieval URL filled in.
+"""Write a run's copy of a tool YAML with the retrieval URL (and any run settings) filled in: the one tool-YAML writer.
 
 Invariant: the user's file is only read, never modified; the copy is written atomically (temp file + rename), so a
 crash never leaves a half-written YAML where the launch expects one.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,14 @@ from verl_search.errors import ConfigError
 URL_KEY = "retrieval_service_url"
 
 
-def substitute_url(tool_yaml: dict[str, Any], url: str | list[str], source: str = "tool YAML") -> int:
-    """Set ``config.retrieval_service_url`` on every tool that declares it; return how many were set.
+def substitute_url(
+    tool_yaml: dict[str, Any],
+    url: str | list[str],
+    source: str = "tool YAML",
+    settings: Mapping[str, Any] | None = None,
+) -> int:
+    """Set ``config.retrieval_service_url`` (and ``settings``, e.g. ``{"topk": 3}``) on every tool that declares the
+    URL key; return how many were set.
 
     Raises :class:`ConfigError` when the YAML has no ``tools`` list or no tool with that key (the URL would be
     silently ignored otherwise).
@@ -33,14 +40,18 @@ def substitute_url(tool_yaml: dict[str, Any], url: str | list[str], source: str 
         config = tool.get("config") if isinstance(tool, dict) else None
         if isinstance(config, dict) and URL_KEY in config:
             config[URL_KEY] = url
+            config.update(settings or {})
             count += 1
     if count == 0:
         raise ConfigError(f"{source}: no tool has a 'config.{URL_KEY}' key to receive the retriever URL")
     return count
 
 
-def write_tool_config(source: Path, dest: Path, url: str | list[str]) -> Path:
-    """Copy ``source`` to ``dest`` with the retrieval URL set; return ``dest``. ``source`` is never written."""
+def write_tool_config(
+    source: Path, dest: Path, url: str | list[str], settings: Mapping[str, Any] | None = None
+) -> Path:
+    """Copy ``source`` to ``dest`` with the retrieval URL (and ``settings``) set; return ``dest``. ``source`` is never
+    written."""
     source, dest = Path(source), Path(dest)
     if not source.is_file():
         raise ConfigError(f"tool config {source} does not exist")
@@ -50,8 +61,9 @@ def write_tool_config(source: Path, dest: Path, url: str | list[str]) -> Path:
         data = yaml.safe_load(source.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise ConfigError(f"tool config {source} is not valid YAML: {str(e).splitlines()[0]}") from e
-    substitute_url(data, url, source=str(source))
-    header = f"# Generated from {source.resolve()} with {URL_KEY} set for this run; edit the source, not this copy.\n"
+    substitute_url(data, url, source=str(source), settings=settings)
+    changed = ", ".join([URL_KEY, *(settings or {})])
+    header = f"# Generated from {source.resolve()} with {changed} set for this run; edit the source, not this copy.\n"
     with atomic_path(dest) as tmp:
         tmp.write_text(header + yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return dest

@@ -11,7 +11,8 @@ kit users may use for their own CI (it ships in the wheel).
 - ``scripted_demo``: ``make demo-scripted``, the retrieval pipeline through verl's agent loops with the scripted policy.
 
 May import verl, the runtime plugin, ``verl_search.cpu`` (the backend's option and policy interfaces),
-``verl_search.train`` (the local tokenizer) and ``local_dense_retriever``. Nothing in the runtime plugin (``tool/``,
-the agent loops, the reward, ``plugin.py``) nor in ``verl_search.cpu`` imports it: the rollout server reaches an
-opening policy only through the dotted path a run's config names.
+``verl_search.train`` (the local tokenizer), ``verl_search.launch`` (the tool-YAML writer) and
+``local_dense_retriever``. Nothing in the runtime plugin (``tool/``, the agent loops, the reward, ``plugin.py``) nor
+in ``verl_search.cpu`` imports it: the rollout server reaches an opening policy only through the dotted path a run's
+config names.
 """

@@ -19,24 +19,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-QUESTION_MARK = "Question:"
+from verl_search.testing.scripted_policy import QUESTION_MARK, question_of, search_call
+
 RESULT_MARKERS = ("</tool_response>", "</information>")
 POLICY_PATH = "verl_search.testing.forced_prefix.ForcedOpenings"
 
 
-def question_of(prompt_text: str) -> str:
-    """The question after the template's last ``Question:`` line (the whole last user turn when there is none)."""
-    head, sep, tail = prompt_text.rpartition(QUESTION_MARK)
-    text = tail if sep else prompt_text.rpartition("<|im_start|>user\n")[2]
-    return text.split("<|im_end|>", 1)[0].strip()
-
-
 def search_opening(prompt_text: str, question: str) -> str:
     """A search call in the prompt's protocol: hermes JSON when the prompt lists tools, else Search-R1 tags."""
-    if "<tools>" in prompt_text:
-        call = {"name": "search", "arguments": {"query_list": [question]}}
-        return "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"
-    return f"<search> {question} </search>"
+    return search_call(question, native="<tools>" not in prompt_text)
 
 
 class ForcingSettings(BaseModel):

@@ -202,10 +202,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def run_demo(args: argparse.Namespace, url: str, cache_dir: Path, work: Path, t0: float) -> int:
-    import yaml
     from transformers import AutoTokenizer
 
     from verl_search import search_stats
+    from verl_search.launch.tool_yaml import write_tool_config
     from verl_search.train.local_tokenizer import ensure_tokenizer_dir
 
     log(f"retriever ready at {url} ({time.monotonic() - t0:.0f}s)")
@@ -218,10 +218,9 @@ async def run_demo(args: argparse.Namespace, url: str, cache_dir: Path, work: Pa
     gold = {q["question"]: q["golden_answers"] for q in subset}
     hops = {q["question"]: q["metadata"]["hops"] for q in subset}
 
-    tool_cfg = yaml.safe_load((REPO / "tool_config" / "search_tool_config.yaml").read_text())
-    tool_cfg["tools"][0]["config"]["retrieval_service_url"] = url + "/retrieve"
-    tool_yaml = work / "search_tool_config.yaml"
-    tool_yaml.write_text(yaml.safe_dump(tool_cfg))
+    tool_yaml = write_tool_config(
+        REPO / "tool_config" / "search_tool_config.yaml", work / "search_tool_config.yaml", url + "/retrieve"
+    )
 
     results = {}
     for agent, template in (("tool_agent", "tool_call"), ("search_r1_agent", "search_r1")):

@@ -17,6 +17,8 @@ from typing import Any
 from verl.workers.rollout.replica import TokenOutput
 
 ASSISTANT_START = "<|im_start|>assistant\n"
+#: what the prompt templates (``data_preprocess/prompt.yaml``) put before the question
+QUESTION_MARK = "Question:"
 UNKNOWN = "unknown"
 
 
@@ -102,14 +104,15 @@ class ScriptedServerManager:
 
 
 def question_of(conversation: str) -> str:
-    """The question asked in the first user turn (text after the last ``Question:`` in it, else the whole turn)."""
+    """The question asked in the first user turn of a decoded chat (a first-turn prompt or a whole conversation): the
+    text after the last ``Question:`` in that turn (where the prompt templates put it), else the whole turn.
+
+    Tool results come back as later user turns, so only the first one is read. Raises ValueError when there is none.
+    """
     match = re.search(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", conversation, re.DOTALL)
     if match is None:
         raise ValueError("conversation has no user turn")
-    user = match.group(1)
-    if "Question:" in user:
-        user = user.rsplit("Question:", 1)[1]
-    return user.strip()
+    return match.group(1).rpartition(QUESTION_MARK)[2].strip()
 
 
 def _response_part(conversation: str) -> str:
@@ -124,12 +127,17 @@ def retrieved_blocks(conversation: str, tag: str) -> list[str]:
     return re.findall(rf"<{tag}>(.*?)</{tag}>", _response_part(conversation), re.DOTALL)
 
 
-def search_turn(query: str, *, native: bool, thought: str) -> str:
-    """A scripted turn that searches ``query``: ``<search>`` (native protocol) or a hermes ``<tool_call>``."""
+def search_call(query: str, *, native: bool) -> str:
+    """A call of the ``search`` tool on ``query``: ``<search>`` tags (native protocol) or a hermes ``<tool_call>``."""
     if native:
-        return f"<think> {thought} </think>\n<search> {query} </search>"
+        return f"<search> {query} </search>"
     call = {"name": "search", "arguments": {"query_list": [query]}}
-    return f"<think> {thought} </think>\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+    return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+
+def search_turn(query: str, *, native: bool, thought: str) -> str:
+    """A scripted turn that thinks ``thought``, then searches ``query`` (see :func:`search_call`)."""
+    return f"<think> {thought} </think>\n{search_call(query, native=native)}"
 
 
 @dataclass(frozen=True)
@@ -153,30 +161,32 @@ class OracleReader:
         return UNKNOWN
 
 
-def tool_call_policy(reader: Reader) -> Policy:
-    """``tool_agent`` protocol: first a hermes ``<tool_call>`` to ``search`` with the question, then an answer."""
+def _search_then_answer(reader: Reader, *, native: bool, search_thought: str, answer_thought: str) -> Policy:
+    """Search the question until a result came back, then answer what ``reader`` finds in the last result."""
+    result_tag = "information" if native else "tool_response"
 
     def policy(inp: PolicyInput) -> str:
         question = question_of(inp.conversation)
-        retrieved = retrieved_blocks(inp.conversation, "tool_response")
+        retrieved = retrieved_blocks(inp.conversation, result_tag)
         if not retrieved:
-            return search_turn(question, native=False, thought="I should search for this.")
-        return f"<think> The search results help. </think>\n<answer> {reader(question, retrieved[-1])} </answer>"
+            return search_turn(question, native=native, thought=search_thought)
+        return f"<think> {answer_thought} </think>\n<answer> {reader(question, retrieved[-1])} </answer>"
 
     return policy
+
+
+def tool_call_policy(reader: Reader) -> Policy:
+    """``tool_agent`` protocol: first a hermes ``<tool_call>`` to ``search`` with the question, then an answer."""
+    return _search_then_answer(
+        reader, native=False, search_thought="I should search for this.", answer_thought="The search results help."
+    )
 
 
 def native_search_policy(reader: Reader) -> Policy:
     """Search-R1 protocol: ``<search> question </search>``, then ``<answer>`` from the ``<information>`` block."""
-
-    def policy(inp: PolicyInput) -> str:
-        question = question_of(inp.conversation)
-        retrieved = retrieved_blocks(inp.conversation, "information")
-        if not retrieved:
-            return search_turn(question, native=True, thought="I need to search.")
-        return f"<think> I found information. </think>\n<answer> {reader(question, retrieved[-1])} </answer>"
-
-    return policy
+    return _search_then_answer(
+        reader, native=True, search_thought="I need to search.", answer_thought="I found information."
+    )
 
 
 def scripted_turns(*texts: str) -> Policy:

@@ -4,6 +4,6 @@ model's parts: the random Qwen2 writer (``tiny_model``, ``python -m verl_search.
 trained tokenizer (``local_tokenizer``).
 
 Tooling: may import verl, the runtime plugin (tool, agent loops, reward), ``verl_search.data``, ``verl_search.eval``,
-``verl_search.cpu``, ``verl_search.testing`` (its background-server helpers) and ``local_dense_retriever.toy``;
-nothing in the runtime plugin imports it.
+``verl_search.cpu``, ``verl_search.launch`` (the tool-YAML writer), ``verl_search.testing`` (its background-server
+helpers) and ``local_dense_retriever.toy``; nothing in the runtime plugin imports it.
 """

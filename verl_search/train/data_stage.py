@@ -21,6 +21,7 @@ from local_dense_retriever.toy.corpus import generate_toy_dataset
 from local_dense_retriever.toy.world import ToyWorld
 from verl_search.atomic import atomic_path
 from verl_search.data.templates import load_templates
+from verl_search.launch.tool_yaml import write_tool_config
 from verl_search.tool.client import RetrievalClient
 from verl_search.tool.config import SearchToolConfig
 from verl_search.train.config import TrainConfig
@@ -56,13 +57,8 @@ class DataFiles:
 
 def write_tool_yaml(config: TrainConfig, url: str, path: Path) -> Path:
     """The shipped tool YAML with this run's retriever URL, passages per query and result cap."""
-    tool = yaml.safe_load((REPO / "tool_config" / "search_tool_config.yaml").read_text(encoding="utf-8"))
-    tool["tools"][0]["config"].update(
-        retrieval_service_url=url, topk=config.search.topk, max_result_chars=config.search.max_result_chars
-    )
-    with atomic_path(path) as tmp:
-        tmp.write_text(yaml.safe_dump(tool, sort_keys=False), encoding="utf-8")
-    return path
+    settings = {"topk": config.search.topk, "max_result_chars": config.search.max_result_chars}
+    return write_tool_config(REPO / "tool_config" / "search_tool_config.yaml", path, url, settings)
 
 
 def tool_schemas(tool_yaml: Path) -> list[dict]:

@@ -137,6 +137,43 @@ def masked_loss(model, input_ids, loss_mask, attention):
     return losses.sum() / scored.sum().clamp(min=1)
 
 
+def train_loop(
+    model_dir: Path,
+    out: Path,
+    tokenizer,
+    next_batch,
+    *,
+    steps: int,
+    lr: float,
+    warmup_steps: int,
+    seed: int,
+    label: str,
+) -> list[float]:
+    """The one training loop: load the model in ``model_dir``, take ``steps`` AdamW steps (see :func:`adamw_cosine`)
+    on the masked loss of ``next_batch(step, rng) -> (input_ids, loss_mask, attention_mask)``, save the model and
+    ``tokenizer`` to ``out``; return every step's loss. ``seed`` seeds torch (the model) and ``rng`` (the batches)."""
+    import numpy as np
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    from verl_search.train.tiny_model import save_model
+
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="sdpa")
+    model.train()
+    optimizer, lr_schedule = adamw_cosine(model, lr, steps, warmup_steps)
+    rng = np.random.default_rng(seed)
+    losses: list[float] = []
+    for step in range(steps):
+        loss = masked_loss(model, *next_batch(step, rng))
+        apply_update(loss, model, optimizer, lr_schedule)
+        losses.append(loss.item())
+        if (step + 1) % 50 == 0 or step + 1 == steps:
+            logger.info("%s step %d/%d: loss %.3f", label, step + 1, steps, losses[-1])
+    save_model(Path(out), model, tokenizer)
+    return losses
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """Training on search trajectories of other worlds (``verl_search.train.other_worlds``), after the copy and
@@ -156,33 +193,22 @@ def train_on_trajectories(
 
     Returns ``{"seconds", "first_loss", "last_loss", "rows"}``; raises ValueError for no rows or no trained token.
     """
-    import numpy as np
-    import torch
-    from transformers import AutoTokenizer, Qwen2ForCausalLM
-
-    from verl_search.train.tiny_model import save_model
+    from transformers import AutoTokenizer
 
     if not rows or not any(any(mask) for _, mask in rows):
         raise ValueError("no trajectory with a trained token to pre-train on")
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    torch.manual_seed(spec.seed)
-    model = Qwen2ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="sdpa")
-    model.train()
-    optimizer, lr_schedule = adamw_cosine(model, spec.lr, spec.steps, spec.warmup_steps)
-    rng = np.random.default_rng(spec.seed)
     order: list[int] = []
-    losses: list[float] = []
-    for step in range(spec.steps):
+
+    def next_batch(step: int, rng):
+        nonlocal order
         if len(order) < spec.batch_size:
             order += rng.permutation(len(rows)).tolist()
-        batch = padded([rows[order.pop()] for _ in range(spec.batch_size)], tokenizer.pad_token_id)
-        loss = masked_loss(model, *batch)
-        apply_update(loss, model, optimizer, lr_schedule)
-        losses.append(loss.item())
-        if (step + 1) % 50 == 0 or step + 1 == spec.steps:
-            logger.info("trajectory pre-training step %d/%d: loss %.3f", step + 1, spec.steps, losses[-1])
-    save_model(Path(out), model, tokenizer)
+        return padded([rows[order.pop()] for _ in range(spec.batch_size)], tokenizer.pad_token_id)
+
+    schedule = {"steps": spec.steps, "lr": spec.lr, "warmup_steps": spec.warmup_steps, "seed": spec.seed}
+    losses = train_loop(model_dir, out, tokenizer, next_batch, **schedule, label="trajectory pre-training")
     return {"seconds": time.monotonic() - started, "first_loss": losses[0], "last_loss": losses[-1], "rows": len(rows)}
 
 
@@ -192,11 +218,8 @@ def pretrain(model_dir: Path, out: Path, texts: Sequence[str], spec: PretrainSpe
     Returns ``{"seconds", "first_loss", "last_loss", "tokens"}``; raises ValueError when the texts are shorter than
     one window.
     """
-    import numpy as np
     import torch
-    from transformers import AutoTokenizer, Qwen2ForCausalLM
-
-    from verl_search.train.tiny_model import save_model
+    from transformers import AutoTokenizer
 
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -206,13 +229,8 @@ def pretrain(model_dir: Path, out: Path, texts: Sequence[str], spec: PretrainSpe
     if spec.copy_steps and spec.copy_seq_len < 2 * spec.copy_span[1] + 1:
         raise ValueError(f"copy_seq_len {spec.copy_seq_len} cannot hold two runs of {spec.copy_span[1]} pieces")
     pieces = torch.unique(stream)
-    torch.manual_seed(spec.seed)
-    model = Qwen2ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="sdpa")
-    model.train()
-    optimizer, lr_schedule = adamw_cosine(model, spec.lr, spec.steps, spec.warmup_steps)
-    rng = np.random.default_rng(spec.seed)
-    losses: list[float] = []
-    for step in range(spec.steps):
+
+    def next_batch(step: int, rng):
         if step < spec.copy_steps or rng.random() < spec.lm_copy_share:
             batch, labels = repeated_span_batch(stream, pieces, spec, rng)
             scored = (labels != -100).float()
@@ -220,11 +238,9 @@ def pretrain(model_dir: Path, out: Path, texts: Sequence[str], spec: PretrainSpe
             starts = rng.integers(0, len(stream) - spec.seq_len, spec.batch_size)
             batch = torch.stack([stream[s : s + spec.seq_len] for s in starts])
             scored = torch.ones(batch.shape)
-        loss = masked_loss(model, batch, scored, torch.ones_like(batch))
-        apply_update(loss, model, optimizer, lr_schedule)
-        losses.append(loss.item())
-        if (step + 1) % 50 == 0 or step + 1 == spec.steps:
-            logger.info("pre-training step %d/%d: loss %.3f", step + 1, spec.steps, losses[-1])
-    save_model(Path(out), model, tokenizer)
+        return batch, scored, torch.ones_like(batch)
+
+    schedule = {"steps": spec.steps, "lr": spec.lr, "warmup_steps": spec.warmup_steps, "seed": spec.seed}
+    losses = train_loop(model_dir, out, tokenizer, next_batch, **schedule, label="pre-training")
     seconds = time.monotonic() - started
     return {"seconds": seconds, "first_loss": losses[0], "last_loss": losses[-1], "tokens": int(len(stream))}

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from verl_search.errors import VerlSearchError
 from verl_search.testing.background_server import free_port, wait_until_healthy
 
 logger = logging.getLogger(__name__)
@@ -24,7 +25,7 @@ logger = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 
 
-class StageError(RuntimeError):
+class StageError(VerlSearchError, RuntimeError):
     """A stage's command exited non-zero; the message names the stage and its log."""
 
 

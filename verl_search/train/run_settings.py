@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_search.atomic import atomic_path
+from verl_search.errors import VerlSearchError
 from verl_search.train.config import TrainConfig
 
 FILE = "settings.json"
@@ -19,7 +20,7 @@ FILE = "settings.json"
 _NOT_SETTINGS = {"out_dir", "retriever_url"}
 
 
-class SettingsMismatch(ValueError):
+class SettingsMismatch(VerlSearchError, ValueError):
     """The run folder was built with other settings; the message names them and the way out."""
 
 

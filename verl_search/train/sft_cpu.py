@@ -14,16 +14,10 @@ import os
 import sys
 from typing import Any
 
+from verl_search.testing.background_server import free_port
+
 # What torchrun --nproc_per_node=1 would export; a free port is picked unless MASTER_PORT is set.
 _RENDEZVOUS = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
-
-
-def _free_port() -> str:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
 
 
 def prepare_environment(env: dict[str, str] | Any = os.environ) -> None:
@@ -32,7 +26,7 @@ def prepare_environment(env: dict[str, str] | Any = os.environ) -> None:
     env.setdefault("VERL_ENGINE_DEVICE", "cuda")  # verl registers no FSDP engine for device "cpu"
     for key, value in _RENDEZVOUS.items():
         env.setdefault(key, value)
-    env.setdefault("MASTER_PORT", _free_port())
+    env.setdefault("MASTER_PORT", str(free_port()))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from verl_search.agent_loop import SearchR1LoopConfig
 from verl_search.data.rows import shown_question
 from verl_search.data.templates import PromptTemplate
+from verl_search.errors import VerlSearchError
 from verl_search.tool.config import SearchToolConfig
 from verl_search.tool.search_tool import run_search
 
@@ -35,7 +36,7 @@ THINK_BRIDGE = "I need one more search."
 THINK_ANSWER = "I found the answer."
 
 
-class TrajectoryError(ValueError):
+class TrajectoryError(VerlSearchError, ValueError):
     """A trajectory cannot be built faithfully (the retriever did not surface what the next turn needs)."""
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from omegaconf.errors import ConfigKeyError
 
+from verl_search.testing import forced_prefix
 from verl_search.testing.scripted_policy import OracleReader, ScriptedServerManager, question_of, scripted_turns
 from verl_search.testing.scripted_rollout import rows_to_batch, verl_trainer_config
 
@@ -36,11 +37,36 @@ def test_oracle_reader_answers_only_what_was_retrieved():
     assert reader("never asked", "William Shakespeare") == "unknown"
 
 
-def test_question_of_reads_the_first_user_turn():
-    convo = "<|im_start|>user\nAnswer it. Question: who wrote hamlet?\n<|im_end|>\n<|im_start|>assistant\n"
-    assert question_of(convo) == "who wrote hamlet?"
+USER = "<|im_start|>user\nAnswer it. Question: who wrote hamlet?\n<|im_end|>\n"
+ASSISTANT = "<|im_start|>assistant\n"
+TOOL_TURN = "<|im_start|>user\n<tool_response>\nQuestion: not this one\n</tool_response><|im_end|>\n"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # the rollout server's first-turn prompts (the forcing policy's input): system prompt, tools listed or not
+        USER + ASSISTANT,
+        "<|im_start|>system\nYou may search. Question: comes later.<|im_end|>\n" + USER + ASSISTANT,
+        "<|im_start|>system\n<tools>[...]</tools><|im_end|>\n" + USER + ASSISTANT,
+        # the scripted policies' input: the whole conversation, tool results come back as later user turns
+        USER + ASSISTANT + "<tool_call>...</tool_call><|im_end|>\n" + TOOL_TURN + ASSISTANT,
+        USER + ASSISTANT + "<search> q </search>\n\n<information>Question: not this one</information>\n\n",
+    ],
+    ids=["first turn", "system prompt", "tools listed", "after a tool response", "after information"],
+)
+def test_question_of_reads_the_first_user_turn(text):
+    assert question_of(text) == "who wrote hamlet?"
+    assert forced_prefix.question_of is question_of  # one reader for the forcing policy and the scripted policies
+
+
+def test_question_of_without_a_question_mark_is_the_whole_turn_and_without_a_user_turn_an_error():
+    assert question_of("<|im_start|>user\n who wrote hamlet? <|im_end|>\n" + ASSISTANT) == "who wrote hamlet?"
     with pytest.raises(ValueError, match="no user turn"):
-        question_of("<|im_start|>assistant\n")
+        question_of(ASSISTANT)
+
+
+def test_bad_policy_input_is_a_clear_error():
     with pytest.raises(ValueError, match="at least one text"):
         scripted_turns()
 

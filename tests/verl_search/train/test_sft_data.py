@@ -21,6 +21,7 @@ from verl_search.agent_loop import parse_action
 from verl_search.data.rows import build_row
 from verl_search.data.schema import QARecord
 from verl_search.data.templates import load_templates
+from verl_search.launch.tool_yaml import write_tool_config
 from verl_search.testing.scripted_policy import scripted_turns
 from verl_search.testing.scripted_rollout import run_rows
 from verl_search.testing.stub_retriever import StubServer
@@ -51,13 +52,9 @@ def toy_stub():
 
 @pytest.fixture
 def tool_yaml(toy_stub, tmp_path) -> Path:
-    config = yaml.safe_load((REPO / "tool_config" / "search_tool_config.yaml").read_text())
-    config["tools"][0]["config"].update(
-        retrieval_service_url=f"{toy_stub.url}/retrieve", topk=1, max_result_chars=400, timeout=5.0
-    )
-    path = tmp_path / "search_tool_config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    settings = {"topk": 1, "max_result_chars": 400, "timeout": 5.0}
+    source = REPO / "tool_config" / "search_tool_config.yaml"
+    return write_tool_config(source, tmp_path / "search_tool_config.yaml", f"{toy_stub.url}/retrieve", settings)
 
 
 @pytest.fixture
