@@ -15,6 +15,7 @@ VARIABLE = "VERL_PLATFORM"
 CPU = "cpu"
 
 
-def cpu_requested(env: Mapping[str, str] = os.environ) -> bool:
-    """True when this process was asked to run verl on the CPU platform (case and surrounding blanks ignored)."""
-    return env.get(VARIABLE, "").strip().lower() == CPU
+def cpu_requested(env: Mapping[str, str] | None = None) -> bool:
+    """True when this process was asked to run verl on the CPU platform (case and surrounding blanks ignored).
+    ``env`` defaults to ``os.environ`` as it is at the call (a library may have replaced the object since import)."""
+    return (os.environ if env is None else env).get(VARIABLE, "").strip().lower() == CPU
