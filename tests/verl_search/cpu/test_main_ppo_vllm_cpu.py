@@ -49,7 +49,16 @@ def vllm_tiny_model(tmp_path_factory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("model") / "tiny-qwen2-h256", spec)
 
 
+SHM = Path("/dev/shm")
+
+
+def _shm_segments() -> set[Path]:
+    """vLLM's shared-memory segments (``psm_*``: its message queues and the weight-sync buffer)."""
+    return set(SHM.glob("psm_*")) if SHM.is_dir() else set()
+
+
 def _launch(run_dir: Path, env: dict[str, str], total_steps: int, *overrides: str) -> subprocess.CompletedProcess:
+    before = _shm_segments()
     full_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CUDA_VISIBLE_DEVICES")}
     full_env.update(env, PYTHON=sys.executable, RUN_DIR=str(run_dir), TOTAL_STEPS=str(total_steps))
     full_env["VERL_FILE_LOGGER_PATH"] = str(run_dir / f"metrics-{total_steps}.jsonl")
@@ -67,6 +76,8 @@ def _launch(run_dir: Path, env: dict[str, str], total_steps: int, *overrides: st
     finally:
         if process.poll() is None:  # only our own process group: never `ray stop`, which ends other users' Ray too
             os.killpg(process.pid, signal.SIGKILL)
+        for segment in _shm_segments() - before:  # vLLM leaves them behind (~170-250 MB each); its processes are gone
+            segment.unlink(missing_ok=True)
     (run_dir.parent / f"{run_dir.name}-{total_steps}.log").write_text(output)
     return subprocess.CompletedProcess(process.args, process.returncode, output, "")
 
