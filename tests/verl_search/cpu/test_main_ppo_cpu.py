@@ -11,38 +11,11 @@ events (weight fingerprints per update).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-SCRIPT = REPO / "run_scripts" / "run_tiny_search_cpu.sh"
 FORCED = "path:verl_search.testing.forced_prefix.ForcedOpenings,search_every:2,answer:Paris,answer_every:1"
-
-
-def _launch(run_dir: Path, env: dict[str, str], total_steps: int, *overrides: str) -> subprocess.CompletedProcess:
-    full_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CUDA_VISIBLE_DEVICES")}
-    full_env.update(env, PYTHON=sys.executable, RUN_DIR=str(run_dir), TOTAL_STEPS=str(total_steps))
-    full_env["VERL_FILE_LOGGER_PATH"] = str(run_dir / f"metrics-{total_steps}.jsonl")
-    process = subprocess.Popen(
-        ["bash", str(SCRIPT), *overrides],
-        cwd=run_dir.parent,
-        env=full_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own process group: Ray's processes are ended with it
-    )
-    try:
-        output, _ = process.communicate(timeout=420)
-    finally:
-        if process.poll() is None:  # only our own process group: never `ray stop`, which ends other users' Ray too
-            os.killpg(process.pid, signal.SIGKILL)
-    (run_dir.parent / f"{run_dir.name}-{total_steps}.log").write_text(output)
-    return subprocess.CompletedProcess(process.args, process.returncode, output, "")
 
 
 def _metrics(path: Path) -> dict[int, dict]:
@@ -54,7 +27,7 @@ def _records(folder: Path) -> list[dict]:
 
 
 def test_grpo_with_search_trains_validates_checkpoints_and_resumes(
-    tmp_path, tiny_model, real_retriever, mixed_data, short_results_tool_yaml
+    tmp_path, tiny_model, real_retriever, mixed_data, short_results_tool_yaml, launch_cpu_run
 ):
     run_dir, records = tmp_path / "run", tmp_path / "records"
     env = {
@@ -71,7 +44,7 @@ def test_grpo_with_search_trains_validates_checkpoints_and_resumes(
         "+actor_rollout_ref.rollout.engine_kwargs.hf_cpu="
         f"{{max_tokens_per_turn:48,opening_policy:{{{FORCED},record_dir:{records}}}}}"
     )
-    first = _launch(run_dir, env, 2, options, f"trainer.rollout_data_dir={tmp_path / 'rollouts'}")
+    first = launch_cpu_run(run_dir, env, 2, options, f"trainer.rollout_data_dir={tmp_path / 'rollouts'}")
     assert first.returncode == 0, first.stdout[-4000:]
 
     metrics = _metrics(run_dir / "metrics-2.jsonl")
@@ -105,6 +78,6 @@ def test_grpo_with_search_trains_validates_checkpoints_and_resumes(
     by_step = {r["global_steps"]: r["fingerprint"] for r in updates}
     assert by_step[1] != by_step[2]
 
-    second = _launch(run_dir, env, 3, options)
+    second = launch_cpu_run(run_dir, env, 3, options)
     assert second.returncode == 0, second.stdout[-4000:]
     assert sorted(_metrics(run_dir / "metrics-3.jsonl")) == [3]  # resumed from global_step_2, trained step 3 only
