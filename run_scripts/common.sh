@@ -8,11 +8,12 @@ DRY_RUN="${DRY_RUN:-0}"
 SKIP_PREFLIGHT="${SKIP_PREFLIGHT:-0}"
 # seconds the preflight waits for the retriever's answer to its one probe query
 PROBE_TIMEOUT="${PROBE_TIMEOUT:-10}"
-# verl's V1 trainer of this mode (sync, colocate_async, separate_async); with SEARCH_MONITOR=1 its search_* twin,
-# which also logs the search behaviour of every step (search/* metrics) and watches them for collapse
-# (verl_search.monitor; alarm settings as overrides, e.g. +search_monitor.alarms.stop_after=3)
-TRAINER_MODE="${TRAINER_MODE:-sync}"
-SEARCH_MONITOR="${SEARCH_MONITOR:-1}"
+# The trainer: TRAINER=sync (default) | one_step_off | fully_async | colocate_async, and its knobs MAX_STALENESS,
+# STALENESS_STRATEGY, WARMUP_BATCHES, PARAMETER_SYNC_STEP, ROLLOUT_GPUS, ROLLOUT_NODES, PARTIAL_ROLLOUT,
+# CHECKPOINT_ENGINE, SEARCH_MONITOR (1, default: verl's trainer of the mode as its search_* twin, which logs search/*
+# metrics every step and watches them for collapse, e.g. +search_monitor.alarms.stop_after=3). Their defaults and
+# meaning are declared once, in verl_search/launch/trainer_mode.py (see vs_trainer_overrides); TRAINER_MODE=sync|
+# colocate_async|separate_async, the older knob, still works (separate_async = fully_async).
 # The checkout's verl_search wins over an installed copy, here and in every Ray worker started from this shell.
 export PYTHONPATH="${VS_REPO_DIR}${PYTHONPATH:+:${PYTHONPATH}}"
 export PYTHONUNBUFFERED=1
@@ -77,32 +78,31 @@ vs_rollout_overrides() {
 }
 
 # vs_search_overrides: set VS_SEARCH_ARGS to the overrides that plug our tool, agent loop and reward into verl's
-# multi-turn rollout, and the trainer mode (from AGENT, MAX_TURNS, MAX_TOOL_RESPONSE_LENGTH, RUN_TOOL_CONFIG,
-# REWARD_FN_PATH, AGENT_LOOP_CONFIG, TRAINER_MODE and SEARCH_MONITOR). Call vs_prepare_run first.
+# multi-turn rollout (from AGENT, MAX_TURNS, MAX_TOOL_RESPONSE_LENGTH, RUN_TOOL_CONFIG, REWARD_FN_PATH and
+# AGENT_LOOP_CONFIG; the mapping is verl_search/launch/search_overrides.py, which make train uses too). Call
+# vs_prepare_run first.
 vs_search_overrides() {
-    VS_SEARCH_ARGS=(
-        actor_rollout_ref.rollout.multi_turn.enable=True
-        actor_rollout_ref.rollout.multi_turn.format=hermes
-        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=${MAX_TURNS}"
-        "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=${MAX_TOOL_RESPONSE_LENGTH}"
-        actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=right
-        "actor_rollout_ref.rollout.multi_turn.tool_config_path=${RUN_TOOL_CONFIG}"
-        "actor_rollout_ref.rollout.agent.default_agent_loop=${AGENT}"
-        "reward.custom_reward_function.path=${REWARD_FN_PATH}"
-        reward.custom_reward_function.name=compute_score
-    )
-    case "$TRAINER_MODE" in
-        sync | colocate_async | separate_async) ;;
-        *) vs_die "TRAINER_MODE=${TRAINER_MODE}: choose sync, colocate_async or separate_async" ;;
-    esac
-    case "$SEARCH_MONITOR" in
-        1) VS_SEARCH_ARGS+=("trainer.v1.trainer_mode=search_${TRAINER_MODE}") ;;
-        0) VS_SEARCH_ARGS+=("trainer.v1.trainer_mode=${TRAINER_MODE}") ;;
-        *) vs_die "SEARCH_MONITOR=${SEARCH_MONITOR}: 1 (per-step search metrics and alarms) or 0" ;;
-    esac
-    if [[ "$AGENT" == search_r1_agent ]]; then
-        VS_SEARCH_ARGS+=("actor_rollout_ref.rollout.agent.agent_loop_config_path=${AGENT_LOOP_CONFIG}")
-    fi
+    local out
+    out="$("$PYTHON" -m verl_search.launch.search_overrides --agent "$AGENT" --max-turns "$MAX_TURNS" \
+        --max-tool-response-length "$MAX_TOOL_RESPONSE_LENGTH" --tool-config "$RUN_TOOL_CONFIG" \
+        --reward-fn-path "$REWARD_FN_PATH" --agent-loop-config "$AGENT_LOOP_CONFIG")" \
+        || vs_die "cannot compose the search overrides (AGENT=${AGENT})"
+    mapfile -t VS_SEARCH_ARGS <<<"$out"
+}
+
+# vs_trainer_overrides DEVICES TRAIN_BATCH_SIZE PPO_MINI_BATCH_SIZE DEVICE(cpu|cuda): set VS_TRAINER_ARGS to the
+# overrides of TRAINER and its knobs (verl_search.launch.trainer_mode; put them after the script's own, before "$@")
+# and VS_ROLLOUT_GPUS to the devices per node of a separate rollout pool (0 unless one_step_off or fully_async).
+vs_trainer_overrides() {
+    local out arg
+    out="$("$PYTHON" -m verl_search.launch.trainer_mode --from-env --devices "$1" --train-batch-size "$2" \
+        --mini-batch-size "$3" --device "$4")" || vs_die "the trainer knobs above cannot run (TRAINER=${TRAINER:-sync})"
+    mapfile -t VS_TRAINER_ARGS <<<"$out"
+    VS_ROLLOUT_GPUS=0
+    for arg in "${VS_TRAINER_ARGS[@]}"; do
+        case "$arg" in actor_rollout_ref.rollout.n_gpus_per_node=*) VS_ROLLOUT_GPUS="${arg#*=}" ;; esac
+    done
+    echo "trainer: ${VS_TRAINER_ARGS[0]#*=}${TRAINER:+ (TRAINER=${TRAINER})}"
 }
 
 # vs_print_command ARGV...: the command quoted for pasting into a shell: the program and its flags on the first line,

@@ -65,6 +65,7 @@ fi
 vs_rollout_overrides
 vs_prepare_run
 vs_search_overrides
+vs_trainer_overrides "$N_GPUS" "$TRAIN_BATCH_SIZE" "$TRAIN_BATCH_SIZE" cuda
 
 ARGS=(
     algorithm.adv_estimator=grpo
@@ -103,7 +104,7 @@ ARGS=(
     "trainer.default_local_dir=${RUN_DIR}/checkpoints"
     "${RESUME[@]}"
 )
-ARGS+=("$@")
+ARGS+=("${VS_TRAINER_ARGS[@]}" "$@")
 
 echo "run folder: ${RUN_DIR}; generations go to ${OUTPUT_DIR}"
 echo "summarise them afterwards with: ${PYTHON} -m verl_search.report ${OUTPUT_DIR} --data ${VAL_DATA}"

@@ -67,6 +67,7 @@ vs_rollout_overrides
 vs_serve_retriever
 vs_prepare_run
 vs_search_overrides
+vs_trainer_overrides "$N_GPUS" "$TRAIN_BATCH_SIZE" "$PPO_MINI_BATCH_SIZE" cuda
 
 ARGS=(
     algorithm.adv_estimator=grpo
@@ -117,7 +118,7 @@ ARGS=(
     "trainer.default_local_dir=${RUN_DIR}/checkpoints"
     "trainer.validation_data_dir=${RUN_DIR}/val_generations"
 )
-ARGS+=("$@")
+ARGS+=("${VS_TRAINER_ARGS[@]}" "$@")
 
 echo "run folder: ${RUN_DIR} (tool config, checkpoints, validation generations)"
 vs_preflight --agent "$AGENT" -- "${ARGS[@]}"

@@ -18,11 +18,15 @@
     ├── launch.checks.PreflightError     a launch precondition that fails
     │   └── PreflightWarning             a problem that does not stop the launch
     ├── launch.gpu_locks.LockFileError   a GPU lock file is missing or not pinned
+    ├── launch.cpu_run.CpuRunError (ValueError)     a knob of the CPU run script has a value it cannot take
+    ├── launch.trainer_mode.TrainerModeError (ValueError)  a TRAINER knob (or its settings) cannot run
     ├── eval.validation_dump.DumpError (ValueError)    the validation dumps or data cannot make the report
     ├── cpu.errors.CpuBackendError       the CPU training backend cannot run as configured
     │   ├── UnsupportedVerlError         the installed verl is not the version whose gaps we bridge
     │   ├── UnsupportedVllmError         the installed vLLM CPU build is not one whose gaps with verl we bridge
-    │   └── CpuRolloutConfigError (ValueError)         engine_kwargs.<backend> of the rollout config is invalid
+    │   ├── CpuRolloutConfigError (ValueError)         engine_kwargs.<backend> of the rollout config is invalid
+    │   └── WeightSyncTimeout (TimeoutError)           the zmq checkpoint engine waited past its deadline
+    ├── ResourceMissing (FileNotFoundError)           a shipped file (tool YAML, prompt.yaml) is not installed
     ├── train.processes.StageError (RuntimeError)      a ``make train`` stage failed or left no output
     ├── train.run_settings.SettingsMismatch (ValueError)  the run folder was built with other settings
     └── train.sft_data.TrajectoryError (ValueError)    an SFT trajectory cannot be built faithfully
@@ -97,3 +101,9 @@ class ServerError(RetrievalError):
 
 class BadResponse(RetrievalError):
     kind = "bad_response"
+
+
+class ResourceMissing(VerlSearchError, FileNotFoundError):
+    """A file the package ships (``verl_search.resources``) is in neither a checkout nor the installed package."""
+
+    kind = "resource_missing"

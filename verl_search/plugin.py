@@ -1,5 +1,6 @@
 """verl plugin entry point (group ``verl.plugins``): makes ``import verl`` register the ``search_r1_agent`` loop, the
-``search_*`` trainer modes (:mod:`verl_search.monitor.trainer`), and the CPU backend (:mod:`verl_search.cpu.register`)
+``search_*`` trainer modes (:mod:`verl_search.monitor.trainer`), a fix for a verl 0.9.1 bug of its separate_async
+trainer (:mod:`verl_search.verl_fixes`), and the CPU backend (:mod:`verl_search.cpu.register`)
 only when ``VERL_PLATFORM=cpu``.
 
 verl loads this module at the end of ``import verl`` in every process, Ray workers included, and silently skips a
@@ -21,6 +22,7 @@ AGENT_NAME = "search_r1_agent"
 AGENT_TARGET = "verl_search.agent_loop.SearchR1AgentLoop"
 REGISTRY_MODULE = "verl.experimental.agent_loop.agent_loop"
 TRAINER_MODULE = "verl.trainer.ppo.v1"
+SEPARATE_ASYNC_MODULE = "verl.trainer.ppo.v1.trainer_separate_async"
 
 
 def register_agent_loop(module: ModuleType) -> None:
@@ -35,11 +37,19 @@ def register_trainers(module: ModuleType) -> None:
     register_search_trainers(module)
 
 
+def fix_separate_async(module: ModuleType) -> None:
+    """Bridge verl 0.9.1's separate_async logging bug (:mod:`verl_search.verl_fixes`)."""
+    from verl_search.verl_fixes import fix_separate_async_logger
+
+    fix_separate_async_logger(module)
+
+
 def install() -> None:
     """Register now if verl's agent-loop and trainer modules are loaded, else when each is first imported.
     Idempotent."""
     after_import(REGISTRY_MODULE, register_agent_loop)
     after_import(TRAINER_MODULE, register_trainers)
+    after_import(SEPARATE_ASYNC_MODULE, fix_separate_async)
 
 
 try:

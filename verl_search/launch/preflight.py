@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from verl_search.launch import checks, resources, runtime
+from verl_search.launch import checks, resources, runtime, trainer_mode_check
 from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning
 from verl_search.launch.environment import PythonEnvironment
 from verl_search.launch.trainer_config import LaunchConfigError, compose_launch_config
@@ -54,6 +54,7 @@ def planned_checks(ctx: LaunchContext) -> list[tuple[str, Callable[[], str]]]:
         ("attention", lambda: runtime.check_attention(ctx)),
         ("tool parser", lambda: checks.check_tool_parser(ctx)),
         ("verl validation", lambda: checks.check_verl_validation(ctx)),
+        ("trainer mode", lambda: trainer_mode_check.check_trainer_mode(ctx)),
         ("agent loops", lambda: checks.check_agent_loops(ctx)),
         ("tools", lambda: resources.check_tools_build(ctx)),
         ("tool response length", lambda: resources.check_tool_response_length(ctx)),

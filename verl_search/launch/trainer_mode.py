@@ -1,0 +1,343 @@
+"""The one trainer knob of the run scripts: ``TRAINER=sync|one_step_off|fully_async|colocate_async``, and the verl
+overrides each choice means. Every mode runs through the same entry point (``python -m verl.trainer.main_ppo``) on
+verl 0.9.1's V1 trainer (``trainer.v1.trainer_mode``), so the search recipe, its preflight and its per-step search
+metrics are the same in each:
+
+=================  ==========================  ==================================================================
+TRAINER            verl V1 mode                what it means
+=================  ==========================  ==================================================================
+sync (default)     ``sync``                    generate a batch, train on it, repeat (on-policy)
+one_step_off       ``separate_async``          rollout on its own devices, one batch ahead; every trajectory is
+                                               trained at most one update after it was asked for (stragglers wait)
+fully_async        ``separate_async``          rollout on its own devices, streaming; a straggler may run across up
+                                               to ``MAX_STALENESS`` versions (paused and resumed with new weights)
+colocate_async     ``colocate_async``          rollout and trainer share devices; stragglers carry over to the next
+                                               step instead of holding this one (no extra devices)
+=================  ==========================  ==================================================================
+
+Both separate modes set ``actor_rollout_ref.hybrid_engine=False`` (verl 0.9.1's "V0-style fully-async semantics":
+the rollout is served only by its own pool of ``ROLLOUT_GPUS`` devices). verl 0.9.1's experimental
+``one_step_off_policy`` and ``fully_async_policy`` entry points implement the same two ideas on the legacy trainer
+with another config root; they are not used here. Invariant: the settings are declared once (:class:`TrainerSettings`),
+a bad value is a :class:`TrainerModeError` naming the knob, and the overrides are derived from validated settings only.
+
+CLI (what ``run_scripts/common.sh`` calls): ``python -m verl_search.launch.trainer_mode --from-env --devices N
+--train-batch-size B --mini-batch-size M --device cpu|cuda`` prints one override per line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from verl_search.errors import VerlSearchError
+
+Trainer = Literal["sync", "one_step_off", "fully_async", "colocate_async"]
+Strategy = Literal["wait", "drop"]
+
+#: our trainer name -> verl's V1 trainer mode
+VERL_MODES: dict[str, str] = {
+    "sync": "sync",
+    "one_step_off": "separate_async",
+    "fully_async": "separate_async",
+    "colocate_async": "colocate_async",
+}
+#: the older TRAINER_MODE knob (verl's own mode names) -> TRAINER
+LEGACY_TRAINER_MODES: dict[str, str] = {
+    "sync": "sync",
+    "colocate_async": "colocate_async",
+    "separate_async": "fully_async",
+}
+#: environment variable -> TrainerSettings field
+ENV_KNOBS: dict[str, str] = {
+    "TRAINER": "trainer",
+    "SEARCH_MONITOR": "search_monitor",
+    "MAX_STALENESS": "max_staleness",
+    "STALENESS_STRATEGY": "staleness_strategy",
+    "WARMUP_BATCHES": "warmup_batches",
+    "PARAMETER_SYNC_STEP": "parameter_sync_step",
+    "ROLLOUT_GPUS": "rollout_gpus",
+    "ROLLOUT_NODES": "rollout_nodes",
+    "PARTIAL_ROLLOUT": "partial_rollout",
+    "CHECKPOINT_ENGINE": "checkpoint_engine",
+}
+#: what one_step_off fixes (it is fully_async with these values)
+ONE_STEP_OFF = {"max_staleness": 2, "warmup_batches": 1.0, "staleness_strategy": "wait"}
+#: verl_search's CPU checkpoint engine (standalone rollout on a machine without NCCL)
+CPU_CHECKPOINT_ENGINE = "zmq"
+CPU_CHECKPOINT_MODULE = "verl_search.cpu.checkpoint_engine"
+GPU_CHECKPOINT_ENGINE = "nccl"
+
+
+class TrainerModeError(VerlSearchError, ValueError):
+    """A trainer knob has a value that cannot run; the message names the knob and the way out."""
+
+    kind = "trainer_mode"
+
+
+def _knob(field: str) -> str:
+    return next((env for env, name in ENV_KNOBS.items() if name == field), field)
+
+
+class TrainerSettings(BaseModel):
+    """The trainer knobs of the run scripts (environment variables in capitals, see :data:`ENV_KNOBS`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    trainer: Trainer = Field("sync", description="TRAINER: sync, one_step_off, fully_async or colocate_async")
+    search_monitor: bool = Field(
+        True, description="SEARCH_MONITOR: run verl's trainer of the mode as search_<mode> (per-step search/* metrics)"
+    )
+    max_staleness: int | None = Field(
+        None,
+        ge=1,
+        description="MAX_STALENESS: most policy versions a trajectory may span, from being asked for to being trained "
+        "(verl's trainer.v1.sampler.max_off_policy_threshold; 'none': no bound). Default: 2 for one_step_off, "
+        "4 for fully_async and colocate_async",
+    )
+    unbounded_staleness: bool = Field(False, description="MAX_STALENESS=none was given")
+    staleness_strategy: Strategy | None = Field(
+        None,
+        description="STALENESS_STRATEGY: wait (the trainer waits for a trajectory about to exceed MAX_STALENESS, "
+        "nothing is thrown away) or drop (verl discards it and asks again; biased against long search chains). "
+        "Default: wait",
+    )
+    warmup_batches: float | None = Field(
+        None,
+        ge=0,
+        description="WARMUP_BATCHES: batches of prompts asked for ahead of the trainer (fractions allowed). Default 1",
+    )
+    parameter_sync_step: int | None = Field(
+        None,
+        ge=1,
+        description="PARAMETER_SYNC_STEP: optimizer updates (mini-batches) per weight sync to the rollout in "
+        "one_step_off/fully_async; verl requires train_batch_size = this x ppo_mini_batch_size, so the default "
+        "derives it from them",
+    )
+    rollout_gpus: int | None = Field(
+        None, ge=1, description="ROLLOUT_GPUS: devices per node of the rollout pool (separate modes); default: as many "
+        "as the trainer's",
+    )  # fmt: skip
+    rollout_nodes: int = Field(1, ge=1, description="ROLLOUT_NODES: nodes of the rollout pool (separate modes)")
+    partial_rollout: bool = Field(
+        True,
+        description="PARTIAL_ROLLOUT: a weight sync pauses generation and resumes it with the new weights; always on "
+        "in verl 0.9.1's V1 async trainers (0 is refused)",
+    )
+    checkpoint_engine: str | None = Field(
+        None,
+        description="CHECKPOINT_ENGINE: how weights reach a separate rollout pool (verl's nccl, nixl, ...; zmq: "
+        "verl_search's, for CPUs). Default: zmq on a CPU, nccl on GPUs",
+    )
+
+    @property
+    def verl_mode(self) -> str:
+        return VERL_MODES[self.trainer]
+
+    @property
+    def separate(self) -> bool:
+        return self.verl_mode == "separate_async"
+
+    @property
+    def asynchronous(self) -> bool:
+        return self.trainer != "sync"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainerSettings:
+        given = self.model_fields_set
+        if self.trainer == "sync":
+            extra = sorted(
+                _knob(f)
+                for f in ("max_staleness", "staleness_strategy", "warmup_batches", "parameter_sync_step")
+                + ("rollout_gpus", "checkpoint_engine")
+                if f in given and getattr(self, f) is not None
+            )
+            if extra or self.unbounded_staleness:
+                raise ValueError(f"{', '.join(extra or ['MAX_STALENESS'])} apply only to TRAINER=one_step_off, "
+                                 "fully_async or colocate_async (TRAINER=sync is on-policy)")  # fmt: skip
+        if self.trainer == "one_step_off":
+            for field, value in ONE_STEP_OFF.items():
+                if field in given and getattr(self, field) not in (None, value):
+                    raise ValueError(
+                        f"TRAINER=one_step_off fixes {_knob(field)}={value:g}" if isinstance(value, float)
+                        else f"TRAINER=one_step_off fixes {_knob(field)}={value}"
+                    ) from None  # fmt: skip
+            if self.unbounded_staleness:
+                raise ValueError("TRAINER=one_step_off fixes MAX_STALENESS=2; use TRAINER=fully_async for no bound")
+        if not self.partial_rollout:
+            raise ValueError(
+                "PARTIAL_ROLLOUT=0: verl 0.9.1's V1 async trainers always resume a paused generation with the new "
+                "weights (FullyAsyncLLMServerClient); bound its off-policy share with MAX_STALENESS instead"
+            )
+        if not self.separate:
+            for field in ("rollout_gpus", "parameter_sync_step", "checkpoint_engine"):
+                if field in given and getattr(self, field) is not None:
+                    raise ValueError(f"{_knob(field)} applies only to TRAINER=one_step_off or fully_async")
+        return self
+
+    # ---- resolved values ---------------------------------------------------------------------------------------
+    def staleness(self) -> int | None:
+        if self.trainer == "one_step_off":
+            return ONE_STEP_OFF["max_staleness"]
+        if self.unbounded_staleness:
+            return None
+        return self.max_staleness if self.max_staleness is not None else 4
+
+    def strategy(self) -> str:
+        return self.staleness_strategy or "wait"
+
+    def warmup(self) -> float:
+        if self.trainer == "one_step_off":
+            return ONE_STEP_OFF["warmup_batches"]
+        return 1.0 if self.warmup_batches is None else self.warmup_batches
+
+    def sync_step(self, train_batch_size: int, mini_batch_size: int) -> int:
+        if self.parameter_sync_step is not None:
+            return self.parameter_sync_step
+        return max(1, train_batch_size // max(1, mini_batch_size))
+
+    def engine(self, device: str) -> str:
+        if self.checkpoint_engine:
+            return self.checkpoint_engine
+        return CPU_CHECKPOINT_ENGINE if device == "cpu" else GPU_CHECKPOINT_ENGINE
+
+
+def minimum_staleness(warmup_batches: float) -> int:
+    """The fewest versions a queued trajectory spans when trained: with W batches asked for ahead, a prompt asked for
+    at step s is trained at step s + ceil(W) at the earliest (verl trains the oldest first)."""
+    return math.ceil(warmup_batches) + 1
+
+
+def check_staleness(staleness: int | None, warmup_batches: float, trainer: str) -> None:
+    """Raise when the staleness bound cannot hold what the warm-up queues (every queued trajectory would be dropped,
+    or waited for so the trainer never runs ahead)."""
+    if staleness is None:
+        return
+    if staleness < 2:
+        raise TrainerModeError(
+            f"MAX_STALENESS={staleness} allows no trajectory from an older policy: that is TRAINER=sync"
+        )
+    need = minimum_staleness(warmup_batches)
+    if staleness < need:
+        raise TrainerModeError(
+            f"MAX_STALENESS={staleness} is impossible with WARMUP_BATCHES={warmup_batches:g}: queued trajectories are "
+            f"trained {need} versions after they were asked for; set MAX_STALENESS>={need} or fewer warm-up batches"
+            f" (TRAINER={trainer})"
+        )
+
+
+def settings_from_env(env: Mapping[str, str]) -> TrainerSettings:
+    """The settings the environment asks for (unset or empty variables keep their defaults); TRAINER_MODE, the older
+    knob, is read when TRAINER is unset."""
+    raw: dict[str, object] = {}
+    for name, field in ENV_KNOBS.items():
+        value = env.get(name, "")
+        if value != "":
+            raw[field] = value
+    legacy = env.get("TRAINER_MODE", "")
+    if legacy:
+        if legacy not in LEGACY_TRAINER_MODES:
+            raise TrainerModeError(
+                f"TRAINER_MODE={legacy}: choose sync, colocate_async or separate_async (or use TRAINER=one_step_off|"
+                "fully_async|sync|colocate_async)"
+            )
+        mapped = LEGACY_TRAINER_MODES[legacy]
+        if "trainer" in raw and raw["trainer"] != mapped:
+            raise TrainerModeError(f"TRAINER={raw['trainer']} and TRAINER_MODE={legacy} disagree; set only TRAINER")
+        raw.setdefault("trainer", mapped)
+    for name in ("SEARCH_MONITOR", "PARTIAL_ROLLOUT"):
+        field = ENV_KNOBS[name]
+        if field in raw and raw[field] not in ("0", "1"):
+            raise TrainerModeError(f"{name}={raw[field]}: 1 or 0")
+    if str(raw.get("max_staleness", "")).lower() in ("none", "null", "inf"):
+        raw.pop("max_staleness")
+        raw["unbounded_staleness"] = True
+    return build_settings(raw)
+
+
+def build_settings(raw: Mapping[str, object]) -> TrainerSettings:
+    try:
+        return TrainerSettings(**raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = [str(p) for p in first["loc"]]
+        message = str(first["msg"]).removeprefix("Value error, ")
+        if loc:
+            value = raw.get(loc[0], "")
+            raise TrainerModeError(f"{_knob(loc[0])}={value}: {message}") from e
+        raise TrainerModeError(message) from e
+
+
+def trainer_overrides(
+    settings: TrainerSettings, *, devices: int, train_batch_size: int, mini_batch_size: int, device: str
+) -> list[str]:
+    """verl overrides for ``settings``; ``devices`` is the trainer's devices per node (the default rollout pool size),
+    the batch sizes are the run's ``data.train_batch_size`` and ``actor.ppo_mini_batch_size``."""
+    mode = settings.verl_mode
+    name = f"search_{mode}" if settings.search_monitor else mode
+    out = [f"trainer.v1.trainer_mode={name}"]
+    if not settings.asynchronous:
+        return out
+    staleness, warmup = settings.staleness(), settings.warmup()
+    check_staleness(staleness, warmup, settings.trainer)
+    out += [
+        f"trainer.v1.sampler.max_off_policy_threshold={'null' if staleness is None else staleness}",
+        f"trainer.v1.sampler.max_off_policy_strategy={settings.strategy()}",
+        f"trainer.v1.{mode}.num_warmup_batches={warmup:g}",
+    ]
+    if not settings.separate:
+        return out
+    sync_step = settings.sync_step(train_batch_size, mini_batch_size)
+    if train_batch_size != sync_step * mini_batch_size:
+        raise TrainerModeError(
+            f"PARAMETER_SYNC_STEP={sync_step}: verl's separate_async needs TRAIN_BATCH_SIZE={train_batch_size} = "
+            f"PARAMETER_SYNC_STEP x PPO_MINI_BATCH_SIZE={mini_batch_size}"
+        )
+    engine = settings.engine(device)
+    out += [
+        "actor_rollout_ref.hybrid_engine=False",
+        f"trainer.v1.separate_async.parameter_sync_step={sync_step}",
+        f"actor_rollout_ref.rollout.nnodes={settings.rollout_nodes}",
+        f"actor_rollout_ref.rollout.n_gpus_per_node={settings.rollout_gpus or devices}",
+        f"actor_rollout_ref.rollout.checkpoint_engine.backend={engine}",
+    ]
+    if engine == CPU_CHECKPOINT_ENGINE:
+        out.append(f"actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module={CPU_CHECKPOINT_MODULE}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m verl_search.launch.trainer_mode",
+        description="Print the verl overrides of the TRAINER knob and its settings, one per line.",
+    )
+    parser.add_argument("--from-env", action="store_true", help="read TRAINER and its knobs from the environment")
+    parser.add_argument("--devices", type=int, required=True, help="the trainer's devices per node")
+    parser.add_argument("--train-batch-size", type=int, required=True)
+    parser.add_argument("--mini-batch-size", type=int, required=True)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    args = parser.parse_args(argv)
+    try:
+        settings = settings_from_env(os.environ if args.from_env else {})
+        lines = trainer_overrides(
+            settings,
+            devices=args.devices,
+            train_batch_size=args.train_batch_size,
+            mini_batch_size=args.mini_batch_size,
+            device=args.device,
+        )
+    except TrainerModeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
