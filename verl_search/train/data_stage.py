@@ -1,8 +1,10 @@
 """The data stage of ``make train``: split the toy questions, write the RL and evaluation parquets with the project's
-preprocessing, the run's tool YAML, and the SFT rows (search trajectories and the answer-only baseline's).
+preprocessing (``verl_search.data``), the run's tool YAML, and the SFT rows (search trajectories and the answer-only
+baseline's).
 
 Invariant: every file is written atomically; the SFT, RL and evaluation questions are disjoint; the tool YAML the
-trajectories were searched with is the one GRPO and evaluation use.
+trajectories were searched with is the one GRPO and evaluation use. The stage is keyed by the world, search and agent
+settings; the tool YAML is rewritten on every run (it names this run's retriever, which no row depends on).
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,13 +21,15 @@ import yaml
 from local_dense_retriever.toy.corpus import generate_toy_dataset
 from local_dense_retriever.toy.world import ToyWorld
 from verl_search.atomic import atomic_path
+from verl_search.data.pipeline import PreprocessConfig, run_preprocess
 from verl_search.data.templates import load_templates
 from verl_search.launch.tool_yaml import write_tool_config
+from verl_search.resources import PROMPT_YAML, SEARCH_TOOL_YAML, shipped_file
 from verl_search.tool.client import RetrievalClient
 from verl_search.tool.config import SearchToolConfig
 from verl_search.train.config import TrainConfig
-from verl_search.train.processes import REPO, run_stage
 from verl_search.train.questions import SplitSizes, split_questions
+from verl_search.train.run_settings import settings_of
 from verl_search.train.sft_data import (
     PROTOCOLS,
     RowSettings,
@@ -35,6 +38,7 @@ from verl_search.train.sft_data import (
     sft_row,
     write_rows,
 )
+from verl_search.train.stage import Stage
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +62,7 @@ class DataFiles:
 def write_tool_yaml(config: TrainConfig, url: str, path: Path) -> Path:
     """The shipped tool YAML with this run's retriever URL, passages per query and result cap."""
     settings = {"topk": config.search.topk, "max_result_chars": config.search.max_result_chars}
-    return write_tool_config(REPO / "tool_config" / "search_tool_config.yaml", path, url, settings)
+    return write_tool_config(shipped_file(SEARCH_TOOL_YAML), path, url, settings)
 
 
 def tool_schemas(tool_yaml: Path) -> list[dict]:
@@ -77,7 +81,7 @@ def bridge_name(world: ToyWorld, question: dict) -> str | None:
 
 def row_settings(config: TrainConfig, tool_yaml: Path) -> RowSettings:
     """How SFT rows are rendered: the shipped prompt templates, the tool's schemas, the run's turn limit."""
-    templates = load_templates(REPO / "data_preprocess" / "prompt.yaml")
+    templates = load_templates(shipped_file(PROMPT_YAML))
     return RowSettings(
         hermes_template=templates.get(TEMPLATES["hermes"])[1],
         native_template=templates.get(TEMPLATES["native"])[1],
@@ -96,13 +100,15 @@ def _qa_jsonl(questions: list[dict], path: Path) -> Path:
     return path
 
 
-def preprocess(questions: list[dict], template: str, out_dir: Path, log: Path) -> Path:
-    """verl RL rows for ``questions`` through data_preprocess/preprocess_searchR1_dataset.py; returns test.parquet."""
+def preprocess(questions: list[dict], template: str, out_dir: Path) -> Path:
+    """verl RL rows for ``questions`` through the project's preprocessing (what ``preprocess_searchR1_dataset.py
+    --input_jsonl QA --splits test --template T`` does); returns test.parquet."""
     qa = _qa_jsonl(questions, out_dir / "qa.jsonl")
-    command = [sys.executable, str(REPO / "data_preprocess" / "preprocess_searchR1_dataset.py")]
-    command += ["--input_jsonl", str(qa), "--splits", "test", "--template", template]
-    command += ["--local_dir", str(out_dir), "--no_progress"]
-    run_stage(f"preprocess {out_dir.name}", command, log)
+    config = PreprocessConfig(
+        template_file=shipped_file(PROMPT_YAML), template=template, input_jsonl=qa, splits=("test",), local_dir=out_dir
+    )
+    for output in run_preprocess(config, progress=False):
+        logger.info("preprocess %s: %s (%d rows)", out_dir.name, output.path, output.total)
     return out_dir / "test.parquet"
 
 
@@ -130,18 +136,40 @@ def directly_answered(questions: int, share: float, seed: int) -> set[int]:
     return set(order[: round(questions * share)].tolist())
 
 
-def prepare_data(config: TrainConfig, url: str, data_dir: Path, log_dir: Path) -> DataFiles:
-    """Run the data stage (see the module docstring)."""
+def data_key(config: TrainConfig) -> dict[str, Any]:
+    """What the data stage's files depend on: the world and search settings and the RL rows' agent loop (not where
+    the retriever runs, like ``run_settings``)."""
+    return {k: v for k, v in settings_of(config).items() if k.startswith(("world.", "search."))} | {
+        "grpo.agent": config.grpo.agent
+    }
+
+
+def prepare_data(config: TrainConfig, url: str, data_dir: Path) -> DataFiles:
+    """Run the data stage (see the module docstring), or reuse its folder when it was built with the same key."""
+    tool_name = "search_tool_config.yaml"
+
+    def build(folder: Path) -> dict[str, Any]:
+        return _build_data(config, write_tool_yaml(config, url, folder / tool_name), folder)
+
     dataset = generate_toy_dataset(
         Path(config.out_dir) / "toy", num_passages=config.world.passages, seed=config.world.world_seed
     )
+    record = Stage("data", data_dir, data_key(config), build).ensure()
+    tool_yaml = write_tool_yaml(config, url, data_dir / tool_name) if record.reused else data_dir / tool_name
+    files = {name: data_dir / f"{name}.parquet" for name in ("sft", "sft_answer_only")}
+    rl, evaluation = data_dir / "rl" / "test.parquet", data_dir / "eval" / "test.parquet"
+    stats = record.info
+    return DataFiles(tool_yaml, files["sft"], files["sft_answer_only"], rl, evaluation, dataset.corpus_path, stats)
+
+
+def _build_data(config: TrainConfig, tool_yaml: Path, data_dir: Path) -> dict[str, Any]:
+    """Write the stage's files into ``data_dir``; returns the data statistics (also in ``data_stats.json``)."""
     world = ToyWorld(config.world.passages, config.world.world_seed)
     w = config.world
     splits = split_questions(world, SplitSizes(w.sft_questions, w.rl_questions, w.eval_questions, w.split_seed))
-    tool_yaml = write_tool_yaml(config, url, data_dir / "search_tool_config.yaml")
     agent_template = AGENT_TEMPLATE[config.grpo.agent]
-    rl = preprocess(splits["rl"], agent_template, data_dir / "rl", log_dir / "preprocess_rl.log")
-    evaluation = preprocess(splits["eval"], agent_template, data_dir / "eval", log_dir / "preprocess_eval.log")
+    preprocess(splits["rl"], agent_template, data_dir / "rl")
+    preprocess(splits["eval"], agent_template, data_dir / "eval")
 
     searched, report, baseline, direct = asyncio.run(_sft_rows(config, world, splits["sft"], tool_yaml))
     trajectories = searched + direct
@@ -149,9 +177,9 @@ def prepare_data(config: TrainConfig, url: str, data_dir: Path, log_dir: Path) -
     every = round(1 / config.search.hermes_share) if config.search.hermes_share > 0 else 0
     protocols = [PROTOCOLS[0] if every and i % every == 0 else PROTOCOLS[1] for i in range(len(trajectories))]
     rows = [sft_row(t, p, settings, hop_source(t.hops)) for t, p in zip(trajectories, protocols, strict=True)]
-    sft = write_rows(rows, data_dir / "sft.parquet")
+    write_rows(rows, data_dir / "sft.parquet")
     baseline_rows = [sft_row(t, "native", settings, hop_source(t.hops)) for t in baseline]
-    baseline_sft = write_rows(baseline_rows, data_dir / "sft_answer_only.parquet")
+    write_rows(baseline_rows, data_dir / "sft_answer_only.parquet")
     stats = {
         "questions": {name: len(rows) for name, rows in splits.items()},
         "sft_trajectories": report.built,
@@ -162,4 +190,4 @@ def prepare_data(config: TrainConfig, url: str, data_dir: Path, log_dir: Path) -
     with atomic_path(data_dir / "data_stats.json") as tmp:
         tmp.write_text(json.dumps(stats, indent=2), encoding="utf-8")
     logger.info("data: %s", stats)
-    return DataFiles(tool_yaml, sft, baseline_sft, rl, evaluation, dataset.corpus_path, stats)
+    return stats

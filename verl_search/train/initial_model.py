@@ -17,7 +17,8 @@ import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from verl_search.train.tiny_model import TinyModelSpec, build_qwen2, save_model
+from verl_search.train.config import ModelSettings
+from verl_search.train.tiny_model import build_qwen2, save_model
 
 logger = logging.getLogger(__name__)
 
@@ -65,10 +66,10 @@ def tokenizer_texts(world_seeds: Sequence[int], passages: int, templates: Sequen
     return texts
 
 
-def write_initial_model(out: Path, texts: Iterable[str], sizes: TinyModelSpec, vocab_size: int) -> Path:
-    """Train a ``vocab_size`` tokenizer on ``texts``, build the random model of ``sizes`` (tied embeddings), and save
-    both to ``out`` (atomically)."""
-    tokenizer = build_tokenizer(texts, vocab_size)
+def write_initial_model(out: Path, texts: Iterable[str], sizes: ModelSettings) -> Path:
+    """Train a ``sizes.vocab_size`` tokenizer on ``texts``, build the random model of ``sizes`` (tied embeddings),
+    and save both to ``out`` (atomically)."""
+    tokenizer = build_tokenizer(texts, sizes.vocab_size)
     model = build_qwen2(sizes, tokenizer, tie_embeddings=True)
     save_model(Path(out), model, tokenizer)
     params = sum(p.numel() for p in model.parameters())

@@ -1,9 +1,11 @@
 """``make train`` end to end: retriever, data, initial model, base model (pre-trained on other toy worlds), SFT warm
-start, the answer-only baseline, GRPO, evaluation through ``verl_search.report``, plots, and the before/after table.
+start, the answer-only baseline, GRPO, the evaluation report (``verl_search.eval.report``), plots, and the
+before/after table. The package's functions are called directly; only the trainers (verl's, in Ray) and the retriever
+run as child processes.
 
 Invariant: every stage writes under ``out_dir`` only, atomically; finished stages are reused, only under the settings
-that built them (``run_settings``; so ``make demo`` can start from a cached warm start), and the table's numbers
-come from verl's validation dumps of the held-out questions.
+that built them (``run_settings``, and each stage's key: ``verl_search.train.stage``; so ``make demo`` can start from
+a cached warm start), and the table's numbers come from verl's validation dumps of the held-out questions.
 """
 
 from __future__ import annotations
@@ -11,23 +13,21 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_search.atomic import atomic_path
+from verl_search.eval.report import write_report
 from verl_search.train import base_cache
-from verl_search.train.base_model import build_base_model
+from verl_search.train.base_model import build_base_model, initial_stage
 from verl_search.train.config import TrainConfig
-from verl_search.train.data_stage import prepare_data, row_settings
-from verl_search.train.initial_model import tokenizer_texts, write_initial_model
-from verl_search.train.processes import retriever, run_stage
+from verl_search.train.data_stage import data_key, prepare_data, row_settings
+from verl_search.train.processes import retriever
 from verl_search.train.run_settings import check_and_record
-from verl_search.train.sft_data import RowSettings
+from verl_search.train.stage import digest
 from verl_search.train.stages import GRPORun, run_grpo, run_sft
 from verl_search.train.summary import StageResult, as_dicts, render_table, stage_result
-from verl_search.train.tiny_model import TinyModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -41,23 +41,6 @@ class PipelineResult:
     artifacts: dict[str, str] = field(default_factory=dict)
 
 
-def _initial_model(config: TrainConfig, settings: RowSettings, out: Path) -> Path:
-    """The random initial model and its tokenizer (``initial_model``), learnt on other worlds' text unless
-    ``model.tokenizer_worlds`` is 0."""
-    if (out / "config.json").is_file():
-        return out
-    first, worlds = config.world.world_seed + 1, config.model.tokenizer_worlds
-    templates = (settings.native_template, settings.hermes_template)
-    if worlds:
-        seeds, passages = range(first, first + worlds), config.pretrain.task_passages
-        texts = tokenizer_texts(seeds, passages, templates, out.parent / "other_worlds")
-    else:
-        texts = tokenizer_texts([config.world.world_seed], config.world.passages, templates, out.parent / "toy_world")
-    texts += [json.dumps(settings.tool_schemas, default=str)] * 50
-    sizes = TinyModelSpec(**config.model.model_dump(exclude={"vocab_size", "tokenizer_worlds"}))
-    return write_initial_model(out, texts, sizes, config.model.vocab_size)
-
-
 def _sft_label(stats: dict) -> str:
     """What the warm start was trained on, for the table."""
     direct = stats.get("sft_answered_without_search", 0)
@@ -65,10 +48,10 @@ def _sft_label(stats: dict) -> str:
     return f"{searched}, {direct} answered from memory" if direct else searched
 
 
-def _report(run: GRPORun, val_data: Path, log: Path) -> Path:
-    """``python -m verl_search.report`` on the run's latest validation dump (writes report.md/json there)."""
-    command = [sys.executable, "-m", "verl_search.report", str(run.val_dir), "--data", str(val_data)]
-    run_stage("report", command, log)
+def _report(run: GRPORun, val_data: Path) -> Path:
+    """The report of the run's latest validation dump (what ``python -m verl_search.report`` writes there)."""
+    report, step, _ = write_report(run.val_dir, val_data)
+    logger.info("report of step %d: %s", step, run.val_dir / "report.md")
     return run.val_dir / "report.md"
 
 
@@ -87,33 +70,40 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
     with retriever(config.retriever_url, config.world.passages, logs / "retriever.log") as url:
         seconds["retriever_start"] = time.monotonic() - started
         t = time.monotonic()
-        data = prepare_data(config, url, out / "data", logs)
+        data = prepare_data(config, url, out / "data")
         settings = row_settings(config, data.tool_yaml)
         restored = base_cache.restore(config, settings, out)  # a base model built by another run folder on this machine
-        model0 = _initial_model(config, settings, out / "initial_model")
+        model0 = initial_stage(config, settings, out)
+        model0.ensure()
         seconds["data_and_initial_model"] = time.monotonic() - t
-        model0, seconds["base_model"] = build_base_model(config, model0, settings, out)
+        model0, seconds["base_model"] = build_base_model(config, model0.folder, settings, out)
         if restored:
             seconds["base_model"] = 0.0  # its build time is the other run's
         cached = restored or base_cache.store(config, settings, out)
-        sft_model, seconds["sft"] = run_sft(config, data.sft, model0, out / "sft", config.sft.epochs)
+        # what the SFT and GRPO stages build on, by key: the data stage's and the base model's (the cache's key)
+        inputs = {"data": digest(data_key(config)), "base_model": base_cache.base_key(config, settings)}
+        sft_model, seconds["sft"] = run_sft(config, data.sft, model0, out / "sft", config.sft.epochs, inputs)
         results: list[StageResult] = []
         artifacts: dict[str, str] = {"sft_model": str(sft_model)}
         if cached:
             artifacts["base_model_cache"] = str(cached)
         if config.baseline:
             base_model, seconds["sft_answer_only"] = run_sft(
-                config, data.baseline_sft, model0, out / "sft_answer_only", config.sft.baseline_epochs
+                config, data.baseline_sft, model0, out / "sft_answer_only", config.sft.baseline_epochs, inputs
             )
             base_dir = out / "eval_answer_only"
-            base = run_grpo(config, base_model, data.rl, data.eval, data.tool_yaml, url, base_dir, val_only=True)
+            base_inputs = {**inputs, "model": "sft_answer_only", "sft": config.sft.model_dump(mode="json")}
+            base = run_grpo(
+                config, base_model, data.rl, data.eval, data.tool_yaml, base_dir, val_only=True, key=base_inputs
+            )
             seconds["eval_answer_only"] = base.seconds
             what = "SFT on answers only (no search turns)"
             results.append(stage_result("no-search baseline", what, base.val_dir, data.eval))
             artifacts["answer_only_model"] = str(base_model)
-        grpo = run_grpo(config, sft_model, data.rl, data.eval, data.tool_yaml, url, out / "grpo")
+        grpo_inputs = {**inputs, "model": "sft", "sft": config.sft.model_dump(mode="json")}
+        grpo = run_grpo(config, sft_model, data.rl, data.eval, data.tool_yaml, out / "grpo", key=grpo_inputs)
         seconds["grpo"] = grpo.seconds
-    report = _report(grpo, data.eval, logs / "report.log")
+    report = _report(grpo, data.eval)
     results += [
         stage_result("after SFT", _sft_label(data.stats), grpo.val_dir, data.eval, step=0),
         stage_result("after GRPO", f"GRPO, {config.grpo.steps} steps", grpo.val_dir, data.eval),

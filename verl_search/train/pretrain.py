@@ -25,28 +25,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from verl_search.train.config import PretrainSettings
+
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class PretrainSpec:
-    """How long and how hard to pre-train (defaults: ~3 minutes on a 2-core CPU for the default model)."""
+class BatchShapes:
+    """The shapes of the pre-training batches: part of the recipe, not settings (the steps, worlds and learning rate
+    are ``PretrainSettings``, declared once in :mod:`verl_search.train.config`)."""
 
-    copy_steps: int = 1000
     copy_batch_size: int = 32
     copy_seq_len: int = 48
     copy_span: tuple[int, int] = (4, 10)  # length of the repeated run, [low, high)
-    lm_steps: int = 600
     lm_copy_share: float = 0.3  # share of repeated-span batches during the language phase (keeps the skill)
     batch_size: int = 16
     seq_len: int = 192
-    lr: float = 1e-3
-    warmup_steps: int = 20
+    task_batch_size: int = 8  # trajectories per step of the last phase
+    warmup_steps: int = 20  # of each phase's own warm-up and cosine
     seed: int = 0
-
-    @property
-    def steps(self) -> int:
-        return self.copy_steps + self.lm_steps
 
 
 def token_stream(tokenizer, texts: Sequence[str]):
@@ -85,13 +82,13 @@ def apply_update(loss, model, optimizer, scheduler) -> None:
     scheduler.step()
 
 
-def repeated_span_batch(stream, pieces, spec: PretrainSpec, rng):
+def repeated_span_batch(stream, pieces, shapes: BatchShapes, rng):
     """``(input_ids, labels)``: windows of ``stream`` in which a random run of ``pieces`` occurs twice; labels score
     only the second occurrence after its first piece (-100 elsewhere)."""
     import torch
 
-    size, length = spec.copy_batch_size, spec.copy_seq_len
-    low, high = spec.copy_span
+    size, length = shapes.copy_batch_size, shapes.copy_seq_len
+    low, high = shapes.copy_span
     ids = torch.empty(size, length, dtype=torch.long)
     labels = torch.full((size, length), -100, dtype=torch.long)
     for row in range(size):
@@ -174,22 +171,15 @@ def train_loop(
     return losses
 
 
-@dataclass(frozen=True)
-class TaskSpec:
-    """Training on search trajectories of other worlds (``verl_search.train.other_worlds``), after the copy and
-    language phases; its own warm-up and cosine, like a fine-tuning run."""
-
-    steps: int = 800
-    batch_size: int = 8
-    lr: float = 1e-3
-    warmup_steps: int = 20
-    seed: int = 0
-
-
 def train_on_trajectories(
-    model_dir: Path, out: Path, rows: Sequence[tuple[list[int], list[int]]], spec: TaskSpec = TaskSpec()
+    model_dir: Path,
+    out: Path,
+    rows: Sequence[tuple[list[int], list[int]]],
+    settings: PretrainSettings = PretrainSettings(),
+    shapes: BatchShapes = BatchShapes(),
 ) -> dict:
-    """Train the model in ``model_dir`` on tokenised trajectories ``(ids, loss mask)`` and save it to ``out``.
+    """Train the model in ``model_dir`` on tokenised trajectories ``(ids, loss mask)`` for ``settings.task_steps``
+    steps (its own warm-up and cosine, like a fine-tuning run) and save it to ``out``.
 
     Returns ``{"seconds", "first_loss", "last_loss", "rows"}``; raises ValueError for no rows or no trained token.
     """
@@ -203,17 +193,25 @@ def train_on_trajectories(
 
     def next_batch(step: int, rng):
         nonlocal order
-        if len(order) < spec.batch_size:
+        if len(order) < shapes.task_batch_size:
             order += rng.permutation(len(rows)).tolist()
-        return padded([rows[order.pop()] for _ in range(spec.batch_size)], tokenizer.pad_token_id)
+        return padded([rows[order.pop()] for _ in range(shapes.task_batch_size)], tokenizer.pad_token_id)
 
-    schedule = {"steps": spec.steps, "lr": spec.lr, "warmup_steps": spec.warmup_steps, "seed": spec.seed}
+    schedule = {"steps": settings.task_steps, "lr": settings.lr, "warmup_steps": shapes.warmup_steps}
+    schedule["seed"] = shapes.seed
     losses = train_loop(model_dir, out, tokenizer, next_batch, **schedule, label="trajectory pre-training")
     return {"seconds": time.monotonic() - started, "first_loss": losses[0], "last_loss": losses[-1], "rows": len(rows)}
 
 
-def pretrain(model_dir: Path, out: Path, texts: Sequence[str], spec: PretrainSpec = PretrainSpec()) -> dict:
-    """Train the model in ``model_dir`` on ``texts`` (random windows of ``seq_len`` tokens) and save it to ``out``.
+def pretrain(
+    model_dir: Path,
+    out: Path,
+    texts: Sequence[str],
+    settings: PretrainSettings = PretrainSettings(),
+    shapes: BatchShapes = BatchShapes(),
+) -> dict:
+    """Train the model in ``model_dir`` on ``texts`` (``settings.copy_steps`` of the repeated-span task, then
+    ``settings.lm_steps`` on random windows of ``seq_len`` tokens) and save it to ``out``.
 
     Returns ``{"seconds", "first_loss", "last_loss", "tokens"}``; raises ValueError when the texts are shorter than
     one window.
@@ -224,23 +222,24 @@ def pretrain(model_dir: Path, out: Path, texts: Sequence[str], spec: PretrainSpe
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     stream = token_stream(tokenizer, texts)
-    if len(stream) <= max(spec.seq_len, spec.copy_seq_len) + 1:
-        raise ValueError(f"pre-training text has {len(stream)} tokens, fewer than one window of {spec.seq_len}")
-    if spec.copy_steps and spec.copy_seq_len < 2 * spec.copy_span[1] + 1:
-        raise ValueError(f"copy_seq_len {spec.copy_seq_len} cannot hold two runs of {spec.copy_span[1]} pieces")
+    if len(stream) <= max(shapes.seq_len, shapes.copy_seq_len) + 1:
+        raise ValueError(f"pre-training text has {len(stream)} tokens, fewer than one window of {shapes.seq_len}")
+    if settings.copy_steps and shapes.copy_seq_len < 2 * shapes.copy_span[1] + 1:
+        raise ValueError(f"copy_seq_len {shapes.copy_seq_len} cannot hold two runs of {shapes.copy_span[1]} pieces")
     pieces = torch.unique(stream)
 
     def next_batch(step: int, rng):
-        if step < spec.copy_steps or rng.random() < spec.lm_copy_share:
-            batch, labels = repeated_span_batch(stream, pieces, spec, rng)
+        if step < settings.copy_steps or rng.random() < shapes.lm_copy_share:
+            batch, labels = repeated_span_batch(stream, pieces, shapes, rng)
             scored = (labels != -100).float()
         else:
-            starts = rng.integers(0, len(stream) - spec.seq_len, spec.batch_size)
-            batch = torch.stack([stream[s : s + spec.seq_len] for s in starts])
+            starts = rng.integers(0, len(stream) - shapes.seq_len, shapes.batch_size)
+            batch = torch.stack([stream[s : s + shapes.seq_len] for s in starts])
             scored = torch.ones(batch.shape)
         return batch, scored, torch.ones_like(batch)
 
-    schedule = {"steps": spec.steps, "lr": spec.lr, "warmup_steps": spec.warmup_steps, "seed": spec.seed}
+    steps = settings.copy_steps + settings.lm_steps
+    schedule = {"steps": steps, "lr": settings.lr, "warmup_steps": shapes.warmup_steps, "seed": shapes.seed}
     losses = train_loop(model_dir, out, tokenizer, next_batch, **schedule, label="pre-training")
     seconds = time.monotonic() - started
     return {"seconds": seconds, "first_loss": losses[0], "last_loss": losses[-1], "tokens": int(len(stream))}

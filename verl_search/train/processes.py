@@ -22,7 +22,8 @@ from verl_search.testing.background_server import free_port, wait_until_healthy
 
 logger = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[2]
+#: the folder ``verl_search`` is imported from (a checkout's root, or site-packages for an installed wheel)
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 class StageError(VerlSearchError, RuntimeError):
@@ -30,9 +31,10 @@ class StageError(VerlSearchError, RuntimeError):
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment for a stage: this checkout first on PYTHONPATH (Ray workers inherit it), unbuffered output."""
+    """The environment for a stage: the folder this ``verl_search`` was imported from first on PYTHONPATH (Ray workers
+    inherit it, so a checkout wins over an installed copy), unbuffered output."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = str(PACKAGE_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("CUDA_VISIBLE_DEVICES", None)
     env.update(extra or {})
@@ -97,12 +99,12 @@ def retriever(url: str | None, passages: int, log_path: Path, timeout: float = 9
         yield url if url.rstrip("/").endswith("/retrieve") else url.rstrip("/") + "/retrieve"
         return
     port = free_port()
-    command = [sys.executable, str(REPO / "local_dense_retriever" / "retrieval_server.py"), "--port", str(port)]
+    command = [sys.executable, "-m", "local_dense_retriever.retrieval_server", "--port", str(port)]
     command += ["--toy_passages", str(passages)]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w", encoding="utf-8") as log:
         process = subprocess.Popen(
-            command, cwd=REPO, env=child_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command, cwd=log_path.parent, env=child_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
             base = f"http://127.0.0.1:{port}"

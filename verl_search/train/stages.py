@@ -1,28 +1,35 @@
 """The training stages of ``make train``, each a verl command run in its own process group: SFT with verl's SFT
-trainer on the CPU backend (then its HF checkpoint exported as a model folder), and GRPO or evaluation-only runs
-through ``run_scripts/run_tiny_search_cpu.sh`` (``python -m verl.trainer.main_ppo``).
+trainer on the CPU backend (then its HF checkpoint exported as a model folder), and GRPO or evaluation-only runs of
+``python -m verl.trainer.main_ppo`` with the overrides :mod:`verl_search.launch.cpu_run` composes (the mapping
+``run_scripts/run_tiny_search_cpu.sh`` uses too).
 
-Invariant: a stage's output folder is complete or absent (exports are atomic), so a finished stage is reused by the
-next run with the same settings and an interrupted one is redone.
+Invariant: each is a :class:`~verl_search.train.stage.Stage`: a finished stage is reused by the next run with the same
+inputs, an interrupted one is redone; a stage's overrides come from the settings models, never from the environment.
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import resource
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from verl_search.atomic import atomic_path
+from verl_search.launch.cpu_run import CpuRunKnobs, cpu_overrides
+from verl_search.launch.search_overrides import search_overrides
+from verl_search.launch.trainer_mode import TrainerSettings, trainer_overrides
 from verl_search.train.config import TrainConfig
-from verl_search.train.processes import REPO, StageError, run_stage
+from verl_search.train.processes import StageError, run_stage
+from verl_search.train.stage import Stage, legacy_seconds
 
 logger = logging.getLogger(__name__)
 
-CPU_SCRIPT = REPO / "run_scripts" / "run_tiny_search_cpu.sh"
 HF_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+#: a model turn of the protocol is ~20-40 tokens; cap rambling ones
+MAX_TURN_TOKENS = 96
 
 
 def sft_command(config: TrainConfig, data: Path, model: Path, ckpt_dir: Path, epochs: int) -> list[str]:
@@ -82,21 +89,26 @@ def export_hf(ckpt_dir: Path, out: Path) -> Path:
     return out
 
 
-def run_sft(config: TrainConfig, data: Path, model: Path, stage_dir: Path, epochs: int) -> tuple[Path, float]:
-    """SFT ``model`` on ``data``; returns the exported model folder and the seconds taken (0 when reused)."""
-    out, done = stage_dir / "model", stage_dir / "done.json"
-    if (out / "config.json").is_file():
-        logger.info("reusing %s", out)
-        return out, json.loads(done.read_text())["seconds"] if done.is_file() else 0.0
-    shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)
-    env = {"VERL_FILE_LOGGER_PATH": str(stage_dir / "metrics.jsonl")}
-    command = sft_command(config, data, model, stage_dir / "checkpoints", epochs)
-    seconds = run_stage(f"SFT {stage_dir.name}", command, stage_dir / "sft.log", env)
-    export_hf(stage_dir / "checkpoints", out)
-    shutil.rmtree(stage_dir / "checkpoints", ignore_errors=True)  # optimizer state: not needed any more
-    with atomic_path(done) as tmp:
-        tmp.write_text(json.dumps({"seconds": seconds}), encoding="utf-8")
-    return out, seconds
+def sft_stage(config: TrainConfig, data: Path, model: Path, stage_dir: Path, epochs: int, key: dict) -> Stage:
+    """SFT of ``model`` on ``data`` into ``stage_dir/model``; ``key`` names the stages it builds on."""
+
+    def build(folder: Path) -> None:
+        env = {"VERL_FILE_LOGGER_PATH": str(folder / "metrics.jsonl")}
+        command = sft_command(config, data, model, folder / "checkpoints", epochs)
+        run_stage(f"SFT {folder.name}", command, folder / "sft.log", env)
+        export_hf(folder / "checkpoints", folder / "model")
+        shutil.rmtree(folder / "checkpoints", ignore_errors=True)  # optimizer state: not needed any more
+
+    key = {**key, "sft": config.sft.model_dump(mode="json"), "epochs": epochs, "seed": config.model.seed}
+    return Stage(f"SFT {stage_dir.name}", stage_dir, key, build, legacy_seconds("model/config.json", "done.json"))
+
+
+def run_sft(
+    config: TrainConfig, data: Path, model: Path, stage_dir: Path, epochs: int, key: dict | None = None
+) -> tuple[Path, float]:
+    """SFT ``model`` on ``data``; returns the exported model folder and the seconds it took (when it was built)."""
+    record = sft_stage(config, data, model, stage_dir, epochs, key or {}).ensure()
+    return stage_dir / "model", record.seconds
 
 
 @dataclass(frozen=True)
@@ -109,37 +121,120 @@ class GRPORun:
     seconds: float
 
 
-def grpo_env(config: TrainConfig, model: Path, train: Path, val: Path, tool_yaml: Path, url: str, run_dir: Path):
-    """The run script's knobs for this run (every one is an environment variable of run_tiny_search_cpu.sh)."""
+def grpo_knobs(config: TrainConfig, model: Path, train: Path, val: Path, run_dir: Path) -> CpuRunKnobs:
+    """The CPU run's knobs for this run (the run script's environment variables, as typed settings)."""
     g = config.grpo
-    return {
-        "PYTHON": sys.executable,
-        "MODEL_PATH": str(model),
-        "TRAIN_DATA": str(train),
-        "VAL_DATA": str(val),
-        "TOOL_CONFIG": str(tool_yaml),
-        "RETRIEVER_URL": url,
-        "AGENT": g.agent,
-        "MAX_TURNS": str(config.search.max_turns),
-        "RUN_DIR": str(run_dir),
-        "EXPERIMENT_NAME": run_dir.name,
-        "TRAIN_BATCH_SIZE": str(g.batch_size),
-        "PPO_MINI_BATCH_SIZE": str(g.batch_size),
-        "ROLLOUT_N": str(g.rollout_n),
-        "LR": str(g.lr),
-        "KL_COEF": str(g.kl_coef),
-        "MAX_PROMPT_LENGTH": str(g.max_prompt_length),
-        "MAX_RESPONSE_LENGTH": str(g.max_response_length),
+    return CpuRunKnobs(
+        model_path=str(model),
+        train_data=str(train),
+        val_data=str(val),
+        agent=g.agent,
+        rollout=g.rollout,
+        max_turns=config.search.max_turns,
+        run_dir=str(run_dir),
+        experiment_name=run_dir.name,
+        train_batch_size=g.batch_size,
+        ppo_mini_batch_size=g.batch_size,
+        rollout_n=g.rollout_n,
+        lr=g.lr,
+        kl_coef=g.kl_coef,
+        max_prompt_length=g.max_prompt_length,
+        max_response_length=g.max_response_length,
         # >= the tool's own cap, so verl never cuts a result (the preflight also wants room for topk whole passages)
-        "MAX_TOOL_RESPONSE_LENGTH": str(max(config.search.max_result_chars, config.search.topk * 800)),
-        "MICRO_BATCH": str(g.batch_size * g.rollout_n),
-        "TOTAL_STEPS": str(g.steps),
-        "TEST_FREQ": str(g.test_freq),
-        "SAVE_FREQ": str(g.steps),
-        "RESUME_MODE": "disable",
-        "LOGGER": '["console","file"]',
+        max_tool_response_length=max(config.search.max_result_chars, config.search.topk * 800),
+        micro_batch=g.batch_size * g.rollout_n,
+        total_steps=g.steps,
+        test_freq=g.test_freq,
+        save_freq=g.steps,
+        resume_mode="disable",
+        logger='["console","file"]',
+    )
+
+
+def run_overrides(knobs: CpuRunKnobs, tool_yaml: Path, trainer: TrainerSettings | None = None) -> list[str]:
+    """Every verl override of a CPU search run with ``knobs``: the CPU run's, the search's (with ``tool_yaml``) and
+    the trainer mode's (default: the run scripts' default, ``TRAINER=sync`` with the search monitor), in the run
+    script's order."""
+    trainer = trainer or TrainerSettings()
+    sizes = {"train_batch_size": knobs.train_batch_size, "mini_batch_size": knobs.ppo_mini_batch_size}
+    modes = trainer_overrides(trainer, devices=knobs.n_ranks, device="cpu", **sizes)
+    rollout_gpus = next(
+        (int(o.split("=", 1)[1]) for o in modes if o.startswith("actor_rollout_ref.rollout.n_gpus_per_node=")), 0
+    )
+    search = search_overrides(
+        knobs.agent,
+        knobs.max_turns,
+        knobs.max_tool_response_length,
+        str(tool_yaml),
+        knobs.reward_fn_path,
+        knobs.agent_loop_config,
+    )
+    return [*cpu_overrides(knobs, rollout_gpus=rollout_gpus if trainer.separate else 0), *search, *modes]
+
+
+def grpo_overrides(
+    config: TrainConfig, model: Path, train: Path, val: Path, tool_yaml: Path, run_dir: Path, val_only: bool
+) -> list[str]:
+    """The overrides of a GRPO (or evaluation-only) run of ``make train``: the CPU search run's, then this
+    pipeline's own (validate first, sampling temperature, the turn cap, the data order's seed)."""
+    knobs = grpo_knobs(config, model, train, val, run_dir)
+    return [
+        *run_overrides(knobs, tool_yaml),
+        "trainer.val_before_train=True",
+        f"trainer.val_only={val_only}",
+        f"actor_rollout_ref.rollout.temperature={config.grpo.temperature}",
+        f"+actor_rollout_ref.rollout.engine_kwargs.hf_cpu={{max_tokens_per_turn:{MAX_TURN_TOKENS}}}",
+        f"data.seed={config.world.split_seed}",
+    ]
+
+
+def cpu_run_env(run_dir: Path) -> dict[str, str]:
+    """The environment of a CPU run (DESIGN §1.1: the CPU platform, FSDP engines looked up under "cuda")."""
+    return {
+        "VERL_PLATFORM": "cpu",
+        "VERL_ENGINE_DEVICE": "cuda",
         "VERL_FILE_LOGGER_PATH": str(run_dir / "metrics.jsonl"),
+        "TENSORBOARD_DIR": str(run_dir / "tensorboard"),
     }
+
+
+def raise_open_file_limit(wanted: int = 65535) -> None:
+    """Raise this process's (and its children's) open-file limit towards ``wanted``, as the run scripts do."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def grpo_stage(
+    config: TrainConfig,
+    model: Path,
+    train: Path,
+    val: Path,
+    tool_yaml: Path,
+    run_dir: Path,
+    *,
+    val_only: bool = False,
+    key: dict | None = None,
+) -> Stage:
+    """GRPO from ``model`` (validating before training and every ``test_freq`` steps), or only the validation, as
+    a stage; ``key`` names the stages it builds on."""
+    name = "evaluation" if val_only else "GRPO"
+
+    def build(folder: Path) -> None:
+        overrides = grpo_overrides(config, model, train, val, tool_yaml, folder, val_only)
+        log = folder.parent / f"{folder.name}.log"
+        agent = ["--agent", config.grpo.agent]
+        preflight = [sys.executable, "-m", "verl_search.launch.preflight", *agent, "--", *overrides]
+        preflight_log = folder.parent / f"{folder.name}.preflight.log"
+        run_stage(f"{name} preflight {folder.name}", preflight, preflight_log, cpu_run_env(folder))
+        raise_open_file_limit()
+        command = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
+        run_stage(f"{name} {folder.name}", command, log, cpu_run_env(folder))
+
+    stage_key: dict[str, Any] = {**(key or {}), "val_only": val_only, "split_seed": config.world.split_seed}
+    stage_key |= {"grpo": config.grpo.model_dump(mode="json"), "search": config.search.model_dump(mode="json")}
+    return Stage(f"{name} {run_dir.name}", run_dir, stage_key, build, legacy_seconds("done.json", "done.json"))
 
 
 def run_grpo(
@@ -148,31 +243,12 @@ def run_grpo(
     train: Path,
     val: Path,
     tool_yaml: Path,
-    url: str,
     run_dir: Path,
     *,
     val_only: bool = False,
+    key: dict | None = None,
 ) -> GRPORun:
-    """GRPO from ``model`` (validating before training and every ``test_freq`` steps), or only the validation."""
-    done = run_dir / "done.json"
-    if done.is_file():
-        logger.info("reusing %s", run_dir)
-        seconds = json.loads(done.read_text())["seconds"]
-        return GRPORun(run_dir, run_dir / "metrics.jsonl", run_dir / "val_generations", seconds)
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir(parents=True)
-    env = grpo_env(config, model, train, val, tool_yaml, url, run_dir)
-    max_turn_tokens = 96  # a model turn of the protocol is ~20-40 tokens; cap rambling ones
-    overrides = [
-        "trainer.val_before_train=True",
-        f"trainer.val_only={val_only}",
-        f"actor_rollout_ref.rollout.temperature={config.grpo.temperature}",
-        f"+actor_rollout_ref.rollout.engine_kwargs.hf_cpu={{max_tokens_per_turn:{max_turn_tokens}}}",
-        f"data.seed={config.world.split_seed}",
-    ]
-    command = ["bash", str(CPU_SCRIPT), *overrides]
-    name = "evaluation" if val_only else "GRPO"
-    seconds = run_stage(f"{name} {run_dir.name}", command, run_dir.parent / f"{run_dir.name}.log", env)
-    with atomic_path(done) as tmp:
-        tmp.write_text(json.dumps({"seconds": seconds}), encoding="utf-8")
-    return GRPORun(run_dir, run_dir / "metrics.jsonl", run_dir / "val_generations", seconds)
+    """Run (or reuse) :func:`grpo_stage`; returns the run's paths and the seconds it took (when it was built)."""
+    stage = grpo_stage(config, model, train, val, tool_yaml, run_dir, val_only=val_only, key=key)
+    record = stage.ensure()
+    return GRPORun(run_dir, run_dir / "metrics.jsonl", run_dir / "val_generations", record.seconds)

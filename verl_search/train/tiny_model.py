@@ -11,27 +11,26 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+
+from verl_search.train.config import ModelSettings
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class TinyModelSpec:
-    """Sizes of the tiny Qwen2; the defaults fit a 2-core CI machine."""
-
-    layers: int = 2
-    hidden: int = 64
-    heads: int = 4
-    kv_heads: int = 2
-    intermediate: int = 128
-    max_positions: int = 4096
-    seed: int = 0
+#: the sizes ``python -m verl_search.train.tiny_model`` writes unless told otherwise: they fit a 2-core CI machine
+#: (the fields, bounds and other defaults are ``ModelSettings``'s, declared once in :mod:`verl_search.train.config`)
+TINY_SIZES = {"layers": 2, "hidden": 64, "intermediate": 128, "max_positions": 4096}
 
 
-def build_qwen2(spec: TinyModelSpec, tokenizer, *, tie_embeddings: bool):
-    """A random fp32 ``Qwen2ForCausalLM`` of ``spec``'s sizes over ``tokenizer`` (seeded by ``spec.seed``)."""
+def TinyModelSpec(**sizes) -> ModelSettings:  # noqa: N802 - the name tests and scripts call it by
+    """The sizes of a tiny Qwen2: :data:`TINY_SIZES` with ``sizes`` (any ``ModelSettings`` field) on top."""
+    return ModelSettings(**{**TINY_SIZES, **sizes})
+
+
+def build_qwen2(spec: ModelSettings, tokenizer, *, tie_embeddings: bool):
+    """A random fp32 ``Qwen2ForCausalLM`` of ``spec``'s sizes over ``tokenizer`` (seeded by ``spec.seed``; the
+    vocabulary is the tokenizer's, whatever ``spec.vocab_size`` says)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -70,10 +69,12 @@ def save_model(out: Path, model, tokenizer) -> Path:
     return out
 
 
-def write_tiny_model(out: Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
-    """Build the model with ``spec`` and save it (with the local tokenizer) to ``out``; returns ``out``."""
+def write_tiny_model(out: Path, spec: ModelSettings | None = None) -> Path:
+    """Build the model with ``spec`` (default: :data:`TINY_SIZES`) and save it (with the local tokenizer) to ``out``;
+    returns ``out``."""
     from verl_search.train.local_tokenizer import build_tokenizer
 
+    spec = spec or TinyModelSpec()
     tokenizer = build_tokenizer()
     return save_model(out, build_qwen2(spec, tokenizer, tie_embeddings=False), tokenizer)
 
@@ -94,10 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.out.exists():
         print(f"error: {args.out} exists", file=sys.stderr)
         return 1
-    spec = TinyModelSpec(args.layers, args.hidden, args.heads, args.kv_heads, args.intermediate, seed=args.seed)
     try:
+        spec = TinyModelSpec(
+            layers=args.layers,
+            hidden=args.hidden,
+            heads=args.heads,
+            kv_heads=args.kv_heads,
+            intermediate=args.intermediate,
+            seed=args.seed,
+        )
         write_tiny_model(args.out, spec)
-    except ValueError as e:
+    except ValueError as e:  # pydantic's ValidationError too: it names the size and its bound
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(args.out)

@@ -125,3 +125,27 @@ def test_the_cache_can_be_switched_off(tmp_path, monkeypatch, machine_cache):
     assert base_cache.store(TrainConfig(), ROWS, tmp_path / "a") is not None
     monkeypatch.setenv(base_cache.ENV_DISABLE, "yes")
     assert base_cache.restore(TrainConfig(), ROWS, tmp_path / "b") is None
+
+
+def built_run_with_markers(config, folder, marker="weights of run A"):
+    """A run folder as this version's stages leave it: each part with its stage marker, no base_model.json."""
+    from verl_search.train.base_model import base_stage, initial_stage
+    from verl_search.train.stage import write_marker
+
+    for stage in (initial_stage(config, ROWS, folder), base_stage(config, ROWS, folder)):
+        stage.folder.mkdir(parents=True)
+        (stage.folder / "config.json").write_text("{}")
+        (stage.folder / "model.safetensors").write_text(marker)
+        write_marker(stage.folder, stage.name, stage.key, 600.0)
+    return folder
+
+
+def test_a_run_of_stage_markers_is_stored_and_restored_as_done_stages(tmp_path):
+    from verl_search.train.base_model import base_stage
+
+    config = TrainConfig()
+    entry = base_cache.store(config, ROWS, built_run_with_markers(config, tmp_path / "a"))
+    assert entry is not None and (entry / "stage.json").is_file()
+    assert base_cache.restore(config, ROWS, tmp_path / "b") == entry
+    record = base_stage(config, ROWS, tmp_path / "b").done()
+    assert record is not None and record.seconds == 600.0  # the restored base model is a finished stage: not rebuilt

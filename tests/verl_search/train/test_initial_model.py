@@ -11,8 +11,8 @@ import pytest
 from local_dense_retriever.toy.world import ToyWorld
 from verl_search.data.rows import shown_question
 from verl_search.data.templates import load_templates
+from verl_search.resources import PROMPT_YAML, shipped_file
 from verl_search.train.initial_model import build_tokenizer, tokenizer_texts
-from verl_search.train.processes import REPO
 from verl_search.train.questions import all_questions
 
 PASSAGES = 300
@@ -20,7 +20,7 @@ PASSAGES = 300
 
 @pytest.fixture(scope="module")
 def templates():
-    loaded = load_templates(REPO / "data_preprocess" / "prompt.yaml")
+    loaded = load_templates(shipped_file(PROMPT_YAML))
     return [loaded.get("search_r1")[1], loaded.get("tool_call")[1]]
 
 

@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from local_dense_retriever.toy.corpus import generate_toy_dataset
+from verl_search.train.config import PretrainSettings
 from verl_search.train.initial_model import corpus_texts
-from verl_search.train.pretrain import PretrainSpec, pretrain, repeated_span_batch
+from verl_search.train.pretrain import BatchShapes, pretrain, repeated_span_batch
 
-SMALL = PretrainSpec(copy_steps=3, lm_steps=2, copy_batch_size=4, batch_size=2, seq_len=32, warmup_steps=1)
+STEPS = PretrainSettings(copy_steps=3, lm_steps=2)
+SMALL = BatchShapes(copy_batch_size=4, batch_size=2, seq_len=32, warmup_steps=1)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +32,7 @@ def tiny_model(tmp_path_factory):
 def test_the_repeated_span_task_scores_only_the_second_occurrence():
     stream = torch.arange(1000, 2000)
     pieces = torch.arange(10)  # every run is made of pieces the stream never contains
-    spec = PretrainSpec(copy_batch_size=64)
+    spec = BatchShapes(copy_batch_size=64)
     ids, labels = repeated_span_batch(stream, pieces, spec, np.random.default_rng(0))
     assert ids.shape == labels.shape == (64, spec.copy_seq_len)
     for row_ids, row_labels in zip(ids, labels, strict=True):
@@ -48,7 +50,7 @@ def test_pretraining_writes_a_complete_model_and_leaves_the_initial_one(tiny_mod
 
     before = load_file(tiny_model / "model.safetensors")
     out = tmp_path / "base"
-    stats = pretrain(tiny_model, out, other_world_texts, SMALL)
+    stats = pretrain(tiny_model, out, other_world_texts, STEPS, SMALL)
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
     after = load_file(out / "model.safetensors")
     assert any(not torch.equal(before[k], after[k]) for k in before)  # trained
@@ -59,22 +61,22 @@ def test_pretraining_writes_a_complete_model_and_leaves_the_initial_one(tiny_mod
 def test_pretraining_is_reproducible(tiny_model, other_world_texts, tmp_path):
     from safetensors.torch import load_file
 
-    pretrain(tiny_model, tmp_path / "a", other_world_texts, SMALL)
-    pretrain(tiny_model, tmp_path / "b", other_world_texts, SMALL)
+    pretrain(tiny_model, tmp_path / "a", other_world_texts, STEPS, SMALL)
+    pretrain(tiny_model, tmp_path / "b", other_world_texts, STEPS, SMALL)
     a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_too_little_text_is_refused_and_nothing_is_written(tiny_model, tmp_path):
     with pytest.raises(ValueError, match="fewer than one window"):
-        pretrain(tiny_model, tmp_path / "base", ["a short passage"], SMALL)
+        pretrain(tiny_model, tmp_path / "base", ["a short passage"], STEPS, SMALL)
     assert not (tmp_path / "base").exists()
 
 
 def test_a_window_too_short_for_two_runs_is_refused(tiny_model, other_world_texts, tmp_path):
-    spec = PretrainSpec(copy_steps=1, copy_seq_len=12, copy_span=(4, 10))
+    spec = BatchShapes(copy_seq_len=12, copy_span=(4, 10))
     with pytest.raises(ValueError, match="cannot hold two runs"):
-        pretrain(tiny_model, tmp_path / "base", other_world_texts, spec)
+        pretrain(tiny_model, tmp_path / "base", other_world_texts, PretrainSettings(copy_steps=1), spec)
     assert not (tmp_path / "base").exists()
 
 
@@ -110,12 +112,18 @@ def test_masked_loss_counts_only_the_trained_tokens(tiny_model):
 def test_trajectory_pretraining_lowers_the_loss_and_writes_a_model(tiny_model, tmp_path):
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
-    from verl_search.train.pretrain import TaskSpec, masked_loss, padded, train_on_trajectories
+    from verl_search.train.pretrain import masked_loss, padded, train_on_trajectories
 
     # the tiny model's own tokenizer: rows must be in its vocabulary
     rows = _rows(tiny_model)
     pad = AutoTokenizer.from_pretrained(tiny_model).pad_token_id
-    stats = train_on_trajectories(tiny_model, tmp_path / "base", rows, TaskSpec(steps=30, batch_size=3, warmup_steps=1))
+    stats = train_on_trajectories(
+        tiny_model,
+        tmp_path / "base",
+        rows,
+        PretrainSettings(task_steps=30),
+        BatchShapes(task_batch_size=3, warmup_steps=1),
+    )
     with torch.no_grad():
         before = masked_loss(Qwen2ForCausalLM.from_pretrained(tiny_model), *padded(rows, pad))
         after = masked_loss(Qwen2ForCausalLM.from_pretrained(tmp_path / "base"), *padded(rows, pad))
@@ -123,8 +131,8 @@ def test_trajectory_pretraining_lowers_the_loss_and_writes_a_model(tiny_model, t
 
 
 def test_trajectory_pretraining_refuses_rows_without_a_trained_token(tiny_model, tmp_path):
-    from verl_search.train.pretrain import TaskSpec, train_on_trajectories
+    from verl_search.train.pretrain import train_on_trajectories
 
     with pytest.raises(ValueError, match="no trajectory with a trained token"):
-        train_on_trajectories(tiny_model, tmp_path / "base", [([1, 2, 3], [0, 0, 0])], TaskSpec(steps=1))
+        train_on_trajectories(tiny_model, tmp_path / "base", [([1, 2, 3], [0, 0, 0])], PretrainSettings(task_steps=1))
     assert not (tmp_path / "base").exists()

