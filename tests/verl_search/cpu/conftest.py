@@ -24,6 +24,12 @@ QUESTIONS = [f"what is the capital of france ({i})" for i in range(8)]
 
 
 @pytest.fixture(scope="session")
+def train_questions() -> list[str]:
+    """The questions of ``mixed_data`` (all answered by "Paris")."""
+    return list(QUESTIONS)
+
+
+@pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     from verl_search.train.tiny_model import write_tiny_model
 

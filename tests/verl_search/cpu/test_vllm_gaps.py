@@ -143,3 +143,12 @@ def test_the_linear_bridge_is_applied_once():
     first = linear.UnquantizedLinearMethod.process_weights_after_loading
     vllm_gaps.bridge_linear_weights(linear)
     assert linear.UnquantizedLinearMethod.process_weights_after_loading is first
+
+
+@needs_vllm_cpu
+def test_the_head_sizes_make_train_checks_are_vllms_own():
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from verl_search.train.config import VLLM_CPU_HEAD_SIZES
+
+    assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == VLLM_CPU_HEAD_SIZES
