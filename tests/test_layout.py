@@ -205,3 +205,28 @@ def test_console_and_plugin_entry_points_load():
         assert callable(ep.load()), ep.value
     plugin = {ep.name: ep for ep in entry_points(group="verl.plugins")}["verl_search"]
     assert plugin.load().__name__ == "verl_search.plugin"
+
+
+#: the package's only paths above its own folder, each with what it is for
+CHECKOUT_PATHS = {
+    # the shipped YAMLs: a checkout's top-level files first, the wheel's copies second
+    "verl_search/resources.py": "_PACKAGE.parent",
+    # the folder verl_search is imported from, put on the stages' PYTHONPATH (site-packages for a wheel)
+    "verl_search/train/processes.py": "parents[2]",
+    # the GPU/CPU lock files, which only a checkout has: the preflight says "not checked" without them
+    "verl_search/launch/gpu_locks.py": "parents[2]",
+}
+
+
+def test_the_package_needs_no_checkout_beyond_the_documented_paths():
+    """An installed wheel runs make train's pipeline: no module reaches for repository files by walking up from its
+    own path, except the listed ones, which have a fallback."""
+    found = []
+    for path in _py("verl_search"):
+        rel = str(path.relative_to(REPO))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            code = line.split("#", 1)[0]
+            walks_up = any(marker in code for marker in ("parents[", ".parent.parent", "_PACKAGE.parent"))
+            if walks_up and not (rel in CHECKOUT_PATHS and CHECKOUT_PATHS[rel] in code):
+                found.append(f"{rel}:{number}: {line.strip()}")
+    assert found == [], "modules that need the repository checkout:\n" + "\n".join(found)

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from local_dense_retriever.config import default_cache_dir
+from verl_search.resources import AGENT_LOOP_YAML, SEARCH_TOOL_YAML, shipped_file
 
-REPO = Path(__file__).resolve().parents[2]
 BANNER = "SCRIPTED POLICY — no language model runs in this demo (see verl_search/testing/scripted_demo.py)"
 
 
@@ -36,7 +36,8 @@ def log(msg: str) -> None:
 def start_retriever(port: int, toy_passages: int, cache_dir: Path, log_path: Path) -> subprocess.Popen:
     cmd = [
         sys.executable,
-        str(REPO / "local_dense_retriever" / "retrieval_server.py"),
+        "-m",
+        "local_dense_retriever.retrieval_server",
         "--port",
         str(port),
         "--toy_passages",
@@ -57,26 +58,23 @@ def start_retriever(port: int, toy_passages: int, cache_dir: Path, log_path: Pat
 
 
 def preprocess(qa_path: Path, out_dir: Path, template: str) -> list[dict]:
-    cmd = [
-        sys.executable,
-        str(REPO / "data_preprocess" / "preprocess_searchR1_dataset.py"),
-        "--config",
-        str(REPO / "data_preprocess" / "prompt.yaml"),
-        "--template",
-        template,
-        "--input_jsonl",
-        str(qa_path),
-        "--data_source",
-        "toy",
-        "--splits",
-        "test",
-        "--local_dir",
-        str(out_dir),
-        "--no_progress",
-    ]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    """verl rows for the questions of ``qa_path`` through the project's preprocessing (what
+    ``preprocess_searchR1_dataset.py --input_jsonl QA --data_source toy --splits test --template T`` does)."""
     import pandas as pd
 
+    from verl_search.data.pipeline import PreprocessConfig, run_preprocess
+    from verl_search.resources import PROMPT_YAML, shipped_file
+
+    config = PreprocessConfig(
+        template_file=shipped_file(PROMPT_YAML),
+        template=template,
+        input_jsonl=qa_path,
+        data_source="toy",
+        splits=("test",),
+        local_dir=out_dir,
+    )
+    for _ in run_preprocess(config, progress=False):
+        pass
     return pd.read_parquet(out_dir / "test.parquet").to_dict("records")
 
 
@@ -169,7 +167,7 @@ async def rollout(rows: list[dict], agent: str, tool_yaml: Path, gold: dict, max
         policy=two_hop_policy(gold, native=agent == "search_r1_agent"),
         agent_name=agent,
         tool_config_path=tool_yaml,
-        agent_loop_config_path=REPO / "tool_config" / "search_r1_agent.yaml" if agent == "search_r1_agent" else None,
+        agent_loop_config_path=shipped_file(AGENT_LOOP_YAML) if agent == "search_r1_agent" else None,
         max_turns=max_turns,
         compute_score=compute_score,
         # the demo's tokenizer is trained on a few KB of text, so passages cost ~2x the tokens Qwen's would
@@ -218,9 +216,7 @@ async def run_demo(args: argparse.Namespace, url: str, cache_dir: Path, work: Pa
     gold = {q["question"]: q["golden_answers"] for q in subset}
     hops = {q["question"]: q["metadata"]["hops"] for q in subset}
 
-    tool_yaml = write_tool_config(
-        REPO / "tool_config" / "search_tool_config.yaml", work / "search_tool_config.yaml", url + "/retrieve"
-    )
+    tool_yaml = write_tool_config(shipped_file(SEARCH_TOOL_YAML), work / "search_tool_config.yaml", url + "/retrieve")
 
     results = {}
     for agent, template in (("tool_agent", "tool_call"), ("search_r1_agent", "search_r1")):
