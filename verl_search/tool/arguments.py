@@ -37,10 +37,17 @@ def _describe(value: Any) -> str:
 
 
 def _preview(value: Any) -> str:
+    """The start of ``value`` as JSON; a value nested beyond the recursion limit (which neither ``json`` nor ``repr``
+    can walk) is named, not shown."""
     try:
         text = json.dumps(value, ensure_ascii=False)
+    except RecursionError:
+        return f"{_describe(value)} nested too deeply to show"
     except (TypeError, ValueError):
-        text = repr(value)
+        try:
+            text = repr(value)
+        except RecursionError:
+            return f"{_describe(value)} nested too deeply to show"
     return text if len(text) <= _PREVIEW else text[:_PREVIEW] + "..."
 
 

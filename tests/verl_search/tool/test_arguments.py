@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from verl_search import SearchTool, search_stats
+from verl_search.tool.config import SearchToolConfig
+from verl_search.tool.search_tool import run_search
 
 MEGABYTE = "x" * 1_000_000
+
+
+def _nested(depth: int, wrap) -> object:
+    value: object = "x"
+    for _ in range(depth):
+        value = wrap(value)
+    return value
+
+
+#: deeper than Python's recursion limit: json.dumps and repr of it raise RecursionError
+DEEP_LIST = _nested(5000, lambda v: [v])
+DEEP_OBJECT = _nested(5000, lambda v: {"a": v})
 
 INVALID = [
     pytest.param(None, "null", id="null"),
@@ -24,6 +42,9 @@ INVALID = [
     pytest.param({"query_list": ["ok", None]}, "query 2 is null, not a string", id="null-item"),
     pytest.param({"query_list": [["nested"]]}, "query 1 is nested", id="nested-list"),
     pytest.param({"query_list": [{"query": "x"}]}, "query 1 is nested", id="nested-object"),
+    pytest.param({"query_list": [DEEP_LIST]}, "query 1 is nested (a list nested too deeply", id="deep-list"),
+    pytest.param({"query_list": [DEEP_OBJECT]}, "query 1 is nested (an object nested too deeply", id="deep-object"),
+    pytest.param(DEEP_LIST, "query 1 is nested (a list nested too deeply", id="bare-deep-list"),
     pytest.param({"query": ""}, "query 1 is empty", id="empty-query-key"),
     pytest.param({"query": 5}, "got a number", id="number-query-key"),
     pytest.param([], "'query_list' is empty", id="bare-empty-list"),
@@ -107,3 +128,31 @@ async def test_lone_surrogates_are_removed_from_a_query_and_the_model_is_told(st
     assert response.text.startswith("[note: query 1: 1 invalid character(s) (lone UTF-16 surrogates) removed]")
     assert stub.state.queries == ["Paris France", "Danube \U0001f600"]
     assert all(q.encode("utf-8") for q in stub.state.queries)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+_ARGUMENTS = _JSON | st.fixed_dictionaries({"query_list": _JSON}) | st.fixed_dictionaries({"query": _JSON})
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(arguments=_ARGUMENTS)
+def test_no_argument_a_model_can_send_is_labelled_a_tool_bug(closed_url_config, arguments):
+    """Fuzzing the call's arguments: each is searched (here: the engine is unreachable) or refused as the model's
+    invalid arguments, never reported as the tool's internal failure."""
+    outcome = asyncio.run(run_search(closed_url_config, arguments))
+    assert outcome.failure in ("invalid_arguments", "unavailable"), outcome.text
+    if outcome.failure == "invalid_arguments":
+        assert outcome.text.startswith("[search error: invalid arguments]") and len(outcome.text) < 400
+
+
+@pytest.fixture
+def closed_url_config():
+    from verl_search.testing.background_server import free_port
+
+    return SearchToolConfig.from_dict(
+        {"retrieval_service_url": f"http://127.0.0.1:{free_port()}/retrieve", "timeout": 2, "max_attempts": 1}
+    )
