@@ -238,18 +238,16 @@ def create_app(
 
     @app.post("/access", responses=_ERRORS)
     async def access(req: AccessBody, request: Request) -> JSONResponse:
-        """ASearcher's page access: ``{"result": [page or null per url]}`` from ``--pages_path`` (null for every url
-        when the server has no pages file)."""
+        """ASearcher's page access: ``{"result": [page or null per url]}``: the page of ``--pages_path``, else the
+        page joined from the corpus rows with that url (every hit's url has one: local_dense_retriever.page_urls)."""
         if len(req.urls) > config.max_queries_per_request:
             return error_response(422, "invalid_request", f"{len(req.urls)} urls; the limit is "
                                   f"{config.max_queries_per_request}", request)  # fmt: skip
         if state.engine is None:
             return error_response(503, "not_ready", f"server is {state.status}: {state.detail}", request)
-        pages = state.engine.pages
-        if pages is None:
-            return JSONResponse({"result": [None] * len(req.urls)})
+        engine = state.engine
         try:
-            result = await asyncio.to_thread(lambda: [pages.get(url) for url in req.urls])
+            result = await asyncio.to_thread(lambda: [engine.page(url) for url in req.urls])
         except Exception as e:
             return internal_error("page access", e, request)
         return JSONResponse({"result": result})

@@ -15,11 +15,18 @@ import torch
 from local_dense_retriever.config import ServerConfig, is_flat_ip
 from local_dense_retriever.corpus_store import CorpusStore
 from local_dense_retriever.index.base import DenseSearch, IndexLoadError, SearchBackend, VectorIndex
+from local_dense_retriever.page_urls import CorpusPages, url_of
 from local_dense_retriever.pages import PageStore
 
 logger = logging.getLogger(__name__)
 
 Hit = tuple[dict, float]
+
+
+def _with_url(doc: dict) -> dict:
+    """The hit with its ``url`` (the row's own, or derived from its title: local_dense_retriever.page_urls)."""
+    doc["url"] = url_of(doc)
+    return doc
 
 
 @dataclass
@@ -30,6 +37,8 @@ class RetrievalEngine:
     corpus: CorpusStore
     load_seconds: dict[str, float] = field(default_factory=dict)
     pages: PageStore | None = None
+    #: pages joined from the corpus by url (local_dense_retriever.page_urls); None: hits still get urls
+    corpus_pages: CorpusPages | None = None
 
     def __post_init__(self) -> None:
         if len(self.backend) > len(self.corpus):
@@ -43,9 +52,17 @@ class RetrievalEngine:
             return []
         scores, ids = self.backend.search(queries, k)
         return [
-            [(self.corpus.get(int(i)), float(s)) for s, i in zip(row_s, row_i, strict=True)]
+            [(_with_url(self.corpus.get(int(i))), float(s)) for s, i in zip(row_s, row_i, strict=True)]
             for row_s, row_i in zip(scores, ids, strict=True)
         ]
+
+    def page(self, url: str) -> dict | None:
+        """``POST /access``: the pages file's page of ``url``, else the page joined from the corpus rows with that
+        url, else None."""
+        page = self.pages.get(url) if self.pages is not None else None
+        if page is None and self.corpus_pages is not None:
+            page = self.corpus_pages.get(url)
+        return page
 
     def describe(self) -> str:
         """What is served, naming files without their folders (this text is shown by /health)."""
@@ -148,6 +165,8 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
     if config.pages_path is not None:
         with _Timer(timings, "pages"):
             pages = PageStore(Path(config.pages_path), progress=progress)
-    engine = RetrievalEngine(backend=backend, corpus=corpus, load_seconds=timings, pages=pages)
+    with _Timer(timings, "page urls"):
+        corpus_pages = CorpusPages(corpus, progress=progress)
+    engine = RetrievalEngine(backend, corpus, load_seconds=timings, pages=pages, corpus_pages=corpus_pages)
     logger.info("ready: %s (%.1f s total)", engine.describe(), sum(timings.values()))
     return engine

@@ -83,11 +83,13 @@ def hash_engine(corpus_path: Path):
     from local_dense_retriever.engine import RetrievalEngine
     from local_dense_retriever.index.base import DenseSearch
     from local_dense_retriever.index.torch_flat import TorchFlatIndex
+    from local_dense_retriever.page_urls import CorpusPages
 
     corpus = CorpusStore(corpus_path, progress=False)
     enc = HashEncoder()
     vectors = enc.encode([corpus.get(i)["contents"] for i in range(len(corpus))], is_query=False).numpy()
-    return RetrievalEngine(DenseSearch(enc, TorchFlatIndex(vectors, device=torch.device("cpu"))), corpus)
+    index = TorchFlatIndex(vectors, device=torch.device("cpu"))
+    return RetrievalEngine(DenseSearch(enc, index), corpus, corpus_pages=CorpusPages(corpus, progress=False))
 
 
 ANIMALS = ["aardvark", "badger", "camel", "dingo", "emu", "ferret", "gecko", "heron", "ibis", "jackal"]

@@ -35,7 +35,11 @@ def test_retrieve_plain_documents(server):
     assert r.status_code == 200
     result = r.json()["result"]
     assert [len(hits) for hits in result] == [2, 2]
-    assert result[0][0] == {"id": "17", "contents": '"Doc 17"\nThe heron number item17 lives here.'}
+    assert result[0][0] == {
+        "id": "17",
+        "contents": '"Doc 17"\nThe heron number item17 lives here.',
+        "url": "https://en.wikipedia.org/wiki/Doc_17",  # derived from the title (page_urls)
+    }
     assert result[1][0]["id"] == "3"
     RetrieveResponse.model_validate(r.json())
 
@@ -52,7 +56,7 @@ def test_retrieve_with_scores_and_default_topk(server):
 
 def test_topk_null_and_return_scores_omitted(server):
     r = post(server, {"queries": ["camel"], "topk": None})
-    assert r.status_code == 200 and set(r.json()["result"][0][0]) == {"id", "contents"}
+    assert r.status_code == 200 and set(r.json()["result"][0][0]) == {"id", "contents", "url"}
 
 
 def test_health_metrics_and_docs(server):
@@ -112,7 +116,12 @@ def test_skyrl_single_query_body_gets_one_list_of_hits(server):
     result = r.json()["result"]
     assert len(result) == 1 and len(result[0]) == 2 and result[0][0]["document"]["id"] == "17"
     r = post(server, {"query": "item3", "topk": 1, "return_scores": False})
-    assert r.json()["result"] == [[{"id": "3", "contents": '"Doc 3"\nThe dingo number item3 lives here.'}]]
+    doc = {
+        "id": "3",
+        "contents": '"Doc 3"\nThe dingo number item3 lives here.',
+        "url": "https://en.wikipedia.org/wiki/Doc_3",
+    }
+    assert r.json()["result"] == [[doc]]
 
 
 def test_lone_surrogate_is_a_4xx_naming_the_problem_and_batch_mates_are_answered(server):

@@ -19,7 +19,7 @@ def test_dense_backends_serve_the_same_top_hit(minilm_index, toy_dataset, minilm
     hits = engine.search([q["question"]], 3)[0]
     assert hits[0][0]["id"] in q["metadata"]["supporting_ids"]
     assert [s for _, s in hits] == sorted((s for _, s in hits), reverse=True)
-    assert set(engine.load_seconds) == {"corpus", "encoder", f"{backend} index"}
+    assert set(engine.load_seconds) == {"corpus", "encoder", f"{backend} index", "page urls"}
 
 
 def test_bm25_needs_only_the_corpus(animal_corpus):

@@ -1,0 +1,136 @@
+"""Every hit carries a ``url``, and ``POST /access`` answers for it: pages made from the corpus itself.
+
+ASearcher's and RLinf's clients read ``url`` from every hit and fetch whole pages by it. wiki-18, the corpus most users
+serve, has rows ``{"id", "contents"}`` with the title as the first line of ``contents`` (``"Title"\\ntext``) and no url,
+so those clients failed against it. The documented rule:
+
+- a row's **title** is its ``title`` field, else the first line of ``contents`` without its surrounding double quotes;
+- a row's **url** is its ``url`` field, else ``https://en.wikipedia.org/wiki/`` + the title with spaces as underscores,
+  percent-encoded as Wikipedia's own links are (``Marie Curie`` -> ``.../wiki/Marie_Curie``);
+- the **page** of a url (what ``/access`` answers when ``--pages_path`` has no page for it, or there is no pages file)
+  is ``{"url", "title", "contents"}``: the texts of the corpus rows with that url, in corpus order, joined by blank
+  lines (a wiki-18 row's text is ``contents`` without its title line), at most :data:`MAX_PAGE_ROWS` rows.
+
+Invariant: the url table (sorted 64-bit url hashes with row ids, saved beside the corpus) describes exactly the corpus
+file of the recorded size, else it is rebuilt atomically; a lookup re-reads each candidate row and compares its url, so
+a hash collision never mixes pages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+from tqdm import tqdm
+
+from local_dense_retriever.corpus_store import CorpusStore
+from local_dense_retriever.errors import CorpusError
+from local_dense_retriever.pages import normalize_url
+from verl_search.atomic import atomic_path
+
+logger = logging.getLogger(__name__)
+
+WIKI_BASE = "https://en.wikipedia.org/wiki/"
+#: rows one page may join (a wiki-18 article has a few hundred 100-word passages at most)
+MAX_PAGE_ROWS = 1024
+#: characters Wikipedia leaves unencoded in its article links
+_SAFE = "/:@!$&'()*+,;=-._~"
+
+
+def title_of(doc: dict[str, Any]) -> str:
+    """The row's ``title`` field, else the first line of ``contents`` without its surrounding double quotes."""
+    title = doc.get("title")
+    if isinstance(title, str):
+        return title
+    first = str(doc.get("contents", "")).split("\n", 1)[0].strip()
+    return first[1:-1] if len(first) >= 2 and first[0] == first[-1] == '"' else first
+
+
+def url_of(doc: dict[str, Any]) -> str:
+    """The row's ``url`` field, else the Wikipedia link of its title."""
+    url = doc.get("url")
+    if isinstance(url, str) and url:
+        return url
+    return WIKI_BASE + quote(title_of(doc).replace(" ", "_"), safe=_SAFE)
+
+
+def text_of(doc: dict[str, Any]) -> str:
+    """The row's text without its title: ``contents`` minus a wiki-18 title line (rows with a ``title`` field keep
+    ``contents`` whole unless it starts with that title line too)."""
+    contents = str(doc.get("contents", ""))
+    first, newline, rest = contents.partition("\n")
+    if newline and first.strip().strip('"') == title_of(doc):
+        return rest
+    return contents
+
+
+def _hash(url: str) -> int:
+    digest = hashlib.blake2b(normalize_url(url).encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def table_path_for(corpus_path: Path) -> Path:
+    return corpus_path.with_name(corpus_path.name + ".urls.npy")
+
+
+def build_table(corpus: CorpusStore, out_path: Path, *, progress: bool = True) -> None:
+    """One pass over the corpus: row 0 of the saved array is ``(file size, rows)``, then ``(url hash, row)`` sorted by
+    hash, saved atomically."""
+    n = len(corpus)
+    hashes = np.empty(n, dtype=np.uint64)
+    for row in tqdm(range(n), desc=f"urls of {corpus.path.name}", unit="row", disable=not progress):
+        hashes[row] = _hash(url_of(corpus.get(row)))
+    order = np.argsort(hashes, kind="stable")
+    table = np.empty((n + 1, 2), dtype=np.uint64)
+    table[0] = (corpus.path.stat().st_size, n)
+    table[1:, 0] = hashes[order]
+    table[1:, 1] = order.astype(np.uint64)
+    with atomic_path(out_path) as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, table)
+
+
+class CorpusPages:
+    """url -> the page joined from the corpus rows of that url (see the module's rule)."""
+
+    def __init__(self, corpus: CorpusStore, *, progress: bool = True) -> None:
+        self.corpus = corpus
+        path = table_path_for(corpus.path)
+        table = self._load(path)
+        if table is None:
+            logger.info("indexing the page urls of %s (once)", corpus.path.name)
+            build_table(corpus, path, progress=progress)
+            table = self._load(path)
+            if table is None:
+                raise CorpusError(f"url table {path} does not match {corpus.path}")
+        self._hashes = table[1:, 0]
+        self._rows = table[1:, 1]
+
+    def _load(self, path: Path) -> np.ndarray | None:
+        if not path.is_file():
+            return None
+        try:
+            table = np.load(path, mmap_mode="r")
+        except (OSError, ValueError):
+            return None
+        size, rows = self.corpus.path.stat().st_size, len(self.corpus)
+        if table.ndim != 2 or table.shape[1] != 2 or tuple(map(int, table[0])) != (size, rows):
+            return None
+        return table
+
+    def get(self, url: str) -> dict[str, Any] | None:
+        """The page of ``url``, or None when no corpus row has that url."""
+        wanted = normalize_url(url)
+        h = np.uint64(_hash(url))
+        lo = int(np.searchsorted(self._hashes, h, side="left"))
+        hi = int(np.searchsorted(self._hashes, h, side="right"))
+        rows = sorted(int(r) for r in self._rows[lo:hi])
+        docs = [doc for doc in map(self.corpus.get, rows) if normalize_url(url_of(doc)) == wanted]
+        if not docs:
+            return None
+        docs = docs[:MAX_PAGE_ROWS]
+        return {"url": url_of(docs[0]), "title": title_of(docs[0]), "contents": "\n\n".join(map(text_of, docs))}
