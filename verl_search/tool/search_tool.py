@@ -159,7 +159,13 @@ class SearchTool(BaseTool):
 
     def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None = None) -> None:
         self.search_config = SearchToolConfig.from_dict(config)
-        super().__init__(config, tool_schema or default_tool_schema())
+        # What verl 0.9.1's BaseTool.__init__ does, without its print of the schema as indented JSON on stdout (every
+        # process that builds the tool dumped it on the user's console); test_tool_init.py fails if BaseTool.__init__
+        # starts setting anything else.
+        self.config = config
+        self.tool_schema = tool_schema or default_tool_schema()
+        self.name = self.tool_schema.function.name
+        logger.debug("search tool %s: %s", self.name, self.tool_schema.model_dump_json(exclude_none=True))
         self._instances: dict[str, dict[str, Any]] = {}
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
