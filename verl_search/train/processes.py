@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from verl_search.errors import VerlSearchError
@@ -63,12 +63,33 @@ def _end_group(process: subprocess.Popen) -> None:
         os.killpg(process.pid, signal.SIGKILL)  # Ray's workers may outlive the driver: end the whole group
 
 
+def _wait(process: subprocess.Popen, watch: Callable[[], None] | None, every: float) -> int:
+    while True:
+        try:
+            code = process.wait(timeout=every if watch else None)
+        except subprocess.TimeoutExpired:
+            assert watch is not None
+            watch()
+            continue
+        if watch:
+            watch()
+        return code
+
+
 def run_stage(
-    name: str, command: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None, cwd: Path | None = None
+    name: str,
+    command: Sequence[str],
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    *,
+    watch: Callable[[], None] | None = None,
+    watch_every: float = 5.0,
 ) -> float:
     """Run ``command`` to completion in its own session with output in ``log_path``; returns seconds taken.
 
     ``cwd`` (default: the log's folder) receives what the command writes there, e.g. hydra's ``outputs/``.
+    ``watch`` is called every ``watch_every`` seconds while it runs and once when it ends (a live progress line).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -83,7 +104,7 @@ def run_stage(
             start_new_session=True,
         )
         try:
-            code = process.wait()
+            code = _wait(process, watch, watch_every)
         finally:
             _end_group(process)
     if code != 0:

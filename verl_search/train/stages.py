@@ -22,6 +22,7 @@ from verl_search.launch.cpu_run import CpuRunKnobs, cpu_overrides
 from verl_search.launch.search_overrides import search_overrides
 from verl_search.launch.trainer_mode import TrainerSettings, trainer_overrides
 from verl_search.train.config import TrainConfig
+from verl_search.train.live_metrics import MetricsTail
 from verl_search.train.processes import StageError, run_stage
 from verl_search.train.stage import Stage, legacy_seconds
 
@@ -230,7 +231,8 @@ def grpo_stage(
         run_stage(f"{name} preflight {folder.name}", preflight, preflight_log, cpu_run_env(folder))
         raise_open_file_limit()
         command = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
-        run_stage(f"{name} {folder.name}", command, log, cpu_run_env(folder))
+        live = MetricsTail(folder / "metrics.jsonl", f"{name} {folder.name}", None if val_only else config.grpo.steps)
+        run_stage(f"{name} {folder.name}", command, log, cpu_run_env(folder), watch=live.poll)
 
     stage_key: dict[str, Any] = {**(key or {}), "val_only": val_only, "split_seed": config.world.split_seed}
     stage_key |= {"grpo": config.grpo.model_dump(mode="json"), "search": config.search.model_dump(mode="json")}
