@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -93,8 +94,11 @@ def run_stage(
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    logger.info("%s: %s (log: %s)", name, " ".join(command), log_path)
+    # the console gets one line; the full command (hundreds of overrides) heads the stage's log
+    logger.info("%s: running (log: %s)", name, log_path)
     with open(log_path, "w", encoding="utf-8") as log:
+        log.write("command: " + shlex.join(command) + "\n\n")
+        log.flush()
         process = subprocess.Popen(
             list(command),
             cwd=cwd or log_path.parent,

@@ -60,3 +60,13 @@ def test_run_stage_reports_rows_while_the_command_runs(tmp_path, caplog):
     records = [r for r in caplog.records if r.name == "verl_search.train.live_metrics"]
     assert [r.getMessage().split(":")[1].strip() for r in records] == ["step 1/2", "step 2/2"]
     assert records[0].created < ended - 0.5  # step 1 was shown while the trainer still ran (it sleeps 1 s after 2)
+
+
+def test_a_stage_shows_one_line_and_its_log_holds_the_full_command(tmp_path, caplog):
+    log = tmp_path / "stage.log"
+    command = [sys.executable, "-c", "print('trained')", *(f"key{i}=value {i}" for i in range(50))]
+    with caplog.at_level(logging.INFO, logger="verl_search.train.processes"):
+        run_stage("SFT sft", command, log)
+    assert [r.getMessage() for r in caplog.records] == [f"SFT sft: running (log: {log})"]
+    head, output = log.read_text().split("\n\n", 1)
+    assert head.startswith("command: ") and "'key49=value 49'" in head and output == "trained\n"

@@ -42,8 +42,12 @@ def test_sigterm_to_the_pipeline_ends_the_running_stage_and_its_children(tmp_pat
     )
     parent = subprocess.Popen([sys.executable, "-c", driver])
     try:
-        assert _wait_for(lambda: log.is_file() and len(log.read_text().split()) == 2), "the stage did not start"
-        pids = [int(p) for p in log.read_text().split()]
+
+        def output() -> list[str]:  # what the stage printed, after the command that heads the log
+            return log.read_text().split("\n\n", 1)[-1].split() if log.is_file() else []
+
+        assert _wait_for(lambda: len(output()) == 2), "the stage did not start"
+        pids = [int(p) for p in output()]
         assert all(_alive(p) for p in pids)
         parent.send_signal(signal.SIGTERM)
         assert parent.wait(timeout=30) == 128 + signal.SIGTERM
