@@ -21,7 +21,7 @@ SHOWN = (
     ("search/answered_share", "answered", "{:.2f}"),
     ("timing_s/step", "s/step", "{:.0f}"),
 )
-#: the validation reward verl logs before training and every test_freq steps (the first key found is shown)
+#: the validation reward verl logs per data source before training and every test_freq steps (their mean is shown)
 VALIDATION_PREFIX = "val-core/"
 
 
@@ -29,9 +29,10 @@ def describe(step: int, data: dict[str, Any], total_steps: int | None) -> str:
     """One line for a step's metrics row, e.g. ``step 2/6: reward 0.412, searches/trajectory 1.31, ...``."""
     where = f"step {step}/{total_steps}" if total_steps else f"step {step}"
     parts = [f"{label} {fmt.format(data[key])}" for key, label, fmt in SHOWN if isinstance(data.get(key), int | float)]
-    validation = sorted(k for k in data if k.startswith(VALIDATION_PREFIX) and "reward/mean" in k)
+    validation = [float(v) for k, v in data.items() if k.startswith(VALIDATION_PREFIX) and "/reward/mean" in k]
     if validation:
-        parts.append(f"validation reward {float(data[validation[0]]):.3f}")
+        sources = f" (mean of {len(validation)} data sources)" if len(validation) > 1 else ""
+        parts.append(f"validation reward {sum(validation) / len(validation):.3f}{sources}")
     return f"{where}: " + (", ".join(parts) if parts else "no metrics yet")
 
 

@@ -24,6 +24,8 @@ def test_a_step_row_reads_as_one_line():
     assert describe(2, ROW, 6) == "step 2/6: reward 0.412, searches/trajectory 1.31, answered 0.90, s/step 38"
     validation = {"val-core/searchR1_1hop/reward/mean@1": 0.25, "val-aux/x": 1}
     assert describe(0, validation, None) == "step 0: validation reward 0.250"
+    validation["val-core/searchR1_2hop/reward/mean@1"] = 0.05
+    assert describe(0, validation, None) == "step 0: validation reward 0.150 (mean of 2 data sources)"
     assert describe(1, {"actor/lr": 1e-4}, 6) == "step 1/6: no metrics yet"
 
 
