@@ -3,12 +3,14 @@ run raises none, and stop_after ends a run only when asked."""
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from verl_search.monitor.alarms import AlarmSettings, CollapseWatcher
+from verl_search.monitor.alarms import WATCHED_METRICS, AlarmSettings, CollapseWatcher
 
 
 def step(searches=1.5, answered=0.9, clipped=0.0, failed=0.0, reward=0.4) -> dict[str, float]:
@@ -128,3 +130,27 @@ def test_the_trainer_ends_the_loop_when_the_watcher_says_stop():
 
     with pytest.raises(ConfigError, match=r"search_monitor\.alarms\.x"):
         Trainer(bad)
+
+
+STREAMS = Path(__file__).parent / "streams"
+
+
+def _recorded(name: str) -> list[dict[str, float]]:
+    """A real run's per-step metrics (verl's file logger), cut to the watched keys."""
+    rows = [json.loads(line) for line in (STREAMS / name).read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+    assert all(set(r["data"]) <= set(WATCHED_METRICS) for r in rows)
+    return [r["data"] for r in rows]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in STREAMS.glob("*.jsonl")))
+def test_real_make_demo_streams_raise_nothing_until_the_retriever_fails(name):
+    """`make demo`'s GRPO steps as recorded on this project's CPUs: no alarm; the same steps with every search failing
+    from step 3 (a retriever that went down) raise search_failures at step 3, and with the searches gone from step 4
+    (past the warm-up) raise no_search there."""
+    stream = _recorded(name)
+    assert run(stream)[1] == []
+    failing = [m if i < 3 else {**m, "search/failed_share": 1.0} for i, m in enumerate(stream, 1)]
+    assert run(failing)[1] == [(3, "search_failures")]
+    silent = [m if i < 4 else {**m, "search/calls_per_traj/mean": 0.0} for i, m in enumerate(stream, 1)]
+    assert run(silent)[1] == [(4, "no_search")]
