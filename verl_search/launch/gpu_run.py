@@ -1,0 +1,145 @@
+"""The knobs of the GPU recipe (``run_scripts/run_qwen2.5-3b_instruct_search_multiturn.sh``: GRPO on
+Qwen2.5-3B-Instruct with FSDP and SGLang or vLLM) and the verl overrides they mean, declared once here.
+
+Invariant: the defaults are the published recipe's; the overrides are derived from validated knobs only. The parts
+that depend on the machine or on other services are composed by the script's shell functions and appended by it: the
+engine and the actor's attention (``vs_rollout_overrides``, which looks for flash-attn), the search tool and loop
+(:mod:`verl_search.launch.search_overrides`), a Ray Serve retriever (``vs_serve_retriever``) and the trainer mode
+(:mod:`verl_search.launch.trainer_mode`).
+
+CLI (what the script calls): ``python -m verl_search.launch.gpu_run shell`` prints the resolved knobs as shell
+assignments; ``python -m verl_search.launch.gpu_run overrides`` prints the overrides, NUL-separated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from verl_search.errors import VerlSearchError
+from verl_search.launch.run_knobs import RunKnobs, shell_assignments, value
+
+
+class GpuRunError(VerlSearchError, ValueError):
+    """A knob of the GPU recipe has a value it cannot take; the message names the knob."""
+
+    kind = "gpu_run"
+
+
+class GpuRunKnobs(RunKnobs):
+    """Every knob of the GPU recipe; the environment variable is the field name in capitals."""
+
+    experiment_prefix: ClassVar[str] = "qwen2.5-3b-instruct-grpo-search"
+    error: ClassVar[type[ValueError]] = GpuRunError
+
+    model_path: str = Field("Qwen/Qwen2.5-3B-Instruct", description="a model folder or hub id")
+    val_data: str = Field(
+        "",
+        description="default: DATA_DIR/val_subset.parquet, the per-source subsample preprocess_searchR1_dataset.py "
+        "--val_per_source N writes",
+    )
+    project_name: str = "search_r1_like_async_rl"
+    train_batch_size: int = Field(512, ge=1)
+    ppo_mini_batch_size: int = Field(256, ge=1)
+    rollout_n: int = Field(5, ge=1)
+    lr: float = Field(1e-6, gt=0)
+    max_prompt_length: int = Field(4096, ge=1)
+    max_response_length: int = Field(3000, ge=1)
+    save_freq: int = 100
+    test_freq: int = 50
+    logger: str = '["console","wandb"]'
+    retriever: Literal["url", "serve"] = Field(
+        "url",
+        description="url: use RETRIEVER_URL; serve: start a Ray Serve retriever fleet in verl's Ray cluster first "
+        "(RETRIEVER_REPLICAS, RETRIEVER_GPUS, RETRIEVER_CPUS, RETRIEVER_PORT, RAY_ADDRESS; see common.sh)",
+    )
+    n_gpus: int = Field(8, ge=1, description="GPUs per node")
+    nnodes: int = Field(1, ge=1)
+    rollout: Literal["sglang", "vllm"] = Field(
+        "sglang", description="the rollout engine (each has a locked environment: make install-gpu ROLLOUT=...)"
+    )
+    attn_implementation: str = Field(
+        "auto", description="the actor's attention: auto (flash_attention_2 when flash-attn imports, else sdpa)"
+    )
+    lr_warmup_ratio: float = Field(0.285, ge=0, le=1)
+    rollout_tp: int = Field(1, ge=1, description="the engine's tensor parallelism")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    micro_batch_per_gpu: int = Field(8, ge=1)
+    max_token_len_per_gpu: int = Field(15000, ge=1, description="dynamic batches' tokens per GPU, and max_model_len")
+
+
+def gpu_overrides(knobs: GpuRunKnobs) -> list[str]:
+    """The recipe's verl overrides (FSDP with offload, dynamic batches, GRPO with a low-variance KL loss)."""
+    k = knobs
+    actor, ref, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout"
+    return [
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=False",
+        f"data.train_files={k.train_data}",
+        f"data.val_files={k.val_data}",
+        f"data.train_batch_size={k.train_batch_size}",
+        f"data.max_prompt_length={k.max_prompt_length}",
+        f"data.max_response_length={k.max_response_length}",
+        "data.filter_overlong_prompts=True",
+        "data.truncation=error",
+        "data.return_raw_chat=True",
+        f"actor_rollout_ref.model.path={k.model_path}",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        f"{actor}.optim.lr={value(k.lr)}",
+        f"{actor}.optim.lr_warmup_steps_ratio={value(k.lr_warmup_ratio)}",
+        f"{actor}.ppo_mini_batch_size={k.ppo_mini_batch_size}",
+        f"{actor}.ppo_micro_batch_size_per_gpu={k.micro_batch_per_gpu}",
+        f"{actor}.use_dynamic_bsz=True",
+        f"{actor}.ppo_max_token_len_per_gpu={k.max_token_len_per_gpu}",
+        f"{actor}.use_kl_loss=True",
+        f"{actor}.kl_loss_coef={value(k.kl_coef)}",
+        f"{actor}.kl_loss_type=low_var_kl",
+        f"{actor}.entropy_coeff=0",
+        f"{actor}.fsdp_config.param_offload=True",
+        f"{actor}.fsdp_config.optimizer_offload=True",
+        f"{ref}.log_prob_micro_batch_size_per_gpu={k.micro_batch_per_gpu}",
+        f"{ref}.fsdp_config.param_offload=True",
+        f"{rollout}.tensor_model_parallel_size={k.rollout_tp}",
+        f"{rollout}.gpu_memory_utilization={value(k.gpu_memory_utilization)}",
+        f"{rollout}.max_model_len={k.max_token_len_per_gpu}",
+        f"{rollout}.log_prob_micro_batch_size_per_gpu={k.micro_batch_per_gpu}",
+        f"{rollout}.n={k.rollout_n}",
+        "trainer.critic_warmup=0",
+        "trainer.val_before_train=False",
+        f"trainer.logger={k.logger}",
+        f"trainer.project_name={k.project_name}",
+        f"trainer.experiment_name={k.experiment_name}",
+        f"trainer.n_gpus_per_node={k.n_gpus}",
+        f"trainer.nnodes={k.nnodes}",
+        f"trainer.save_freq={k.save_freq}",
+        f"trainer.test_freq={k.test_freq}",
+        f"trainer.total_epochs={k.total_epochs}",
+        f"trainer.default_local_dir={k.run_dir}/checkpoints",
+        f"trainer.validation_data_dir={k.run_dir}/val_generations",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m verl_search.launch.gpu_run", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("shell", help="the resolved knobs as shell assignments")
+    sub.add_parser("overrides", help="the recipe's verl overrides, NUL-separated")
+    args = p.parse_args(argv)
+    try:
+        knobs = GpuRunKnobs.from_env()
+    except GpuRunError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.command == "shell":
+        sys.stdout.write(shell_assignments(knobs))
+    else:
+        sys.stdout.write("".join(f"{o}\0" for o in gpu_overrides(knobs)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""The knobs both training scripts share (run_tiny_search_cpu.sh on a CPU, run_qwen2.5-3b_instruct_search_multiturn.sh
+on GPUs), declared once with their meaning; each script's model (:mod:`verl_search.launch.cpu_run`,
+:mod:`verl_search.launch.gpu_run`) adds its own knobs and sets its own defaults.
+
+Invariant: a knob's environment variable is its field name in capitals; unset or empty variables keep the default
+(like the shell's ``${X:-default}``); a bad value raises the script's error naming the variable. The shell sees the
+resolved knobs through :func:`shell_assignments` and hands them back to the Python that composes the overrides
+through ``VS_KNOB_ENV``, never by exporting them into verl's environment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from verl_search.resources import AGENT_LOOP_YAML, SEARCH_TOOL_YAML, shipped_file
+
+
+class RunKnobs(BaseModel):
+    """The knobs of a GRPO search run that both scripts have; subclasses redeclare a field to change its default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    #: the default experiment name is ``<prefix>-<agent>``
+    experiment_prefix: ClassVar[str] = "grpo-search"
+    #: the error the subclass raises for a bad knob
+    error: ClassVar[type[ValueError]] = ValueError
+
+    model_path: str = Field(description="a model folder or hub id")
+    data_dir: str = Field(str(Path.home() / "data" / "searchR1_processed_direct"), description="preprocessed data")
+    train_data: str = Field("", description="default: DATA_DIR/train.parquet")
+    val_data: str = Field("", description="default: DATA_DIR/val_subset.parquet")
+    tool_config: str = Field("", description="the tool YAML to copy with the URL (default: the shipped one)")
+    retriever_url: str = Field(
+        "http://127.0.0.1:8000/retrieve", description="one URL, or several separated by commas (the tool balances)"
+    )
+    max_turns: int = Field(4, ge=1, description="assistant turns per trajectory: 4 = up to 3 searches and an answer")
+    agent: Literal["tool_agent", "search_r1_agent"] = Field(
+        "tool_agent",
+        description="tool_agent: verl's hermes <tool_call> loop; search_r1_agent: the native <search> loop",
+    )
+    project_name: str = "verl_search"
+    experiment_name: str = Field("", description="default: <the script's prefix>-AGENT")
+    run_dir: str = Field("", description="default: runs/EXPERIMENT_NAME (made absolute)")
+    agent_loop_config: str = Field("", description="search_r1_agent's loop YAML (default: the shipped one)")
+    reward_fn_path: str = Field(
+        "pkg://verl_search.reward", description="verl imports pkg:// paths as modules; a file path also works"
+    )
+    train_batch_size: int = Field(4, ge=1)
+    ppo_mini_batch_size: int = Field(4, ge=1)
+    rollout_n: int = Field(2, ge=1)
+    lr: float = Field(1e-4, gt=0)
+    kl_coef: float = Field(0.001, ge=0)
+    max_prompt_length: int = Field(1024, ge=1)
+    max_response_length: int = Field(512, ge=1)
+    max_tool_response_length: int = Field(
+        6000,
+        ge=1,
+        description="verl cuts tool text at this many characters (its own default, 256, cuts the first passage); "
+        "it matches the shipped tool YAML's max_result_chars, so verl never cuts mid-passage",
+    )
+    total_epochs: int = Field(1, ge=1)
+    save_freq: int = -1
+    test_freq: int = -1
+    logger: str = '["console","file"]'
+
+    @model_validator(mode="after")
+    def _derived_defaults(self) -> RunKnobs:
+        """The defaults that depend on other knobs, as the scripts have always derived them."""
+        derived = {
+            "train_data": self.train_data or f"{self.data_dir}/train.parquet",
+            "val_data": self.val_data or f"{self.data_dir}/val_subset.parquet",
+            "tool_config": self.tool_config or str(shipped_file(SEARCH_TOOL_YAML)),
+            "agent_loop_config": self.agent_loop_config or str(shipped_file(AGENT_LOOP_YAML)),
+            "experiment_name": self.experiment_name or f"{self.experiment_prefix}-{self.agent}",
+        }
+        derived["run_dir"] = absolute(self.run_dir or f"runs/{derived['experiment_name']}")
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
+        return self
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Any:
+        """The knobs the environment sets (unset or empty variables keep their defaults, like ``${X:-default}``)."""
+        raw = {name: env[name.upper()] for name in cls.model_fields if env.get(name.upper(), "") != ""}
+        if raw.get("total_steps") == "null":
+            raw.pop("total_steps")
+        try:
+            return cls(**raw)
+        except ValidationError as e:
+            first = e.errors()[0]
+            name = str(first["loc"][0]) if first["loc"] else ""
+            if first["type"] == "missing":
+                raise cls.error(f"set {name.upper()} to {cls.model_fields[name].description}") from e
+            where = f"{name.upper()}={raw.get(name, '')}: " if name else ""
+            if first["type"] == "literal_error":  # "choose a or b", as the scripts have always said
+                raise cls.error(f"{where}choose {first['ctx']['expected'].replace(chr(39), '')}") from e
+            raise cls.error(f"{where}{first['msg']}") from e
+
+
+def absolute(path: str) -> str:
+    """``path`` against the current folder, as the scripts' ``vs_abs`` does (no normalisation)."""
+    return path if path.startswith("/") else f"{os.getcwd()}/{path}"
+
+
+def value(v: object) -> str:
+    """A knob's value as the shell and hydra read it (None is ``null``; ``1e-06`` is written ``1e-6``)."""
+    if v is None:
+        return "null"
+    if isinstance(v, float):
+        return re.sub(r"e([+-])0+(\d)", r"e\1\2", repr(v))
+    return str(v)
+
+
+def shell_assignments(knobs: RunKnobs) -> str:
+    """``NAME=value`` lines (shell-quoted) for every knob, and ``VS_KNOB_ENV``, the same as an ``env`` argument list
+    (how a script hands the resolved knobs to ``overrides`` without exporting them into verl's environment)."""
+    values = {name.upper(): value(v) for name, v in knobs.model_dump().items()}
+    lines = [f"{name}={shlex.quote(v)}" for name, v in values.items()]
+    lines.append("VS_KNOB_ENV=(" + " ".join(shlex.quote(f"{n}={v}") for n, v in values.items()) + ")")
+    return "\n".join(lines) + "\n"
