@@ -58,3 +58,32 @@ def test_guard_verl_metrics_hook_is_what_we_override():
     from verl.trainer.ppo.v1 import agent_loop_tq
 
     assert 'extra_fields["reward_extra_info"]' in inspect.getsource(agent_loop_tq)  # the reward's keys reach us
+
+
+def test_verls_replay_buffer_still_polls_every_two_seconds_and_takes_a_new_interval():
+    """The guard of SYNC_POLL_INTERVAL_S: verl's ReplayBuffer defaults to 2 s between checks and sleeps whatever its
+    ``poll_interval`` attribute says (if either changes, the override must be revisited)."""
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    from verl_search.monitor.trainer import VERL_POLL_INTERVAL_S
+
+    assert inspect.signature(ReplayBuffer.__init__).parameters["poll_interval"].default == VERL_POLL_INTERVAL_S
+    assert "time.sleep(self.poll_interval)" in inspect.getsource(ReplayBuffer._wait_for_next_poll)
+
+
+@pytest.mark.parametrize(("mode", "interval"), [("sync", 0.1), ("colocate_async", 2.0), ("separate_async", 2.0)])
+def test_only_the_synchronous_trainer_polls_faster(mode, interval):
+    from types import SimpleNamespace
+
+    from verl_search.monitor.trainer import SYNC_POLL_INTERVAL_S, SearchMetricsMixin
+
+    class Base:
+        def _build_replay_buffer(self):
+            return SimpleNamespace(poll_interval=2.0)
+
+    class Trainer(SearchMetricsMixin, Base):
+        def __init__(self) -> None:  # verl sets trainer_mode in its own __init__, before building the buffer
+            self.trainer_mode = mode
+
+    assert Trainer()._build_replay_buffer().poll_interval == interval
+    assert SYNC_POLL_INTERVAL_S == 0.1
