@@ -20,7 +20,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from verl_search.errors import VerlSearchError
-from verl_search.launch.run_knobs import RunKnobs, shell_assignments, value
+from verl_search.launch.run_knobs import RunKnobs, data_overrides, shell_assignments, value
 
 
 class GpuRunError(VerlSearchError, ValueError):
@@ -76,16 +76,7 @@ def gpu_overrides(knobs: GpuRunKnobs) -> list[str]:
     k = knobs
     actor, ref, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout"
     return [
-        "algorithm.adv_estimator=grpo",
-        "algorithm.use_kl_in_reward=False",
-        f"data.train_files={k.train_data}",
-        f"data.val_files={k.val_data}",
-        f"data.train_batch_size={k.train_batch_size}",
-        f"data.max_prompt_length={k.max_prompt_length}",
-        f"data.max_response_length={k.max_response_length}",
-        "data.filter_overlong_prompts=True",
-        "data.truncation=error",
-        "data.return_raw_chat=True",
+        *data_overrides(k),
         f"actor_rollout_ref.model.path={k.model_path}",
         "actor_rollout_ref.model.use_remove_padding=True",
         "actor_rollout_ref.model.enable_gradient_checkpointing=True",

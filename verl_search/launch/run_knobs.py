@@ -124,3 +124,21 @@ def shell_assignments(knobs: RunKnobs) -> str:
     lines = [f"{name}={shlex.quote(v)}" for name, v in values.items()]
     lines.append("VS_KNOB_ENV=(" + " ".join(shlex.quote(f"{n}={v}") for n, v in values.items()) + ")")
     return "\n".join(lines) + "\n"
+
+
+def data_overrides(knobs: RunKnobs) -> list[str]:
+    """The overrides both scripts start with: GRPO without a KL term in the reward, and the data (the chat kept raw
+    for the agent loops, overlong prompts filtered, nothing truncated silently)."""
+    k = knobs
+    return [
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=False",
+        f"data.train_files={k.train_data}",
+        f"data.val_files={k.val_data}",
+        f"data.train_batch_size={k.train_batch_size}",
+        f"data.max_prompt_length={k.max_prompt_length}",
+        f"data.max_response_length={k.max_response_length}",
+        "data.filter_overlong_prompts=True",
+        "data.truncation=error",
+        "data.return_raw_chat=True",
+    ]
