@@ -86,13 +86,47 @@ def as_dicts(results: list[StageResult]) -> list[dict[str, Any]]:
     return [asdict(r) for r in results]
 
 
+_RETRIEVED = re.compile(r"<information>(.*?)</information>|<tool_response>(.*?)</tool_response>", re.S)
+_QUERY = re.compile(r"<search>(.*?)</search>|\"query_list\"\s*:\s*\[\s*\"([^\"]*)\"", re.S)
+_NAME = re.compile(r"\b[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*")
+
+
+def _question(row: dict[str, Any]) -> str:
+    return str(row.get("input", "")).rsplit("Question:", 1)[-1].split("\n", 1)[0].strip()
+
+
+def _golds(row: dict[str, Any]) -> list[str]:
+    gts = row.get("gts")
+    target = gts.get("target", []) if isinstance(gts, dict) else gts
+    return [str(t) for t in (target if isinstance(target, list | tuple) else [target]) if str(t).strip()]
+
+
+def _showcase_key(row: dict[str, Any]) -> tuple[float, bool, bool, bool]:
+    """What makes a trajectory show the skill, most important first: a right answer, read from the retrieved text,
+    after a first query that names the question's entity, after searching at all."""
+    output = row["output"]
+    retrieved = " ".join(a or b for a, b in _RETRIEVED.findall(output)).lower()
+    read = any(g.lower() in retrieved for g in _golds(row))
+    queries = [a or b for a, b in _QUERY.findall(output)]
+    names = [n for n in _NAME.findall(_question(row)) if n.split()[0] not in _QUESTION_WORDS]
+    named = bool(queries) and any(n.lower() in queries[0].lower() for n in names)
+    return float(row.get("em", row.get("score", 0.0))), read, named, bool(retrieved)
+
+
+_QUESTION_WORDS = {"In", "Who", "What", "Which", "Where", "When", "How"}
+
+
 def example_trajectory(val_dir: Path, step: int | None = None) -> str:
-    """One validation response of ``step`` (latest when None) that searched, preferring a right answer: the model's
-    own text with the retrieved blocks as the loop inserted them."""
+    """The validation response of ``step`` (latest when None) that best shows the skill (:func:`_showcase_key`): the
+    model's own text with the retrieved blocks as the loop inserted them, and a note when none searched and answered
+    from what it read."""
     found_step, _, rows = read_dump(val_dir, step)
-    searched = [r for r in rows if "<information>" in r["output"] or "<tool_response>" in r["output"]]
-    ranked = sorted(searched or rows, key=lambda r: -float(r.get("em", r.get("score", 0.0))))
-    row = ranked[0]
-    question = str(row.get("input", "")).rsplit("Question:", 1)[-1].split("\n", 1)[0].strip()
-    em = float(row.get("em", row.get("score", 0.0)))
-    return f"step {found_step}, question: {question}\ngold: {row.get('gts')}  EM: {em:.0f}\n{row['output']}"
+    row = max(rows, key=_showcase_key)
+    em, read, _, searched = _showcase_key(row)
+    note = ""
+    if not searched:
+        note = "\n(the model searched on none of the held-out questions: this answer is from memory)"
+    elif not (em and read):
+        note = "\n(no held-out answer was both right and read from the retrieved text)"
+    head = f"step {found_step}, question: {_question(row)}\ngold: {row.get('gts')}  EM: {em:.0f}{note}"
+    return f"{head}\n{row['output']}"
