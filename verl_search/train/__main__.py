@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nA held-out question answered by the trained model (its own tokens; <information> = retriever):")
         print(example_trajectory(Path(result.artifacts["validation_dumps"])))
     print()
-    print(render_table(result.results))
+    print(render_table(result.results, result.gain))
     timing = ", ".join(f"{k} {v:.0f} s" for k, v in result.seconds.items())
     note = "a stage reused from --out shows the time it took when built; one restored from the cache, 0"
     print(f"time (this machine; {note}): {timing}")

@@ -14,7 +14,7 @@ import json
 import logging
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from verl_search.atomic import atomic_path
@@ -27,7 +27,7 @@ from verl_search.train.processes import retriever
 from verl_search.train.run_settings import check_and_record
 from verl_search.train.stage import digest
 from verl_search.train.stages import GRPORun, run_grpo, run_sft
-from verl_search.train.summary import StageResult, as_dicts, render_table, stage_result
+from verl_search.train.summary import Gain, StageResult, as_dicts, paired_gain, render_table, stage_result
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,7 @@ class PipelineResult:
     results: list[StageResult]
     seconds: dict[str, float] = field(default_factory=dict)
     artifacts: dict[str, str] = field(default_factory=dict)
+    gain: Gain | None = None  # EM after GRPO minus after SFT, paired over the held-out questions
 
 
 def _sft_label(stats: dict) -> str:
@@ -117,11 +118,12 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
         metrics=str(grpo.metrics),
         validation_dumps=str(grpo.val_dir),
     )
-    result = PipelineResult(results, seconds, artifacts)
+    result = PipelineResult(results, seconds, artifacts, paired_gain(grpo.val_dir))
     with atomic_path(out / "summary.json") as tmp:
         summary = {"results": as_dicts(results), "seconds": seconds, "artifacts": artifacts, "data": data.stats}
+        summary["grpo_gain"] = asdict(result.gain)
         tmp.write_text(json.dumps(summary, indent=2), encoding="utf-8")
     with atomic_path(out / "summary.md") as tmp:
-        tmp.write_text(render_table(results), encoding="utf-8")
+        tmp.write_text(render_table(results, result.gain), encoding="utf-8")
     logger.info("plots: %s", [str(p) for p in plots])
     return result

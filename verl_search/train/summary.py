@@ -7,6 +7,7 @@ Invariant: every figure comes from a dump through :func:`verl_search.eval.report
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -70,16 +71,60 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def render_table(results: list[StageResult]) -> str:
-    """A GitHub-markdown table (also readable as plain text)."""
-    header = "| stage | model | EM | EM 1-hop | EM 2-hop | searches/q | gold in results | failed searches | n |"
-    lines = [header, "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+def em_stderr(r: StageResult) -> float:
+    """The standard error of an EM over ``n`` questions (a binomial share)."""
+    return math.sqrt(r.em * (1 - r.em) / r.n) if r.n else 0.0
+
+
+def render_table(results: list[StageResult], gain: Gain | None = None) -> str:
+    """A GitHub-markdown table (also readable as plain text), with the EM's standard error, and GRPO's gain below."""
+    columns = ["stage", "model", "EM", "± s.e.", "EM 1-hop", "EM 2-hop", "searches/q", "gold in results"]
+    header = "| " + " | ".join([*columns, "failed searches", "n"]) + " |"
+    lines = [header, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         lines.append(
-            f"| {r.stage} | {r.what} | {_fmt(r.em)} | {_fmt(r.em_single_hop)} | {_fmt(r.em_two_hop)} | "
-            f"{r.searches_per_question:.2f} | {r.gold_retrieved:.2f} | {r.failed_searches} | {r.n} |"
+            f"| {r.stage} | {r.what} | {_fmt(r.em)} | {em_stderr(r):.3f} | {_fmt(r.em_single_hop)} | "
+            f"{_fmt(r.em_two_hop)} | {r.searches_per_question:.2f} | {r.gold_retrieved:.2f} | {r.failed_searches} | "
+            f"{r.n} |"
         )
+    if gain is not None:
+        lines += ["", gain.describe()]
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Gain:
+    """EM after GRPO minus EM after SFT on the same questions, with the standard error of the paired difference."""
+
+    gain: float
+    stderr: float
+    n: int
+
+    def describe(self) -> str:
+        ratio = f"{self.gain / self.stderr:+.1f}" if self.stderr > 0 else "no variation, so no"
+        return (
+            f"GRPO gain: {self.gain:+.3f} EM, standard error {self.stderr:.3f} (paired over the same {self.n} "
+            f"questions): {ratio} standard errors"
+        )
+
+
+def paired_gain(val_dir: Path, before_step: int = 0, after_step: int | None = None) -> Gain:
+    """The gain from the dump of ``before_step`` to that of ``after_step`` (latest when None), question by question
+    (rows matched by their prompt; a question in only one dump is left out)."""
+    _, _, before = read_dump(val_dir, before_step)
+    _, _, after = read_dump(val_dir, after_step)
+
+    def by_prompt(rows: list[dict[str, Any]]) -> dict[str, float]:
+        return {str(r.get("input", "")): float(r.get("em", r.get("score", 0.0))) for r in rows}
+
+    first, last = by_prompt(before), by_prompt(after)
+    diffs = [last[q] - first[q] for q in first.keys() & last.keys()]
+    n = len(diffs)
+    if n < 2:
+        return Gain(sum(diffs) / n if n else 0.0, 0.0, n)
+    mean = sum(diffs) / n
+    variance = sum((d - mean) ** 2 for d in diffs) / (n - 1)
+    return Gain(mean, math.sqrt(variance / n), n)
 
 
 def as_dicts(results: list[StageResult]) -> list[dict[str, Any]]:
