@@ -14,6 +14,8 @@ import json
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 FORCED = "path:verl_search.testing.forced_prefix.ForcedOpenings,search_every:2,answer:Paris,answer_every:1"
 MAX_STALENESS = 2
 
@@ -77,3 +79,37 @@ def test_fully_async_grpo_with_search_overlaps_rollout_and_training_and_resumes(
     resumed = _metrics(run_dir / "metrics-3.jsonl")
     assert sorted(resumed) == [3]  # resumed from global_step_2, one more step, with the async trainer
     assert resumed[3]["training/off_policy/trajectory_staleness_worst/max"] <= MAX_STALENESS - 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("trainer", "verl_mode", "bound"),
+    [("one_step_off", "search_separate_async", 1), ("colocate_async", "search_colocate_async", 3)],
+)
+def test_the_other_async_modes_train_with_search_through_verls_trainer(
+    tmp_path, tiny_model, real_retriever, mixed_data, short_results_tool_yaml, launch_cpu_run, trainer, verl_mode, bound
+):
+    """TRAINER=one_step_off and colocate_async, 2 steps each through verl's real trainer (`make test-all`; the
+    fully-async test above is the one `make test` runs): the mode's trainer runs, the searches reach the retriever,
+    the update has a gradient and no trajectory is staler than the mode allows."""
+    run_dir = tmp_path / "run"
+    env = {
+        "TRAINER": trainer,
+        "MODEL_PATH": str(tiny_model),
+        "DATA_DIR": str(mixed_data),
+        "TOOL_CONFIG": str(short_results_tool_yaml),
+        "RETRIEVER_URL": f"{real_retriever}/retrieve",
+        "MAX_TOOL_RESPONSE_LENGTH": "800",
+        "AGENT_CHECK": "0",
+        "TOTAL_EPOCHS": "2",
+    }
+    forced = f"+actor_rollout_ref.rollout.engine_kwargs.hf_cpu={{max_tokens_per_turn:48,opening_policy:{{{FORCED}}}}}"
+    done = launch_cpu_run(run_dir, env, 2, forced)
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert f"trainer: {verl_mode} (TRAINER={trainer})" in done.stdout
+    metrics = _metrics(run_dir / "metrics-2.jsonl")
+    assert sorted(metrics) == [1, 2]
+    assert max(m["actor/grad_norm"] for m in metrics.values()) > 0
+    for step in metrics.values():
+        assert step["search/calls_per_traj/mean"] > 0 and step["search/failed_share"] == 0
+        assert step.get("training/off_policy/trajectory_staleness_worst/max", 0) <= bound
