@@ -37,9 +37,34 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         help="share of SFT questions answered from memory, without searching (0: every one is searched)",
     )
+    p.add_argument(
+        "--reward",
+        action="append",
+        default=[],
+        metavar="OPTION=VALUE",
+        help="a reward option for GRPO (verl_search.reward.RewardOptions), e.g. no_search_penalty=0.1; repeatable",
+    )
     p.add_argument("--sft_epochs", type=int, help="SFT epochs")
     p.add_argument("--seed", type=int, help="seed of the question split and data order")
     return p
+
+
+def _reward_options(pairs: list[str]) -> dict[str, float | str | bool]:
+    """``["no_search_penalty=0.1", "metric=f1"]`` -> the options, numbers and booleans typed (GRPOSettings checks
+    them against the reward's own model)."""
+    options: dict[str, float | str | bool] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--reward {pair}: write OPTION=VALUE, e.g. --reward no_search_penalty=0.1")
+        if raw.lower() in ("true", "false"):
+            options[key] = raw.lower() == "true"
+        else:
+            try:
+                options[key] = float(raw)
+            except ValueError:
+                options[key] = raw
+    return options
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -57,6 +82,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         "rollout_n": args.rollout_n,
         "temperature": args.temperature,
         "rollout": args.rollout,
+        "reward": _reward_options(args.reward) if args.reward else None,
     }
     grpo_update = {k: v for k, v in grpo_flags.items() if v is not None}
     if grpo_update:  # validated by GRPOSettings itself (a bad value is a ValueError naming the field)

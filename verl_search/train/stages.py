@@ -186,6 +186,7 @@ def grpo_overrides(
         f"actor_rollout_ref.rollout.temperature={config.grpo.temperature}",
         f"+actor_rollout_ref.rollout.engine_kwargs.hf_cpu={{max_tokens_per_turn:{MAX_TURN_TOKENS}}}",
         f"data.seed={config.world.split_seed}",
+        *(f"+reward.custom_reward_function.reward_kwargs.{k}={v}" for k, v in sorted(config.grpo.reward.items())),
     ]
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from verl_search.train.__main__ import _parser, config_from_args, main
+from verl_search.train.config import TrainConfig
 
 
 def test_grpo_flags_reach_the_settings_and_keep_the_preset(tmp_path: Path) -> None:
@@ -68,4 +69,35 @@ def test_a_model_vllms_cpu_attention_cannot_run_is_refused_before_any_stage(
     assert main(["--quick", "--out", str(out), "--rollout", "vllm"]) == 2
     err = capsys.readouterr().err
     assert "head size is 16" in err and "vLLM's CPU attention takes 32" in err
+    assert not out.exists()
+
+
+def test_reward_options_reach_verls_reward_kwargs(tmp_path: Path) -> None:
+    from verl_search.train.stages import grpo_overrides
+
+    args = _parser().parse_args(
+        ["--out", str(tmp_path), "--reward", "no_search_penalty=0.1", "--reward", "strict_single_answer=true"]
+    )
+    config = config_from_args(args)
+    assert config.grpo.reward == {"no_search_penalty": 0.1, "strict_single_answer": True}
+    overrides = grpo_overrides(config, tmp_path / "m", tmp_path / "t", tmp_path / "v", tmp_path / "y", tmp_path, False)
+    assert "+reward.custom_reward_function.reward_kwargs.no_search_penalty=0.1" in overrides
+    assert "+reward.custom_reward_function.reward_kwargs.strict_single_answer=True" in overrides
+    plain = grpo_overrides(
+        TrainConfig(), tmp_path / "m", tmp_path / "t", tmp_path / "v", tmp_path / "y", tmp_path, False
+    )
+    assert not any("reward_kwargs" in o for o in plain), "no option: plain EM, as before"
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [("no_search_penalty=2", "no_search_penalty"), ("no_serch_penalty=0.1", "no_serch_penalty"), ("penalty", "=")],
+)
+def test_a_bad_reward_option_is_refused_before_any_stage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str, named: str
+) -> None:
+    out = tmp_path / "run"
+    assert main(["--out", str(out), "--reward", value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and named in err
     assert not out.exists()
