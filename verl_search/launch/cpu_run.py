@@ -20,7 +20,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from verl_search.errors import VerlSearchError
-from verl_search.launch.run_knobs import RunKnobs, data_overrides, shell_assignments, value
+from verl_search.launch.run_knobs import RunKnobs, data_overrides, knobs_main, value
 
 #: the overrides that make verl's FSDP engine compute in fp32 (bf16 is emulated, ~10x slower, without avx512_bf16/AMX)
 FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
@@ -133,22 +133,14 @@ def cpu_overrides(knobs: CpuRunKnobs, *, rollout_gpus: int = 0) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m verl_search.launch.cpu_run", description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("shell", help="the resolved knobs as shell assignments")
-    o = sub.add_parser("overrides", help="the CPU run's verl overrides, NUL-separated")
-    o.add_argument("--rollout-gpus", type=int, default=0, help="devices of a separate rollout pool (0: none)")
-    args = p.parse_args(argv)
-    try:
-        knobs = CpuRunKnobs.from_env()
-    except CpuRunError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    if args.command == "shell":
-        sys.stdout.write(shell_assignments(knobs))
-    else:
-        sys.stdout.write("".join(f"{o}\0" for o in cpu_overrides(knobs, rollout_gpus=args.rollout_gpus)))
-    return 0
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--rollout-gpus", type=int, default=0, help="devices of a separate rollout pool (0: none)")
+
+    def compose(knobs: CpuRunKnobs, args: argparse.Namespace) -> list[str]:
+        return cpu_overrides(knobs, rollout_gpus=args.rollout_gpus)
+
+    prog, description = "python -m verl_search.launch.cpu_run", __doc__.split("\n")[0]
+    return knobs_main(prog, description, CpuRunKnobs, compose, argv, options)
 
 
 if __name__ == "__main__":

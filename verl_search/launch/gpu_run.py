@@ -13,14 +13,13 @@ assignments; ``python -m verl_search.launch.gpu_run overrides`` prints the overr
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from verl_search.errors import VerlSearchError
-from verl_search.launch.run_knobs import RunKnobs, data_overrides, shell_assignments, value
+from verl_search.launch.run_knobs import RunKnobs, data_overrides, knobs_main, value
 
 
 class GpuRunError(VerlSearchError, ValueError):
@@ -115,21 +114,8 @@ def gpu_overrides(knobs: GpuRunKnobs) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m verl_search.launch.gpu_run", description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("shell", help="the resolved knobs as shell assignments")
-    sub.add_parser("overrides", help="the recipe's verl overrides, NUL-separated")
-    args = p.parse_args(argv)
-    try:
-        knobs = GpuRunKnobs.from_env()
-    except GpuRunError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    if args.command == "shell":
-        sys.stdout.write(shell_assignments(knobs))
-    else:
-        sys.stdout.write("".join(f"{o}\0" for o in gpu_overrides(knobs)))
-    return 0
+    prog, description = "python -m verl_search.launch.gpu_run", __doc__.split("\n")[0]
+    return knobs_main(prog, description, GpuRunKnobs, lambda knobs, _: gpu_overrides(knobs), argv)
 
 
 if __name__ == "__main__":

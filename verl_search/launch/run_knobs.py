@@ -10,10 +10,12 @@ through ``VS_KNOB_ENV``, never by exporting them into verl's environment.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shlex
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -142,3 +144,32 @@ def data_overrides(knobs: RunKnobs) -> list[str]:
         "data.truncation=error",
         "data.return_raw_chat=True",
     ]
+
+
+def knobs_main(
+    prog: str,
+    description: str,
+    knobs_cls: type[RunKnobs],
+    compose: Callable[[Any, argparse.Namespace], list[str]],
+    argv: list[str] | None = None,
+    add_options: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> int:
+    """The CLI a run script calls: ``shell`` prints the knobs resolved from the environment as shell assignments,
+    ``overrides`` prints ``compose(knobs, args)`` NUL-separated; a bad knob is one ``error:`` line and exit 1."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("shell", help="the resolved knobs as shell assignments")
+    o = sub.add_parser("overrides", help="the run's verl overrides, NUL-separated")
+    if add_options is not None:
+        add_options(o)
+    args = p.parse_args(argv)
+    try:
+        knobs = knobs_cls.from_env()
+    except knobs_cls.error as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.command == "shell":
+        sys.stdout.write(shell_assignments(knobs))
+    else:
+        sys.stdout.write("".join(f"{o}\0" for o in compose(knobs, args)))
+    return 0
