@@ -24,7 +24,7 @@ from pathlib import Path
 
 from verl_search.atomic import atomic_path
 from verl_search.train.base_model import LEGACY_DONE, PARTS, base_stage, initial_stage, rendering_digest
-from verl_search.train.config import TrainConfig
+from verl_search.train.config import SearchSettings, TrainConfig
 from verl_search.train.run_settings import settings_of
 from verl_search.train.sft_data import RowSettings
 from verl_search.train.stage import Stage, StageRecord, legacy_seconds
@@ -37,7 +37,7 @@ ENV_DISABLE = "VERL_SEARCH_NO_BASE_CACHE"
 
 
 #: search settings that shape the SFT data only, never the other worlds' trajectories the base model trains on
-_SFT_ONLY = {"search.hermes_share", "search.no_search_share"}
+_SFT_ONLY = {f"search.{name}" for name in SearchSettings.SFT_ONLY}
 
 
 def base_settings(config: TrainConfig, rows: RowSettings) -> dict:

@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from verl_search.train.config import TrainConfig
+from verl_search.train.config import SearchSettings, TrainConfig
 from verl_search.train.sft_data import RowSettings, hop_source, sft_row
 from verl_search.train.stage import Stage, legacy_seconds
 
@@ -98,7 +98,11 @@ def base_stage(config: TrainConfig, rows: RowSettings, out: Path) -> Stage:
 
     copied = _copy_stage(config, initial_stage(config, rows, out), out)
     p = config.pretrain
-    key = {"copy": copied.digest, "rows": rendering_digest(rows), "search": config.search.model_dump(mode="json")}
+    # the search settings, with the SFT-only ones at their defaults: the key keeps its shape, so base models built
+    # before still match, and one restored into a run with other SFT-only settings is not rebuilt
+    search = config.search.model_dump(mode="json")
+    search |= SearchSettings().model_dump(mode="json", include=set(SearchSettings.SFT_ONLY))
+    key = {"copy": copied.digest, "rows": rendering_digest(rows), "search": search}
     key |= p.model_dump(include={"task_worlds", "task_passages", "task_steps", "lr"})
 
     def build(folder: Path) -> dict[str, Any]:

@@ -7,7 +7,7 @@ SFT trainer and GRPO (search results per call, characters per result, turns) is 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -29,6 +29,10 @@ class WorldSettings(_Section):
 
 class SearchSettings(_Section):
     """What one search returns, for SFT data and rollouts alike."""
+
+    #: the settings only the SFT data depends on (a base model does not: it is pre-trained on other worlds' native
+    #: trajectories), so its stage and cache keys leave them out
+    SFT_ONLY: ClassVar[tuple[str, ...]] = ("hermes_share", "no_search_share")
 
     topk: int = Field(1, ge=1, description="passages per query")
     max_result_chars: int = Field(300, ge=50, description="the tool's cap on one call's text")

@@ -140,12 +140,16 @@ def built_run_with_markers(config, folder, marker="weights of run A"):
     return folder
 
 
-def test_a_run_of_stage_markers_is_stored_and_restored_as_done_stages(tmp_path):
+@pytest.mark.parametrize("sft_only", [{}, {"no_search_share": 0.5}, {"hermes_share": 0.0}], ids=str)
+def test_a_run_of_stage_markers_is_stored_and_restored_as_done_stages(tmp_path, sft_only):
+    """Restored into a run whose SFT-only search settings differ (make demo --no_search_share 0.5), the base model
+    is a finished stage there too: it was rebuilt (17 minutes) because its stage key held those settings."""
     from verl_search.train.base_model import base_stage
 
     config = TrainConfig()
     entry = base_cache.store(config, ROWS, built_run_with_markers(config, tmp_path / "a"))
     assert entry is not None and (entry / "stage.json").is_file()
-    assert base_cache.restore(config, ROWS, tmp_path / "b") == entry
-    record = base_stage(config, ROWS, tmp_path / "b").done()
+    other = TrainConfig(search=config.search.model_copy(update=sft_only))
+    assert base_cache.restore(other, ROWS, tmp_path / "b") == entry
+    record = base_stage(other, ROWS, tmp_path / "b").done()
     assert record is not None and record.seconds == 600.0  # the restored base model is a finished stage: not rebuilt
