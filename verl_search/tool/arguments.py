@@ -40,14 +40,12 @@ def _preview(value: Any) -> str:
     """The start of ``value`` as JSON; a value nested beyond the recursion limit (which neither ``json`` nor ``repr``
     can walk) is named, not shown."""
     try:
-        text = json.dumps(value, ensure_ascii=False)
+        try:
+            text = json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError):
+            text = repr(value)
     except RecursionError:
         return f"{_describe(value)} nested too deeply to show"
-    except (TypeError, ValueError):
-        try:
-            text = repr(value)
-        except RecursionError:
-            return f"{_describe(value)} nested too deeply to show"
     return text if len(text) <= _PREVIEW else text[:_PREVIEW] + "..."
 
 
