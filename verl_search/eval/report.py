@@ -41,7 +41,7 @@ _INVALID = "[search error"
 _RETRIEVED = re.compile(r"<information>(.*?)</information>|<tool_response>(.*?)</tool_response>", re.S)
 
 
-def _gold_retrieved(row: dict[str, Any]) -> float:
+def gold_retrieved(row: dict[str, Any]) -> float:
     """1.0 when a gold answer (normalised as EM normalises it) occurs in the text the retriever returned."""
     gts = row.get("gts")
     if isinstance(gts, dict):
@@ -61,7 +61,7 @@ def _row_metrics(row: dict[str, Any]) -> dict[str, float]:
         "invalid": float(out.count(_INVALID)),
         "answered": float(answered) if answered is not None else float("<answer>" in out),
         "chars": float(len(out)),
-        "gold_retrieved": _gold_retrieved(row),
+        "gold_retrieved": gold_retrieved(row),
         **{k: float(row[k]) for k in ("subem", "f1") if k in row},
     }
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_search.eval.report import build_report
+from verl_search.eval.report import build_report, gold_retrieved
 from verl_search.eval.validation_dump import SourceLookup, read_dump
 
 _RESULT_BLOCK = re.compile(r"<information>|<tool_response>")
@@ -115,7 +115,7 @@ def paired_gain(val_dir: Path, before_step: int = 0, after_step: int | None = No
     _, _, after = read_dump(val_dir, after_step)
 
     def by_prompt(rows: list[dict[str, Any]]) -> dict[str, float]:
-        return {str(r.get("input", "")): float(r.get("em", r.get("score", 0.0))) for r in rows}
+        return {str(r.get("input", "")): _em(r) for r in rows}
 
     first, last = by_prompt(before), by_prompt(after)
     diffs = [last[q] - first[q] for q in first.keys() & last.keys()]
@@ -131,34 +131,27 @@ def as_dicts(results: list[StageResult]) -> list[dict[str, Any]]:
     return [asdict(r) for r in results]
 
 
-_RETRIEVED = re.compile(r"<information>(.*?)</information>|<tool_response>(.*?)</tool_response>", re.S)
 _QUERY = re.compile(r"<search>(.*?)</search>|\"query_list\"\s*:\s*\[\s*\"([^\"]*)\"", re.S)
 _NAME = re.compile(r"\b[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*")
+_QUESTION_WORDS = {"In", "Who", "What", "Which", "Where", "When", "How"}
+
+
+def _em(row: dict[str, Any]) -> float:
+    return float(row.get("em", row.get("score", 0.0)))
 
 
 def _question(row: dict[str, Any]) -> str:
     return str(row.get("input", "")).rsplit("Question:", 1)[-1].split("\n", 1)[0].strip()
 
 
-def _golds(row: dict[str, Any]) -> list[str]:
-    gts = row.get("gts")
-    target = gts.get("target", []) if isinstance(gts, dict) else gts
-    return [str(t) for t in (target if isinstance(target, list | tuple) else [target]) if str(t).strip()]
-
-
 def _showcase_key(row: dict[str, Any]) -> tuple[float, bool, bool, bool]:
-    """What makes a trajectory show the skill, most important first: a right answer, read from the retrieved text,
-    after a first query that names the question's entity, after searching at all."""
+    """What makes a trajectory show the skill, most important first: a right answer, read from the retrieved text
+    (the report's gold-in-results test), after a first query that names the question's entity, after searching."""
     output = row["output"]
-    retrieved = " ".join(a or b for a, b in _RETRIEVED.findall(output)).lower()
-    read = any(g.lower() in retrieved for g in _golds(row))
     queries = [a or b for a, b in _QUERY.findall(output)]
     names = [n for n in _NAME.findall(_question(row)) if n.split()[0] not in _QUESTION_WORDS]
     named = bool(queries) and any(n.lower() in queries[0].lower() for n in names)
-    return float(row.get("em", row.get("score", 0.0))), read, named, bool(retrieved)
-
-
-_QUESTION_WORDS = {"In", "Who", "What", "Which", "Where", "When", "How"}
+    return _em(row), bool(gold_retrieved(row)), named, bool(_RESULT_BLOCK.search(output))
 
 
 def example_trajectory(val_dir: Path, step: int | None = None) -> str:
