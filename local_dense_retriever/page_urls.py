@@ -18,7 +18,6 @@ a hash collision never mixes pages.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from tqdm import tqdm
 
 from local_dense_retriever.corpus_store import CorpusStore
 from local_dense_retriever.errors import CorpusError
-from local_dense_retriever.pages import normalize_url
+from local_dense_retriever.pages import hash_span, normalize_url, url_hash
 from verl_search.atomic import atomic_path
 
 logger = logging.getLogger(__name__)
@@ -68,11 +67,6 @@ def text_of(doc: dict[str, Any]) -> str:
     return contents
 
 
-def _hash(url: str) -> int:
-    digest = hashlib.blake2b(normalize_url(url).encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
-
-
 def table_path_for(corpus_path: Path) -> Path:
     return corpus_path.with_name(corpus_path.name + ".urls.npy")
 
@@ -83,7 +77,7 @@ def build_table(corpus: CorpusStore, out_path: Path, *, progress: bool = True) -
     n = len(corpus)
     hashes = np.empty(n, dtype=np.uint64)
     for row in tqdm(range(n), desc=f"urls of {corpus.path.name}", unit="row", disable=not progress):
-        hashes[row] = _hash(url_of(corpus.get(row)))
+        hashes[row] = url_hash(normalize_url(url_of(corpus.get(row))))
     order = np.argsort(hashes, kind="stable")
     table = np.empty((n + 1, 2), dtype=np.uint64)
     table[0] = (corpus.path.stat().st_size, n)
@@ -125,10 +119,8 @@ class CorpusPages:
     def get(self, url: str) -> dict[str, Any] | None:
         """The page of ``url``, or None when no corpus row has that url."""
         wanted = normalize_url(url)
-        h = np.uint64(_hash(url))
-        lo = int(np.searchsorted(self._hashes, h, side="left"))
-        hi = int(np.searchsorted(self._hashes, h, side="right"))
-        rows = sorted(int(r) for r in self._rows[lo:hi])
+        span = hash_span(self._hashes, wanted)
+        rows = sorted(int(r) for r in self._rows[span.start : span.stop])
         docs = [doc for doc in map(self.corpus.get, rows) if normalize_url(url_of(doc)) == wanted]
         if not docs:
             return None

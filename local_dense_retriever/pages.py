@@ -27,8 +27,16 @@ def normalize_url(url: str) -> str:
     return url.replace("index.php/", "index.php?title=") if "index.php/" in url else url
 
 
-def _hash(url: str) -> int:
+def url_hash(url: str) -> int:
+    """The 64-bit key a url table sorts by (normalise the url first)."""
     return int.from_bytes(hashlib.blake2b(url.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+
+
+def hash_span(sorted_hashes: np.ndarray, url: str) -> range:
+    """The positions in ``sorted_hashes`` holding ``url``'s hash (candidates: the caller checks the stored url)."""
+    h = np.uint64(url_hash(url))
+    lo = int(np.searchsorted(sorted_hashes, h, side="left"))
+    return range(lo, int(np.searchsorted(sorted_hashes, h, side="right")))
 
 
 def table_path_for(pages_path: Path) -> Path:
@@ -48,7 +56,7 @@ def build_table(pages_path: Path, out_path: Path, *, progress: bool = True) -> N
             except (ValueError, AttributeError):
                 url = None
             if isinstance(url, str):
-                hashes.append(_hash(url))
+                hashes.append(url_hash(url))
                 offsets.append(pos)
             pos += len(line)
             bar.update(len(line))
@@ -111,10 +119,7 @@ class PageStore:
     def get(self, url: str) -> dict | None:
         """The page stored under ``url`` (after ASearcher's ``index.php/`` rewrite), or None."""
         url = normalize_url(url)
-        h = np.uint64(_hash(url))
-        lo = int(np.searchsorted(self._hashes, h, side="left"))
-        hi = int(np.searchsorted(self._hashes, h, side="right"))
-        for i in range(lo, hi):
+        for i in hash_span(self._hashes, url):
             page = json.loads(self._line(int(self._offsets[i])))
             if page.get("url") == url:
                 return page
