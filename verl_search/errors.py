@@ -20,6 +20,7 @@
     ├── launch.gpu_locks.LockFileError   a GPU lock file is missing or not pinned
     ├── launch.cpu_run.CpuRunError (ValueError)     a knob of the CPU run script has a value it cannot take
     ├── launch.gpu_run.GpuRunError (ValueError)     a knob of the GPU recipe script has a value it cannot take
+    ├── launch.eval_run.EvalRunError (ValueError)   a knob of eval_search.sh has a value it cannot take
     ├── launch.trainer_mode.TrainerModeError (ValueError)  a TRAINER knob (or its settings) cannot run
     ├── eval.validation_dump.DumpError (ValueError)    the validation dumps or data cannot make the report
     ├── cpu.errors.CpuBackendError       the CPU training backend cannot run as configured
