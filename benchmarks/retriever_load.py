@@ -70,7 +70,7 @@ def prepare(passages: int, vectors: str) -> tuple[Path, Path, Path, str]:
 
 
 def start_server(
-    corpus: Path, index: Path, backend: str, batching: bool, threads: int, encoder_dtype: str
+    corpus: Path, index: Path, backend: str, batching: bool, threads: int, encoder_dtype: str, *extra: str
 ) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, str(SERVER), "--index_path", str(index), "--corpus_path", str(corpus), "--topk", "3",
@@ -79,6 +79,7 @@ def start_server(
            "--max_queue", "100000", "--encoder_dtype", encoder_dtype]  # fmt: skip
     if not batching:
         cmd.append("--no_batching")
+    cmd.extend(extra)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -94,7 +95,21 @@ def server_metrics(url: str) -> dict:
     return json.loads(urllib.request.urlopen(url + "/metrics", timeout=10).read())
 
 
+def cpu_split(before: dict, after: dict) -> dict:
+    """The server's CPU seconds between two /metrics snapshots, split into compute (encoding and index search, on
+    the engine's thread and torch's/faiss's native threads), corpus lookup and everything else (local_dense_retriever
+    .cpu_time), with each part's share of the process's time."""
+    d = {k: after[k] - before[k] for k in ("process", "native_threads", "encode", "search", "lookup")}
+    compute = d["encode"] + d["search"] + d["native_threads"]
+    total = max(d["process"], 1e-9)
+    other = d["process"] - compute - d["lookup"]
+    return {**d, "compute": compute, "other": other, "compute_share": compute / total,
+            "lookup_share": d["lookup"] / total, "other_share": other / total}  # fmt: skip
+
+
 async def closed_loop(url: str, questions: list[str], clients: int, seconds: float, warmup: float) -> dict:
+    """C clients for ``warmup + seconds``; counts, latencies, the load generator's own CPU seconds and the server's
+    /metrics are taken over the measured ``seconds`` only."""
     latencies: list[float] = []
     errors = 0
     counting = False
@@ -123,9 +138,11 @@ async def closed_loop(url: str, questions: list[str], clients: int, seconds: flo
 
         tasks = [asyncio.create_task(client(i)) for i in range(clients)]
         await asyncio.sleep(warmup)
-        counting, t_start = True, time.perf_counter()
+        before = await asyncio.to_thread(server_metrics, url)
+        counting, t_start, cpu_start = True, time.perf_counter(), time.process_time()
         await asyncio.sleep(seconds)
-        stop, elapsed = True, time.perf_counter() - t_start
+        stop, elapsed, client_cpu = True, time.perf_counter() - t_start, time.process_time() - cpu_start
+        after = await asyncio.to_thread(server_metrics, url)
         await asyncio.gather(*tasks)
     lat = np.asarray(latencies) * 1000
     return {
@@ -134,6 +151,8 @@ async def closed_loop(url: str, questions: list[str], clients: int, seconds: flo
         "p99_ms": float(np.percentile(lat, 99)) if lat.size else float("nan"),
         "errors": errors,
         "completed": len(latencies),
+        "client_cpu_s": client_cpu,
+        "metrics": (before, after),
     }
 
 
@@ -170,7 +189,7 @@ def main() -> int:
     print(f"# retriever load: {args.passages:,} passages, vectors={kind}, MiniLM queries ({dtype}), "
           f"{os.cpu_count()} CPUs ({cpu}), {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
     print(f"{'backend':8} {'mode':12} {'C':>4} {'q/s':>8} {'p50 ms':>9} {'p99 ms':>9} {'errors':>6} "
-          f"{'RSS MB':>7} {'batch':>6}")  # fmt: skip
+          f"{'RSS MB':>7} {'batch':>6} {'cpu/q ms':>8} {'compute':>7} {'lookup':>6} {'other':>6}")  # fmt: skip
     rows = []
     for backend, batching in modes:
         index = faiss_path if backend == "faiss" else npy
@@ -179,18 +198,21 @@ def main() -> int:
             print(f"# {backend} {'batched' if batching else 'per-request'} server: "
                   f"{httpx.get(f'{url}/health', timeout=10).json()['detail']}", flush=True)  # fmt: skip
             for c in levels:
-                before = server_metrics(url)
                 res = asyncio.run(closed_loop(url, questions, c, seconds, warmup=min(3.0, seconds / 2)))
-                after = server_metrics(url)
+                before, after = res.pop("metrics")
                 batches = after["batches_total"] - before["batches_total"]
                 res["mean_batch"] = (after["queries_total"] - before["queries_total"]) / max(batches, 1)
+                res["cpu"] = cpu_split(before["cpu_seconds"], after["cpu_seconds"])
                 rss = psutil.Process(proc.pid).memory_info().rss / 2**20
                 row = {"backend": backend, "mode": "batched" if batching else "per-request", "clients": c, **res,
                        "rss_mb": rss}  # fmt: skip
                 rows.append(row)
+                split = res["cpu"]
+                cpu_ms = 1000 * split["process"] / max(res["completed"], 1)
                 print(f"{backend:8} {row['mode']:12} {c:>4} {res['qps']:>8.1f} {res['p50_ms']:>9.1f} "
-                      f"{res['p99_ms']:>9.1f} {res['errors']:>6} {rss:>7.0f} {res['mean_batch']:>6.1f}",
-                      flush=True)  # fmt: skip
+                      f"{res['p99_ms']:>9.1f} {res['errors']:>6} {rss:>7.0f} {res['mean_batch']:>6.1f} "
+                      f"{cpu_ms:>8.2f} {split['compute_share']:>7.1%} {split['lookup_share']:>6.1%} "
+                      f"{split['other_share']:>6.1%}", flush=True)  # fmt: skip
             if kind == "minilm" and backend == "torch" and batching:  # ranking is meaningful: report quality too
                 recall = retrieval_recall(url, qa_rows[:RECALL_QUESTIONS], topk=3)
                 print(f"# recall@3 over {min(len(qa_rows), RECALL_QUESTIONS)} toy questions: single-hop all "

@@ -30,6 +30,7 @@ from local_dense_retriever.batcher import (
 )
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.engine import RetrievalEngine
+from local_dense_retriever.memory import release_free_memory_every
 from local_dense_retriever.metrics import Metrics
 from local_dense_retriever.middleware import GuardPostBodies, error_response, internal_error
 from local_dense_retriever.watchdog import Watchdog
@@ -99,6 +100,7 @@ class ServiceState:
                 engine.search, threads=c.unbatched_threads, max_queue=c.max_queue, metrics=self.metrics
             )
         self.runner.start()
+        self.metrics.cpu_seconds = engine.clock.snapshot
         self.engine = engine
         self.status, self.detail = "ready", engine.describe()
 
@@ -167,6 +169,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.watchdog.start()
+        trim_task = asyncio.create_task(release_free_memory_every(config.malloc_trim_s), name="retriever-malloc-trim")
         load_task = None
         if engine is not None:
             ready(engine)
@@ -175,6 +178,7 @@ def create_app(
         yield
         if load_task is not None and not load_task.done():
             load_task.cancel()
+        trim_task.cancel()
         if state.runner is not None:
             await state.runner.stop()
         await state.watchdog.stop()
@@ -268,7 +272,8 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics() -> JSONResponse:
-        """Requests, statuses, queue depth, batch-size histogram, latency percentiles (ms)."""
+        """Requests, statuses, queue depth, batch-size histogram, latency percentiles (ms), CPU seconds per engine
+        stage, the C heap's bytes."""
         return JSONResponse(state.metrics.snapshot())
 
     return app

@@ -106,6 +106,12 @@ class ServerConfig(BaseModel):
         description="Longest a batch waits for more requests, only while fewer are queued than the last batch had.",
     )
     max_queue: int = Field(default=8192, ge=1, description="Most queries waiting; more are answered 429.")
+    malloc_trim_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="Every this many seconds the C heap's free pages go back to the OS (glibc's malloc_trim), so RSS "
+        "follows what is in use; 0: never.",
+    )
     unbatched_threads: int = Field(default=40, ge=1, description="Thread pool size of the per-request mode.")
 
     # --- request limits ---

@@ -14,6 +14,7 @@ import torch
 
 from local_dense_retriever.config import ServerConfig, is_flat_ip
 from local_dense_retriever.corpus_store import CorpusStore
+from local_dense_retriever.cpu_time import StageClock
 from local_dense_retriever.index.base import DenseSearch, IndexLoadError, SearchBackend, VectorIndex
 from local_dense_retriever.page_urls import CorpusPages, url_of
 from local_dense_retriever.pages import PageStore
@@ -39,6 +40,8 @@ class RetrievalEngine:
     pages: PageStore | None = None
     #: pages joined from the corpus by url (local_dense_retriever.page_urls); None: hits still get urls
     corpus_pages: CorpusPages | None = None
+    #: CPU and wall time per stage (encode, search, lookup), for /metrics
+    clock: StageClock = field(default_factory=StageClock)
 
     def __post_init__(self) -> None:
         if len(self.backend) > len(self.corpus):
@@ -50,11 +53,20 @@ class RetrievalEngine:
         """Top-``k`` (document, score) per query, best first."""
         if not queries:
             return []
-        scores, ids = self.backend.search(queries, k)
-        return [
-            [(_with_url(self.corpus.get(int(i))), float(s)) for s, i in zip(row_s, row_i, strict=True)]
-            for row_s, row_i in zip(scores, ids, strict=True)
-        ]
+        clock, backend = self.clock, self.backend
+        if isinstance(backend, DenseSearch):
+            with clock.stage("encode"):
+                vectors = backend.encode(queries)
+            with clock.stage("search"):
+                scores, ids = backend.index.search(vectors, min(k, len(backend.index)))
+        else:
+            with clock.stage("search"):
+                scores, ids = backend.search(queries, k)
+        with clock.stage("lookup"):
+            return [
+                [(_with_url(self.corpus.get(int(i))), float(s)) for s, i in zip(row_s, row_i, strict=True)]
+                for row_s, row_i in zip(scores, ids, strict=True)
+            ]
 
     def page(self, url: str) -> dict | None:
         """``POST /access``: the pages file's page of ``url``, else the page joined from the corpus rows with that

@@ -1,37 +1,76 @@
-"""Process memory of the service: stop glibc's malloc from keeping the freed buffers of variable-sized encoder batches.
+"""Process memory of the service: give the C heap's free pages back to the OS now and then, and report the heap.
 
-Invariant: after ``bound_malloc_retention()`` buffers above the fixed threshold are mmapped and returned to the OS on
-free, instead of being kept in a heap that fragments with the variety of batch shapes the server has seen.
+Invariant: glibc's allocator keeps its defaults (its dynamic mmap and trim thresholds), so the encoder's and the
+search's per-batch buffers are reused from the heap instead of being mapped, faulted in and unmapped on every call;
+what the heap holds free, including the holes that batches of varied shapes leave, is returned every
+``malloc_trim_s`` seconds by ``malloc_trim(0)``, so the process's RSS follows what is in use. On other C libraries
+nothing changes and the stats are None.
+
+History: the server used to fix the mmap threshold at 4 MiB instead. That bounded RSS too, but every buffer of 4 MiB
+or more (the search's score matrix, the encoder's larger activations) was then mapped, faulted in page by page and
+unmapped on every batch, and fixing it also fixed the trim threshold at 128 KiB: it cost 15-25% of the batched
+throughput at C = 64 on a 2-core CPU (benchmarks/RESULTS.md, issue 29).
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import logging
+import os
 
 logger = logging.getLogger(__name__)
 
-_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
-#: allocations at least this large are mmapped (and unmapped on free); fixing it turns off glibc's dynamic threshold
-MMAP_THRESHOLD = 4 << 20
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
+    ] + [("keepcost", ctypes.c_size_t)]
 
 
-def bound_malloc_retention(threshold: int = MMAP_THRESHOLD) -> bool:
-    """Fix glibc's mmap threshold (True when applied; False on other C libraries, where nothing changes).
-
-    glibc raises the threshold each time a large mmapped block is freed (up to 32 MB), after which the encoder's
-    activation buffers (their size varies with batch size x sequence length) come from the heap and fragment it:
-    encoding random batch shapes with all-MiniLM-L6-v2, anonymous RSS went 693 -> 752 MB over the same span in which the
-    loop with the threshold fixed went 493 -> 506 MB (benchmarks/RESULTS.md)."""
+def _glibc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     if name is None:
-        return False
+        return None
     try:
         libc = ctypes.CDLL(name)
-        ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold)))
+        libc.malloc_trim  # noqa: B018 (glibc only)
+        libc.mallinfo2.restype = _MallInfo2  # glibc >= 2.33
     except (OSError, AttributeError):
-        return False
-    if ok:
-        logger.debug("malloc: mmap threshold fixed at %d bytes", threshold)
-    return ok
+        return None
+    return libc
+
+
+_LIBC = _glibc()
+
+
+def release_free_memory() -> bool:
+    """``malloc_trim(0)``: the free pages of every arena go back to the OS (True when glibc gave any back)."""
+    return bool(_LIBC.malloc_trim(0)) if _LIBC is not None else False
+
+
+def heap_stats() -> dict[str, int] | None:
+    """Bytes of the C heap: ``in_use`` (allocated), ``free`` (held by malloc, not in use), ``mapped`` (large blocks
+    mapped on their own), and the process's ``rss``; None without glibc. Growth of ``in_use`` is a leak; growth of
+    ``free`` is retention the next trim returns."""
+    if _LIBC is None:
+        return None
+    info = _LIBC.mallinfo2()
+    return {"in_use": info.uordblks, "free": info.fordblks, "mapped": info.hblkhd, "rss": resident_bytes()}
+
+
+def resident_bytes() -> int:
+    """The process's resident set (``VmRSS``), in bytes."""
+    with open(f"/proc/{os.getpid()}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+async def release_free_memory_every(interval_s: float) -> None:
+    """Run :func:`release_free_memory` every ``interval_s`` seconds off the event loop, until cancelled."""
+    if _LIBC is None or interval_s <= 0:
+        return
+    while True:
+        await asyncio.sleep(interval_s)
+        await asyncio.to_thread(release_free_memory)

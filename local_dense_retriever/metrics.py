@@ -1,4 +1,5 @@
-"""Server counters: requests, statuses, queue depth, batch-size histogram and latency percentiles (GET /metrics).
+"""Server counters: requests, statuses, queue depth, batch-size histogram, latency percentiles, where the CPU time
+went and the C heap (GET /metrics).
 
 Invariant: updated only from the event-loop thread, so no locks are needed; latency percentiles cover the most
 recent ``window`` requests.
@@ -11,6 +12,8 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+
+from local_dense_retriever.memory import heap_stats
 
 
 class Metrics:
@@ -28,6 +31,8 @@ class Metrics:
         self.failed_batches = 0
         self._latencies: collections.deque[float] = collections.deque(maxlen=window)
         self.queue_depth: Callable[[], int] = lambda: 0
+        #: the engine's CPU accounting (local_dense_retriever.cpu_time), once an engine is loaded
+        self.cpu_seconds: Callable[[], dict] | None = None
 
     def observe_request(self, status: int, latency_s: float, n_queries: int, error: str | None = None) -> None:
         self.requests += 1
@@ -59,4 +64,6 @@ class Metrics:
             "mean_batch_size": self.batched_queries / self.batches if self.batches else None,
             "batch_size_histogram": {f"<={k}": v for k, v in sorted(self.batch_sizes.items())},
             "latency_ms": {**pct, "window": int(lat.size)},
+            "cpu_seconds": self.cpu_seconds() if self.cpu_seconds is not None else None,
+            "memory_bytes": heap_stats(),
         }

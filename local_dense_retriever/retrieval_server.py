@@ -158,9 +158,6 @@ def main(argv: list[str] | None = None) -> int:
     from local_dense_retriever.middleware import json_400_protocol
 
     log_substitutions(config, log)
-    from local_dense_retriever.memory import bound_malloc_retention
-
-    bound_malloc_retention()  # before the model loads: freed encoder buffers go back to the OS
     try:
         sock = listening_socket(config.host, config.port)
     except OSError as e:

@@ -50,9 +50,11 @@ class DenseSearch:
     def __len__(self) -> int:
         return len(self.index)
 
+    def encode(self, queries: list[str]) -> np.ndarray:
+        return self.encoder.encode(queries, is_query=True)
+
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        vectors = self.encoder.encode(queries, is_query=True)
-        return self.index.search(vectors, min(k, len(self.index)))
+        return self.index.search(self.encode(queries), min(k, len(self.index)))
 
     def describe(self) -> str:
         dtype = getattr(self.encoder, "dtype", None)

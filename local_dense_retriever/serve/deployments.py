@@ -27,9 +27,6 @@ class Retriever:
     """One replica of the retrieval service."""
 
     async def __init__(self, config: ServerConfig, shards: list[DeploymentHandle] | None = None) -> None:
-        from local_dense_retriever.memory import bound_malloc_retention
-
-        bound_malloc_retention()
         self.config = config
 
         def load():

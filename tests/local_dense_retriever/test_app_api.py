@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import threading
 
 import httpx
@@ -66,6 +67,14 @@ def test_health_metrics_and_docs(server):
     metrics = httpx.get(f"{server.url}/metrics").json()
     assert metrics["requests_total"] >= 1 and metrics["responses_by_status"]["200"] >= 1
     assert metrics["latency_ms"]["p50"] is not None and "batch_size_histogram" in metrics
+    # where the CPU went: the engine's stages (encode, search, lookup) apart from the rest of the process
+    cpu = metrics["cpu_seconds"]
+    assert cpu["process"] > 0 and all(cpu[stage] >= 0 for stage in ("encode", "search", "lookup", "native_threads"))
+    assert cpu["wall"]["encode"] > 0 and cpu["wall"]["search"] > 0
+    assert cpu["encode"] + cpu["search"] + cpu["lookup"] <= cpu["process"]
+    if platform.libc_ver()[0] == "glibc":  # the C heap, for telling a leak (in_use) from retention (free)
+        memory = metrics["memory_bytes"]
+        assert memory["in_use"] > 0 and memory["rss"] > memory["in_use"] / 2
     assert "/retrieve" in httpx.get(f"{server.url}/openapi.json").json()["paths"]
     assert httpx.get(f"{server.url}/docs").status_code == 200
 

@@ -53,13 +53,3 @@ def test_config_rejects_unknown_keys_and_inconsistent_limits():
         ServerConfig(retreiver_name="e5")
     with pytest.raises(ValidationError, match="a full request could never be queued"):
         ServerConfig(max_queue=8, max_queries_per_request=64)
-
-
-def test_malloc_retention_is_bounded_on_glibc():
-    import platform
-
-    from local_dense_retriever.memory import bound_malloc_retention
-
-    applied = bound_malloc_retention()
-    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
-        assert applied

@@ -1,0 +1,125 @@
+"""Retriever soak: C closed-loop single-query clients against the batched server for many minutes, sampling its memory.
+
+    python benchmarks/retriever_soak.py                      # 30 minutes, C = 64, a sample every 10 s
+    python benchmarks/retriever_soak.py --minutes 5 --malloc_trim_s 0    # the same without the periodic trim
+
+The server is the real CLI on the 100k-passage toy corpus (as ``retriever_load.py``). Every sample reads its
+``/metrics``: RSS and the C heap (``in_use``: allocated; ``free``: held by malloc; ``mapped``: large blocks mapped on
+their own; local_dense_retriever/memory.py), and the queries answered since the last sample. After the warm-up, RSS
+is fitted with a line: the growth per minute, and the last sample against the first, are the verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from retriever_load import prepare, server_metrics, start_server  # noqa: E402
+
+MB = 2**20
+
+
+async def soak(url: str, questions: list[str], clients: int, minutes: float, sample_s: float) -> list[dict]:
+    stop = False
+    answered = errors = 0
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
+
+        async def client(i: int) -> None:
+            nonlocal answered, errors
+            n = i
+            while not stop:
+                body = {"queries": [questions[n % len(questions)]], "topk": 3, "return_scores": False}
+                n += clients
+                try:
+                    async with session.post(url + "/retrieve", json=body) as r:
+                        ok = r.status == 200 and len((await r.json())["result"][0]) == 3
+                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError):
+                    ok = False
+                answered += ok
+                errors += not ok
+
+        tasks = [asyncio.create_task(client(i)) for i in range(clients)]
+        samples: list[dict] = []
+        t0 = time.perf_counter()
+        last_t, last_answered = t0, 0
+        while (now := time.perf_counter()) - t0 < minutes * 60:
+            await asyncio.sleep(sample_s)
+            memory = (await asyncio.to_thread(server_metrics, url))["memory_bytes"] or {}
+            now = time.perf_counter()
+            sample = {"t_s": now - t0, "qps": (answered - last_answered) / (now - last_t), "errors": errors,
+                      **{f"{k}_mb": v / MB for k, v in memory.items()}}  # fmt: skip
+            last_t, last_answered = now, answered
+            samples.append(sample)
+            print(f"{sample['t_s']:7.0f} {sample.get('rss_mb', float('nan')):8.1f} {sample.get('in_use_mb', 0):8.1f} "
+                  f"{sample.get('free_mb', 0):8.1f} {sample.get('mapped_mb', 0):8.1f} {sample['qps']:7.1f} "
+                  f"{errors:6d}", flush=True)  # fmt: skip
+        stop = True
+        await asyncio.gather(*tasks)
+    return samples
+
+
+def verdict(samples: list[dict], warmup_s: float) -> dict:
+    """RSS after the warm-up: first, last, max, and the slope of a least-squares line (MB per minute)."""
+    kept = [s for s in samples if s["t_s"] >= warmup_s and "rss_mb" in s]
+    if len(kept) < 2:
+        return {}
+    t = np.array([s["t_s"] for s in kept]) / 60
+    rss = np.array([s["rss_mb"] for s in kept])
+    slope = float(np.polyfit(t, rss, 1)[0])
+    return {"first_mb": float(rss[0]), "last_mb": float(rss[-1]), "max_mb": float(rss.max()),
+            "growth_pct": float(100 * (rss[-1] - rss[0]) / rss[0]), "slope_mb_per_min": slope,
+            "mean_qps": float(np.mean([s["qps"] for s in kept]))}  # fmt: skip
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--minutes", type=float, default=30.0)
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--sample_s", type=float, default=10.0)
+    p.add_argument("--warmup_min", type=float, default=2.0, help="minutes left out of the verdict")
+    p.add_argument("--passages", type=int, default=100_000)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="server torch threads")
+    p.add_argument("--malloc_trim_s", type=float, help="the server's --malloc_trim_s (default: its own)")
+    p.add_argument("--json", type=Path, help="also write the samples and the verdict as JSON here")
+    args = p.parse_args()
+
+    corpus, npy, _, kind = prepare(args.passages, "auto")
+    questions = [json.loads(line)["question"] for line in (corpus.parent / "qa.jsonl").read_text().splitlines()]
+    extra = ["--malloc_trim_s", str(args.malloc_trim_s)] if args.malloc_trim_s is not None else []
+    proc, url = start_server(corpus, npy, "torch", True, args.threads, "auto", *extra)
+    now = datetime.now(timezone.utc)
+    trim = f"{args.malloc_trim_s:g} s" if args.malloc_trim_s is not None else "server default"
+    cpu = f"{os.cpu_count()} CPUs ({platform.machine()})"
+    print(f"# retriever soak: {args.passages:,} passages ({kind} vectors), C={args.clients}, {args.minutes:g} min, "
+          f"malloc_trim every {trim}, {cpu}, {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
+    print(f"{'t s':>7} {'RSS MB':>8} {'in use':>8} {'free':>8} {'mapped':>8} {'q/s':>7} {'errors':>6}")
+    try:
+        samples = asyncio.run(soak(url, questions, args.clients, args.minutes, args.sample_s))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    result = verdict(samples, args.warmup_min * 60)
+    if result:
+        print(f"# after {args.warmup_min:g} min warm-up: RSS {result['first_mb']:.1f} -> {result['last_mb']:.1f} MB "
+              f"({result['growth_pct']:+.2f}%), max {result['max_mb']:.1f} MB, fitted slope "
+              f"{result['slope_mb_per_min']:+.2f} MB/min, {result['mean_qps']:.0f} q/s")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps({"samples": samples, "verdict": result}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

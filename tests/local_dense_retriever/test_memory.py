@@ -1,0 +1,52 @@
+"""The C heap: its stats tell what is in use from what malloc holds free, and a trim gives the free pages back."""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+
+import pytest
+
+from local_dense_retriever import memory
+
+glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim and mallinfo2 are glibc's")
+
+
+@glibc
+def test_freed_heap_memory_goes_back_to_the_os_on_a_trim():
+    memory.release_free_memory()
+    blocks = [bytearray(64_000) for _ in range(2_500)]  # ~160 MB from malloc's heap (each below the mmap threshold)
+    for b in blocks:
+        b[0] = 1
+    held = memory.heap_stats()
+    del blocks[::2]  # every other block freed: holes the heap's top trim alone cannot give back
+    freed = memory.heap_stats()
+    assert freed["free"] - held["free"] > 50 * 2**20 and freed["in_use"] < held["in_use"]
+    assert memory.release_free_memory()
+    trimmed = memory.heap_stats()
+    assert freed["rss"] - trimmed["rss"] > 40 * 2**20  # the holes' pages left the process
+    assert abs(trimmed["in_use"] - freed["in_use"]) < 8 * 2**20  # nothing in use was touched
+    del blocks
+
+
+def test_the_periodic_trim_runs_until_cancelled(monkeypatch):
+    calls = []
+    monkeypatch.setattr(memory, "release_free_memory", lambda: calls.append(1) or True)
+
+    async def run() -> None:
+        task = asyncio.create_task(memory.release_free_memory_every(0.01))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(run())
+    if memory._LIBC is not None:
+        assert len(calls) >= 3
+    ran = len(calls)
+    asyncio.run(asyncio.sleep(0.05))
+    assert len(calls) == ran
+
+
+def test_a_zero_interval_never_trims(monkeypatch):
+    monkeypatch.setattr(memory, "release_free_memory", lambda: pytest.fail("trimmed"))
+    asyncio.run(asyncio.wait_for(memory.release_free_memory_every(0), 1))
