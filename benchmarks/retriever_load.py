@@ -7,7 +7,11 @@ Each of C clients sends one query, waits for the answer, sends the next (the pat
 The server is the real CLI (all-MiniLM-L6-v2 query encoder, a 100k-passage toy corpus, flat inner-product index).
 Passage vectors: the cached MiniLM index of the toy corpus when it exists (``--vectors minilm``; built once by the
 embedded default, slow on CPU), else seeded random unit vectors of the same shape (``--vectors random``): the
-search cost is the same, only the ranking is meaningless. Prints q/s, p50/p99 latency, errors and server RSS.
+search cost is the same, only the ranking is meaningless. Prints q/s, p50/p99 latency, errors, server RSS, the
+mean batch, and where the server's CPU went over the measured seconds (its /metrics ``cpu_seconds``): CPU ms per
+answered query, the share in compute (encoding and index search, on the engine's thread and torch's worker threads),
+in corpus lookup, and in everything else (HTTP, validation, batching, bookkeeping, serialisation). Last, the engine
+alone in this process at the batcher's mean batch: the ceiling the batched server is measured against.
 """
 
 from __future__ import annotations
@@ -93,6 +97,33 @@ def server_metrics(url: str) -> dict:
     import urllib.request
 
     return json.loads(urllib.request.urlopen(url + "/metrics", timeout=10).read())
+
+
+def bare_engine_qps(corpus: Path, npy: Path, threads: int, dtype: str, batch: int, questions: list[str]) -> dict:
+    """Queries/s of the server's engine called directly in this process (no HTTP, no batcher) with batches of
+    ``batch`` toy questions: the encoder alone, and encoder + flat search + corpus lookup (the server's ceiling)."""
+    import torch
+
+    from local_dense_retriever.config import ServerConfig
+    from local_dense_retriever.engine import load_engine
+
+    torch.set_num_threads(threads)
+    config = ServerConfig(index_path=str(npy), corpus_path=str(corpus), retriever_name="minilm", topk=3,
+                          retriever_model=str(bundled_minilm_path()), backend="torch", num_threads=threads,
+                          encoder_dtype=dtype)  # fmt: skip
+    engine = load_engine(config, progress=False)
+    encoder = engine.backend.encoder
+    batches = [[questions[(i * batch + j) % len(questions)] for j in range(batch)] for i in range(64)]
+    out = {}
+    for name, call in (("encode", lambda b: encoder.encode(b)), ("engine", lambda b: engine.search(b, 3))):
+        for b in batches[:3]:
+            call(b)  # warm-up
+        done, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < 5:
+            call(batches[done % len(batches)])
+            done += 1
+        out[name] = done * batch / (time.perf_counter() - t0)
+    return out
 
 
 def cpu_split(before: dict, after: dict) -> dict:
@@ -224,7 +255,16 @@ def main() -> int:
     ref = {r["clients"]: r["qps"] for r in rows if r["backend"] == "torch" and r["mode"] == "per-request"}
     for r in rows:
         if r["backend"] == "torch" and r["mode"] == "batched" and ref.get(r["clients"]):
-            print(f"speed-up batched/per-request (torch) at C={r['clients']}: {r['qps'] / ref[r['clients']]:.1f}x")
+            print(f"speed-up batched/per-request (torch) at C={r['clients']}: {r['qps'] / ref[r['clients']]:.1f}x, "
+                  f"compute {r['cpu']['compute_share']:.1%} of the server's CPU")  # fmt: skip
+    top = max((r for r in rows if r["backend"] == "torch" and r["mode"] == "batched"), key=lambda r: r["clients"])
+    engine_qps = bare_engine_qps(corpus, npy, args.threads, args.encoder_dtype, round(top["mean_batch"]), questions)
+    print(f"# the engine alone (no server, same CPU, {args.threads} threads) at the batcher's mean batch "
+          f"{round(top['mean_batch'])}: encoder {engine_qps['encode']:.0f} q/s, encoder + flat search "
+          f"{engine_qps['engine']:.0f} q/s; the server at C={top['clients']} reaches "
+          f"{top['qps'] / engine_qps['engine']:.0%} of it")  # fmt: skip
+    if args.json:
+        rows.append({"engine_alone": engine_qps, "batch": round(top["mean_batch"])})
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0

@@ -7,6 +7,7 @@ equal scores come in id order, whatever the chunking.
 from __future__ import annotations
 
 import logging
+import os
 import struct
 import warnings
 from dataclasses import dataclass
@@ -28,8 +29,8 @@ CPU_CHUNK_ROWS = 1 << 18
 #: fourccs of faiss IndexFlat files (faiss/impl/index_write.cpp): inner product, L2, any other metric
 _FLAT_FOURCC = {b"IxFI", b"IxF2", b"IxFl"}
 _HEADER = struct.Struct("<iqqqBi")  # d, ntotal, two dummy idx_t, is_trained, metric_type
-#: rows copied per step when a memory-mapped index is copied to a GPU (bounds the host RAM used by the copy)
-COPY_ROWS = 1 << 16
+#: host memory one step of loading an index onto devices (or into another dtype) may use, whatever the index's size
+STAGING_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,90 @@ def read_flat_vectors(path: Path) -> np.ndarray:
     return np.memmap(path, dtype=np.float32, mode="r", offset=header.offset, shape=(header.ntotal, header.dim))
 
 
+def resolve_index_dtype(dtype: str, device: torch.device) -> str:
+    """``auto``: float16 on GPUs (half the memory, exact enough for ranking), float32 on the CPU."""
+    if dtype == "auto":
+        return "float16" if device.type == "cuda" else "float32"
+    return dtype
+
+
+def index_source(path: Path, device: torch.device, dtype: str = "auto") -> np.ndarray | VectorFile:
+    """What to build shards from: the memory map when the shards are the file's own float32 rows on the CPU, else
+    the file to stream (nothing of it mapped)."""
+    if device.type == "cpu" and resolve_index_dtype(dtype, device) == "float32":
+        return read_flat_vectors(path)
+    return vector_file(path)
+
+
+def _steps(vectors: np.ndarray | VectorFile, lo: int, hi: int, staging_bytes: int, *, pin: bool = False):
+    """``(row, block)`` over rows ``[lo, hi)``, at most ``staging_bytes`` per block."""
+    if isinstance(vectors, VectorFile):
+        yield from vectors.steps(lo, hi, staging_bytes, pin=pin and torch.cuda.is_available())
+        return
+    per_step = max(1, staging_bytes // (vectors.shape[1] * vectors.itemsize))
+    for a in range(lo, hi, per_step):
+        yield a, np.ascontiguousarray(vectors[a : min(hi, a + per_step)], dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class VectorFile:
+    """The float32 row-major vectors of an index file (``.npy`` or faiss flat), read by offset: rows are streamed
+    through one staging buffer, never mapped, so loading them elsewhere (GPUs, another dtype) leaves nothing of the
+    file in this process and in the page cache."""
+
+    path: Path
+    offset: int
+    rows: int
+    dim: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.rows, self.dim
+
+    def window(self, lo: int, hi: int) -> VectorFile:
+        """Rows ``[lo, hi)`` as a file of their own."""
+        return VectorFile(self.path, self.offset + lo * self.dim * 4, hi - lo, self.dim)
+
+    def steps(self, lo: int, hi: int, staging_bytes: int = STAGING_BYTES, *, pin: bool = False):
+        """``(row, block)`` for rows ``[lo, hi)`` in order; every block is a view of the same staging buffer of at
+        most ``staging_bytes`` (one row if a row is larger), valid until the next step. ``pin``: page-locked staging
+        (faster copies to a GPU)."""
+        per_step = max(1, staging_bytes // (self.dim * 4))
+        staging = torch.empty((min(per_step, max(hi - lo, 1)), self.dim), dtype=torch.float32, pin_memory=pin)
+        buf = staging.numpy()
+        with open(self.path, "rb", buffering=0) as f:
+            for a in range(lo, hi, per_step):
+                block = buf[: min(per_step, hi - a)]
+                start, view = self.offset + a * self.dim * 4, memoryview(block).cast("B")
+                f.seek(start)
+                got = 0
+                while got < len(view):
+                    n = f.readinto(view[got:])
+                    if not n:
+                        raise IndexLoadError(f"{self.path} ended at byte {start + got}: truncated while loading")
+                    got += n
+                if hasattr(os, "posix_fadvise"):  # read once: do not let the index crowd out the page cache
+                    os.posix_fadvise(f.fileno(), start, len(view), os.POSIX_FADV_DONTNEED)
+                yield a, block
+
+
+def vector_file(path: Path) -> VectorFile:
+    """Where the vectors of a ``.npy`` (float32, C order) or faiss flat inner-product index file are."""
+    path = Path(path)
+    if not path.is_file():
+        raise IndexLoadError(f"index file not found: {path}")
+    if path.suffix == ".npy":
+        arr = read_flat_vectors(path)  # validates the array; its memory map gives dtype, order and data offset
+        if arr.dtype != np.float32 or not arr.flags.c_contiguous or not isinstance(arr, np.memmap):
+            raise IndexLoadError(f"{path} holds {arr.dtype} vectors; the flat index streams float32 rows")
+        return VectorFile(path, int(arr.offset), int(arr.shape[0]), int(arr.shape[1]))
+    header = read_flat_header(path)
+    if header.metric != "inner_product":
+        raise IndexLoadError(f"{path} is a flat {header.metric} index; the torch backend scores inner product: use "
+                             "--backend faiss")  # fmt: skip
+    return VectorFile(path, header.offset, header.ntotal, header.dim)
+
+
 def _as_tensor(rows: np.ndarray) -> torch.Tensor:
     with warnings.catch_warnings():  # memory-mapped arrays are read-only; we never write to them
         warnings.simplefilter("ignore", UserWarning)
@@ -100,15 +185,17 @@ class TorchFlatIndex:
 
     def __init__(
         self,
-        vectors: np.ndarray,
+        vectors: np.ndarray | VectorFile,
         *,
         device: torch.device,
         dtype: str = "auto",
         cpu_chunk_rows: int = CPU_CHUNK_ROWS,
+        staging_bytes: int = STAGING_BYTES,
     ) -> None:
-        if dtype == "auto":
-            dtype = "float16" if device.type == "cuda" else "float32"
-        self.dtype = _DTYPES[dtype]
+        """Shards of ``vectors``: a float32 array on the CPU is used as is (a memory map stays one); anything else
+        (GPUs, another dtype) is filled step by step through ``staging_bytes`` of host memory, from a file without
+        mapping it (:class:`VectorFile`)."""
+        self.dtype = _DTYPES[resolve_index_dtype(dtype, device)]
         self._chunk = max(1, cpu_chunk_rows)
         self.dim = int(vectors.shape[1])
         self._n = int(vectors.shape[0])
@@ -119,21 +206,21 @@ class TorchFlatIndex:
             devices = [device]
         bounds = np.linspace(0, self._n, len(devices) + 1).astype(np.int64)
         self._shards: list[tuple[int, torch.Tensor]] = []
+        zero_copy = isinstance(vectors, np.ndarray) and vectors.dtype == np.float32 and self.dtype == torch.float32
         for dev, lo, hi in zip(devices, bounds[:-1], bounds[1:], strict=True):
-            if dev.type == "cpu":
+            lo, hi = int(lo), int(hi)
+            if zero_copy and dev.type == "cpu":
                 part = _as_tensor(vectors[lo:hi])
-                if part.dtype != self.dtype:
-                    part = part.to(dtype=self.dtype)
-            else:  # copied step by step: host RAM used by the copy does not grow with the index
-                part = torch.empty((int(hi - lo), self.dim), dtype=self.dtype, device=dev)
-                for a in range(0, int(hi - lo), COPY_ROWS):
-                    b = min(int(hi - lo), a + COPY_ROWS)
-                    part[a:b].copy_(_as_tensor(vectors[lo + a : lo + b]))
-            self._shards.append((int(lo), part))
+            else:  # host memory used by the copy does not grow with the index
+                part = torch.empty((hi - lo, self.dim), dtype=self.dtype, device=dev)
+                for a, block in _steps(vectors, lo, hi, staging_bytes, pin=dev.type == "cuda"):
+                    part[a - lo : a - lo + len(block)].copy_(torch.from_numpy(block))
+            self._shards.append((lo, part))
 
     @classmethod
     def from_file(cls, path: Path, *, device: torch.device, dtype: str = "auto") -> TorchFlatIndex:
-        return cls(read_flat_vectors(path), device=device, dtype=dtype)
+        """The index of ``path``: memory-mapped when it stays float32 on the CPU (no copy, instant), else streamed."""
+        return cls(index_source(Path(path), device, dtype), device=device, dtype=dtype)
 
     def __len__(self) -> int:
         return self._n

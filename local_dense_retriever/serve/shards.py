@@ -58,16 +58,16 @@ class ShardSearcher:
 
     def __init__(self, config: ServerConfig, shard: int, shards: int) -> None:
         from local_dense_retriever.encoder import resolve_device
-        from local_dense_retriever.index.torch_flat import TorchFlatIndex, read_flat_vectors
+        from local_dense_retriever.index.torch_flat import TorchFlatIndex, index_source
 
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        vectors = read_flat_vectors(Path(config.index_path))
+        device = resolve_device(config.device)
+        vectors = index_source(Path(config.index_path), device, config.index_dtype)
         self.lo, self.hi = shard_bounds(int(vectors.shape[0]), shards)[shard]
         self.total = int(vectors.shape[0])
-        self.index = TorchFlatIndex(
-            vectors[self.lo : self.hi], device=resolve_device(config.device), dtype=config.index_dtype
-        )
+        mine = vectors[self.lo : self.hi] if isinstance(vectors, np.ndarray) else vectors.window(self.lo, self.hi)
+        self.index = TorchFlatIndex(mine, device=device, dtype=config.index_dtype)
 
     def info(self) -> ShardInfo:
         return ShardInfo(self.lo, self.hi, self.total, self.index.dim)

@@ -1,0 +1,81 @@
+"""Retriever A/B: the batched server of several source trees (e.g. two commits) under the same load, alternated.
+
+    git worktree add /tmp/before 497313b && git worktree add /tmp/after 4871fa9
+    python benchmarks/retriever_ab.py before=/tmp/before after=/tmp/after main=.
+
+Each tree's ``local_dense_retriever/retrieval_server.py`` serves the 100k-passage toy corpus (as ``retriever_load.py``:
+random vectors unless the MiniLM index is cached) with the same flags; C closed-loop single-query clients, a
+warm-up, then the measured seconds; the trees take turns for ``--rounds`` rounds, so drift of the machine hits all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import retriever_load  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("trees", nargs="+", help="NAME=PATH of a source tree holding local_dense_retriever/")
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--encoder_dtype", choices=["auto", "float32", "bfloat16"], default="bfloat16")
+    args = p.parse_args()
+    trees = {}
+    for spec in args.trees:
+        name, _, path = spec.partition("=")
+        server = Path(path or name).resolve() / "local_dense_retriever" / "retrieval_server.py"
+        if not server.is_file():
+            p.error(f"{spec}: no {server}")
+        trees[name] = server
+
+    corpus, npy, _, kind = retriever_load.prepare(100_000, "auto")
+    questions = [json.loads(line)["question"] for line in (corpus.parent / "qa.jsonl").read_text().splitlines()]
+    now = datetime.now(timezone.utc)
+    print(f"# retriever A/B: 100,000 passages ({kind} vectors), batched torch server, C={args.clients}, "
+          f"{args.seconds:g} s each, encoder {args.encoder_dtype}, {args.threads} threads, {os.cpu_count()} CPUs "
+          f"({platform.machine()}), {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
+    results: dict[str, list[float]] = {name: [] for name in trees}
+    for rnd in range(args.rounds):
+        for name, server in trees.items():
+            retriever_load.SERVER = server
+            proc, url = retriever_load.start_server(corpus, npy, "torch", True, args.threads, args.encoder_dtype)
+            try:
+                detail = httpx.get(f"{url}/health", timeout=10).json()["detail"].split(";")[0]
+                res = asyncio.run(retriever_load.closed_loop(url, questions, args.clients, args.seconds, 3.0))
+                before, after = res["metrics"]
+                batches = max(after["batches_total"] - before["batches_total"], 1)
+                batch = (after["queries_total"] - before["queries_total"]) / batches
+                results[name].append(res["qps"])
+                print(
+                    f"round {rnd + 1} {name:>12}: {res['qps']:7.1f} q/s  p50 {res['p50_ms']:6.1f} ms  p99 "
+                    f"{res['p99_ms']:6.1f} ms  batch {batch:5.1f}  errors {res['errors']}  ({detail})",
+                    flush=True,
+                )
+            finally:
+                proc.terminate()
+                proc.wait(30)
+    first = next(iter(results))
+    base = sum(results[first]) / len(results[first])
+    for name, qps in results.items():
+        mean = sum(qps) / len(qps)
+        print(f"mean {name:>12}: {mean:7.1f} q/s ({mean / base:.2f}x {first})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
