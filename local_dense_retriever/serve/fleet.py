@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 
 from local_dense_retriever.config import ServerConfig
-from local_dense_retriever.serve.errors import DeploymentFailed, RayUnreachable, ServeExtraMissing
+from local_dense_retriever.serve.errors import DeploymentFailed, RayUnreachable, ServeExtraMissing, ServeSetupError
 from local_dense_retriever.serve.options import ServeOptions
 
 logger = logging.getLogger(__name__)
@@ -33,6 +33,47 @@ def import_serve():
             f"Ray Serve is not installed ({e}): pip install 'verl-search[serve]' (or 'ray[serve]')"
         ) from e
     return serve
+
+
+def private_serve_api(serve):
+    """``(serve._run, proxy_address)``: the two private Serve entry points the fleet uses, checked before use
+    (``proxy_address()``: ``(host, port)`` of the proxy Serve runs, once it runs).
+
+    Why private: the public ``serve.run`` waits for the application without a deadline (replicas that wait for
+    resources would hang the launch) and nothing public says where an already running proxy listens. A Ray release that
+    renames or reshapes them fails here with one line instead of deep inside a deployment (a test checks the pinned
+    Ray)."""
+    import inspect
+
+    try:
+        from ray.serve._private.client import ServeControllerClient
+        from ray.serve.context import _get_global_client
+
+        run = serve._run
+        accepted = set(inspect.signature(run).parameters)
+    except (AttributeError, ImportError) as e:
+        fix = "install the Ray of requirements/ or update local_dense_retriever/serve/fleet.py"
+        problem = f"this Ray ({_ray_version()}) lacks a private Serve API the fleet uses ({e})"
+        raise ServeSetupError(f"{problem}; {fix}") from e
+    missing = sorted({"_blocking", "name", "route_prefix"} - accepted)
+    if not hasattr(ServeControllerClient, "http_config"):
+        missing.append("ServeControllerClient.http_config")
+    if missing:
+        raise ServeSetupError(f"this Ray ({_ray_version()}) changed the private Serve API the fleet uses (missing "
+                              f"{', '.join(missing)}); install the Ray of requirements/ or update "
+                              "local_dense_retriever/serve/fleet.py")  # fmt: skip
+
+    def proxy_address() -> tuple[str, int]:
+        http = _get_global_client().http_config
+        return http.host, http.port
+
+    return run, proxy_address
+
+
+def _ray_version() -> str:
+    import ray
+
+    return f"ray {ray.__version__}"
 
 
 def probe_address(address: str | None, timeout: float = 5.0) -> None:
@@ -113,17 +154,16 @@ def start_fleet(config: ServerConfig, options: ServeOptions, *, progress: bool =
     config = resolve_embedded_default(config, progress=progress)
     port = proxy_port(config)
     serve.start(http_options={"host": config.host, "port": port})
-    from ray.serve.context import _get_global_client
-
-    running = _get_global_client().http_config  # Serve already up in this cluster keeps its own proxy address
-    if (running.host, running.port) != (config.host, port):
+    serve_run, proxy_address = private_serve_api(serve)
+    host, running_port = proxy_address()  # Serve already up in this cluster keeps its own proxy address
+    if (host, running_port) != (config.host, port):
         logger.warning("Serve's proxy already listens on %s:%d in this cluster: the fleet is served there (its HTTP "
-                       "address cannot change while Serve runs)", running.host, running.port)  # fmt: skip
-        config = config.model_copy(update={"host": running.host, "port": running.port})
-        port = running.port
+                       "address cannot change while Serve runs)", host, running_port)  # fmt: skip
+        config = config.model_copy(update={"host": host, "port": running_port})
+        port = running_port
     app = build_application(config, options)
     logger.info("deploying %r into Ray Serve", options.app_name)
-    serve._run(app, name=options.app_name, route_prefix="/", _blocking=False)
+    serve_run(app, name=options.app_name, route_prefix="/", _blocking=False)
     url = url_for(config.host, port)
     probe = f"http://{'127.0.0.1' if config.host in ('', '0.0.0.0', '::') else config.host}:{port}"
     deadline = time.monotonic() + options.startup_timeout_s

@@ -100,3 +100,24 @@ def test_cli_without_the_serve_extra_says_how_to_install_it():
     result = run_cli("--shards", "2", code=block)
     assert result.returncode == 1
     assert "Ray Serve is not installed" in result.stderr and "pip install 'verl-search[serve]'" in result.stderr
+
+
+def test_the_private_serve_api_the_fleet_uses_is_what_the_pinned_ray_has(monkeypatch):
+    """serve._run (a deadline of our own) and the running proxy's address have no public twin: checked by name and
+    arguments, so a Ray upgrade that changes them fails with one line naming the fix."""
+    serve = pytest.importorskip("ray.serve")
+    from local_dense_retriever.serve.errors import ServeSetupError
+    from local_dense_retriever.serve.fleet import private_serve_api
+
+    run, proxy_address = private_serve_api(serve)
+    assert run is serve._run and callable(proxy_address)
+
+    def reshaped(app, *, blocking=True, name="default"):  # what a renamed keyword would look like
+        pass
+
+    monkeypatch.setattr(serve, "_run", reshaped)
+    with pytest.raises(ServeSetupError, match=r"changed the private Serve API the fleet uses \(missing _blocking, "):
+        private_serve_api(serve)
+    monkeypatch.delattr(serve, "_run")
+    with pytest.raises(ServeSetupError, match="lacks a private Serve API the fleet uses"):
+        private_serve_api(serve)
