@@ -8,8 +8,8 @@ nothing changes and the stats are None.
 
 History: the server used to fix the mmap threshold at 4 MiB instead. That bounded RSS too, but every buffer of 4 MiB
 or more (the search's score matrix, the encoder's larger activations) was then mapped, faulted in page by page and
-unmapped on every batch, and fixing it also fixed the trim threshold at 128 KiB: it cost 15-25% of the batched
-throughput at C = 64 on a 2-core CPU (benchmarks/RESULTS.md, issue 29).
+unmapped on every batch, and fixing it also fixed the trim threshold at 128 KiB: it cost 14% of the batched
+throughput at C = 64 on a 2-core CPU in a back-to-back A/B (benchmarks/RESULTS.md, issue 29).
 """
 
 from __future__ import annotations
