@@ -30,20 +30,24 @@ class _MallInfo2(ctypes.Structure):
     ] + [("keepcost", ctypes.c_size_t)]
 
 
-def _glibc() -> ctypes.CDLL | None:
+def _glibc() -> tuple[ctypes.CDLL | None, bool]:
+    """(the C library if it is glibc, whether it has ``mallinfo2``: glibc 2.33 and later)."""
     name = ctypes.util.find_library("c")
     if name is None:
-        return None
+        return None, False
     try:
         libc = ctypes.CDLL(name)
         libc.malloc_trim  # noqa: B018 (glibc only)
-        libc.mallinfo2.restype = _MallInfo2  # glibc >= 2.33
     except (OSError, AttributeError):
-        return None
-    return libc
+        return None, False
+    try:
+        libc.mallinfo2.restype = _MallInfo2
+    except AttributeError:
+        return libc, False
+    return libc, True
 
 
-_LIBC = _glibc()
+_LIBC, _HAS_MALLINFO2 = _glibc()
 
 
 def release_free_memory() -> bool:
@@ -53,9 +57,9 @@ def release_free_memory() -> bool:
 
 def heap_stats() -> dict[str, int] | None:
     """Bytes of the C heap: ``in_use`` (allocated), ``free`` (held by malloc, not in use), ``mapped`` (large blocks
-    mapped on their own), and the process's ``rss``; None without glibc. Growth of ``in_use`` is a leak; growth of
-    ``free`` is retention the next trim returns."""
-    if _LIBC is None:
+    mapped on their own), and the process's ``rss``; None without glibc 2.33+. Growth of ``in_use`` is a leak;
+    growth of ``free`` is retention the next trim returns."""
+    if not _HAS_MALLINFO2:
         return None
     info = _LIBC.mallinfo2()
     return {"in_use": info.uordblks, "free": info.fordblks, "mapped": info.hblkhd, "rss": resident_bytes()}

@@ -9,7 +9,10 @@ import pytest
 
 from local_dense_retriever import memory
 
-glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim and mallinfo2 are glibc's")
+LIBC, VERSION = platform.libc_ver()
+glibc = pytest.mark.skipif(
+    LIBC != "glibc" or tuple(map(int, VERSION.split("."))) < (2, 33), reason="malloc_trim and mallinfo2: glibc 2.33+"
+)
 
 
 @glibc
