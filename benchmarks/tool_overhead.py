@@ -1,11 +1,13 @@
 """Tool overhead: SearchTool driven like verl's ToolAgentLoop vs a bare shared-session aiohttp client, same stub.
 
-    python benchmarks/tool_overhead.py [--trajectories 512] [--calls 4] [--rounds 3]
+    python benchmarks/tool_overhead.py [--trajectories 512] [--calls 4] [--rounds 3] [--gc_freeze]
 
 The instant stub runs in a subprocess on 127.0.0.1 (its own core). Each trajectory makes ``--calls`` sequential
-calls; all trajectories run concurrently. Rounds alternate bare/tool and the median round is reported. The GRPO run
-groups trajectories by prompt (5 samples each, first query shared, samples starting 300 ms apart) and counts the HTTP
-requests the stub received with the cache on and off; without either, every call is one request.
+calls; all trajectories run concurrently. Rounds alternate bare/tool and the median round is reported. The same bare
+client also runs alone in a fresh interpreter that never imported verl: the leanest honest client (a rollout worker
+always has verl imported). The GRPO run groups trajectories by prompt (5 samples each, first query shared, samples
+starting 300 ms apart) and counts the HTTP requests the stub received with the cache on and off; without either,
+every call is one request.
 """
 
 from __future__ import annotations
@@ -26,6 +28,31 @@ from verl_search import SearchTool
 from verl_search.testing.background_server import free_port, wait_until_healthy
 from verl_search.tool.client import RetrievalClient
 from verl_search.tool.stats import STATS, percentile
+
+#: the bare client alone in a fresh interpreter: only aiohttp imported, no verl (the "leanest honest client")
+FRESH_BARE = """
+import asyncio, statistics, sys, time, aiohttp
+url, trajectories, calls, rounds = sys.argv[1], *map(int, sys.argv[2:5])
+async def one(tag):
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=trajectories)) as session:
+        async def trajectory(t):
+            for c in range(calls):
+                payload = {"queries": [f"{tag} q{t}-{c}"], "topk": 3, "return_scores": False}
+                async with session.post(url + "/retrieve", json=payload) as resp:
+                    assert len((await resp.json())["result"]) == 1
+        start = time.perf_counter()
+        await asyncio.gather(*(trajectory(t) for t in range(trajectories)))
+        return trajectories * calls / (time.perf_counter() - start)
+print(statistics.median(asyncio.run(one(f"fresh{r}")) for r in range(rounds)))
+"""
+
+
+def bare_in_fresh_process(url: str, trajectories: int, calls: int, rounds: int) -> float:
+    """Median calls/s of the bare client in a new interpreter that has not imported verl: what a client outside a
+    rollout worker gets (no import-time objects for the garbage collector to walk)."""
+    argv = [sys.executable, "-c", FRESH_BARE, url, str(trajectories), str(calls), str(rounds)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=True)
+    return float(out.stdout.strip())
 
 
 def start_stub() -> tuple[subprocess.Popen, str]:
@@ -104,6 +131,7 @@ async def main_async(args: argparse.Namespace, url: str) -> dict:
         "type": "native",
         "retrieval_service_url": url,
         "rate_limit": None,
+        "gc_freeze": args.gc_freeze,
         "num_workers": max(args.trajectories, 1),
         "stats_log_interval": 0,
     }
@@ -163,11 +191,17 @@ def main() -> None:
     parser.add_argument("--trajectories", type=int, default=512)
     parser.add_argument("--calls", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument(
+        "--gc_freeze",
+        action="store_true",
+        help="build the tool with gc_freeze: this process's start-up objects are frozen (for the bare client too)",
+    )
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     proc, url = start_stub()
     try:
         result = asyncio.run(main_async(args, url))
+        result["bare_fresh_process"] = bare_in_fresh_process(url, args.trajectories, args.calls, args.rounds)
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -178,7 +212,11 @@ def main() -> None:
     print(f"{'client':40s} {'calls/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s}")
     for row in (result["bare"], result["tool"]):
         print(f"{row['name']:40s} {row['calls_per_s']:9.0f} {row['p50_ms']:8.1f} {row['p99_ms']:8.1f}")
+    fresh = result["bare_fresh_process"]
+    print(f"{'bare aiohttp client, fresh process (no verl)':40s} {fresh:9.0f}")
     print(f"SearchTool / bare (median of per-round ratios) = {result['ratio']:.2f}; failed calls: {result['failures']}")
+    print(f"SearchTool / bare in a fresh process = {result['tool']['calls_per_s'] / fresh:.2f} (that process has no "
+          f"verl objects for the garbage collector to walk; --gc_freeze freezes them here)")  # fmt: skip
     for label, g in result["grpo"].items():
         print(
             f"GRPO-like ({label}): {g['calls']} calls -> {g['http_requests']} HTTP requests "

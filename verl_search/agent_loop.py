@@ -24,6 +24,7 @@ from verl.utils.rollout_trace import rollout_trace_op
 from verl_search.errors import ConfigError
 from verl_search.loop_messages import FINAL_TURN_INSTRUCTION, INVALID_ACTION_MESSAGE, LOOP_MESSAGES_KEY
 from verl_search.tool.config import SearchToolConfig
+from verl_search.tool.gc_freeze import freeze_startup_objects
 from verl_search.tool.search_tool import ROLLOUT_WALL_S, TRAJECTORY_STATS, record_search, run_search
 
 logger = logging.getLogger(__name__)
@@ -98,6 +99,8 @@ class SearchR1AgentLoop(AgentLoopBase):
             raise ConfigError(f"invalid {AGENT_NAME} options in the agent loop config: {e}") from e
         super().__init__(*args, **kwargs)
         self.search_config = self._search_config(tools)
+        if self.search_config.gc_freeze:
+            freeze_startup_objects()
         multi_turn = self.rollout_config.multi_turn
         self.max_turns = self.options.max_turns or multi_turn.get("max_assistant_turns") or 4
         self.response_length = self.rollout_config.response_length

@@ -109,6 +109,12 @@ class SearchToolConfig(BaseModel):
     stats_log_interval: float = Field(
         default=300.0, ge=0, description="Seconds between log lines with the per-process counters; 0 = never."
     )
+    gc_freeze: bool = Field(
+        default=False,
+        description="Freeze the objects the rollout worker made before the tool (gc.freeze, once per process) so the "
+        "garbage collector stops walking them: +42% calls/s through the tool in a process that imported verl. "
+        "Process-wide, hence off unless asked for.",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -21,6 +21,7 @@ from verl_search.tool.arguments import extract_queries, fit_queries
 from verl_search.tool.client import RetrievalClient
 from verl_search.tool.config import SearchToolConfig
 from verl_search.tool.formatting import format_results
+from verl_search.tool.gc_freeze import freeze_startup_objects
 from verl_search.tool.stats import STATS
 
 logger = logging.getLogger(__name__)
@@ -167,6 +168,8 @@ class SearchTool(BaseTool):
         self.name = self.tool_schema.function.name
         logger.debug("search tool %s: %s", self.name, self.tool_schema.model_dump_json(exclude_none=True))
         self._instances: dict[str, dict[str, Any]] = {}
+        if self.search_config.gc_freeze:
+            freeze_startup_objects()
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
         return self.tool_schema
