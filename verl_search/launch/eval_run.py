@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from verl_search.errors import VerlSearchError
-from verl_search.launch.run_knobs import RunKnobs, absolute, knobs_main, value
+from verl_search.launch.run_knobs import RunKnobs, absolute, data_overrides, knobs_main, value
 
 #: per device: the engines that run there, the first is the default
 ENGINES = {"cuda": ("sglang", "vllm"), "cpu": ("vllm", "hf_cpu")}
@@ -169,15 +169,7 @@ def gpu_eval_overrides(knobs: EvalRunKnobs) -> list[str]:
     k = knobs
     actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     return [
-        "algorithm.adv_estimator=grpo",
-        f"data.train_files={k.train_data}",
-        f"data.val_files={k.val_data}",
-        f"data.train_batch_size={k.train_batch_size}",
-        f"data.max_prompt_length={k.max_prompt_length}",
-        f"data.max_response_length={k.max_response_length}",
-        "data.filter_overlong_prompts=True",
-        "data.truncation=error",
-        "data.return_raw_chat=True",
+        *data_overrides(k),
         f"actor_rollout_ref.model.path={k.model_path}",
         "actor_rollout_ref.model.use_remove_padding=True",
         f"{actor}.ppo_mini_batch_size={k.train_batch_size}",
