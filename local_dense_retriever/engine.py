@@ -54,11 +54,8 @@ class RetrievalEngine:
         if not queries:
             return []
         clock, backend = self.clock, self.backend
-        if isinstance(backend, DenseSearch):
-            with clock.stage("encode"):
-                vectors = backend.encode(queries)
-            with clock.stage("search"):
-                scores, ids = backend.index.search(vectors, min(k, len(backend.index)))
+        if isinstance(backend, DenseSearch):  # encoding and index search timed apart
+            scores, ids = backend.search(queries, k, clock=clock)
         else:
             with clock.stage("search"):
                 scores, ids = backend.search(queries, k)

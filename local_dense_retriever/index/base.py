@@ -6,11 +6,13 @@ passages (missing slots never appear as -1 to callers).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Protocol
 
 import numpy as np
 import torch
 
+from local_dense_retriever.cpu_time import StageClock
 from local_dense_retriever.errors import IndexLoadError
 
 
@@ -38,6 +40,10 @@ class SearchBackend(Protocol):
     def describe(self) -> str: ...
 
 
+def _untimed(_stage: str) -> nullcontext:
+    return nullcontext()
+
+
 class DenseSearch:
     """An encoder followed by a vector index."""
 
@@ -50,11 +56,13 @@ class DenseSearch:
     def __len__(self) -> int:
         return len(self.index)
 
-    def encode(self, queries: list[str]) -> np.ndarray:
-        return self.encoder.encode(queries, is_query=True)
-
-    def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.index.search(self.encode(queries), min(k, len(self.index)))
+    def search(self, queries: list[str], k: int, clock: StageClock | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``clock``: the encoding and the index search are timed as its ``encode`` and ``search`` stages."""
+        stage = clock.stage if clock is not None else _untimed
+        with stage("encode"):
+            vectors = self.encoder.encode(queries, is_query=True)
+        with stage("search"):
+            return self.index.search(vectors, min(k, len(self.index)))
 
     def describe(self) -> str:
         dtype = getattr(self.encoder, "dtype", None)
