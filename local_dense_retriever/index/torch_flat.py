@@ -81,13 +81,10 @@ def read_flat_vectors(path: Path) -> np.ndarray:
         if arr.ndim != 2:
             raise IndexLoadError(f"{path} holds an array of shape {arr.shape}; expected (passages, dim)")
         return arr
-    header = read_flat_header(path)
-    if header.metric != "inner_product":
-        raise IndexLoadError(f"{path} is a flat {header.metric} index; the torch backend scores inner product: use "
-                             "--backend faiss")  # fmt: skip
-    if header.ntotal == 0:
-        return np.zeros((0, header.dim), dtype=np.float32)
-    return np.memmap(path, dtype=np.float32, mode="r", offset=header.offset, shape=(header.ntotal, header.dim))
+    source = vector_file(path)  # the faiss header, checked for an inner-product flat index
+    if source.rows == 0:
+        return np.zeros((0, source.dim), dtype=np.float32)
+    return np.memmap(path, dtype=np.float32, mode="r", offset=source.offset, shape=source.shape)
 
 
 def resolve_index_dtype(dtype: str, device: torch.device) -> str:
