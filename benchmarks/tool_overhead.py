@@ -21,36 +21,21 @@ import subprocess
 import sys
 import time
 from datetime import date
+from pathlib import Path
 
-import aiohttp
+from bare_client import run_bare
 
 from verl_search import SearchTool
 from verl_search.testing.background_server import free_port, wait_until_healthy
 from verl_search.tool.client import RetrievalClient
 from verl_search.tool.stats import STATS, percentile
 
-#: the bare client alone in a fresh interpreter: only aiohttp imported, no verl (the "leanest honest client")
-FRESH_BARE = """
-import asyncio, statistics, sys, time, aiohttp
-url, trajectories, calls, rounds = sys.argv[1], *map(int, sys.argv[2:5])
-async def one(tag):
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=trajectories)) as session:
-        async def trajectory(t):
-            for c in range(calls):
-                payload = {"queries": [f"{tag} q{t}-{c}"], "topk": 3, "return_scores": False}
-                async with session.post(url + "/retrieve", json=payload) as resp:
-                    assert len((await resp.json())["result"]) == 1
-        start = time.perf_counter()
-        await asyncio.gather(*(trajectory(t) for t in range(trajectories)))
-        return trajectories * calls / (time.perf_counter() - start)
-print(statistics.median(asyncio.run(one(f"fresh{r}")) for r in range(rounds)))
-"""
-
 
 def bare_in_fresh_process(url: str, trajectories: int, calls: int, rounds: int) -> float:
     """Median calls/s of the bare client in a new interpreter that has not imported verl: what a client outside a
     rollout worker gets (no import-time objects for the garbage collector to walk)."""
-    argv = [sys.executable, "-c", FRESH_BARE, url, str(trajectories), str(calls), str(rounds)]
+    argv = [sys.executable, str(Path(__file__).with_name("bare_client.py")), url, str(trajectories), str(calls),
+            str(rounds)]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=True)
     return float(out.stdout.strip())
 
@@ -70,25 +55,6 @@ def stub_requests(url: str) -> int:
     import urllib.request
 
     return json.loads(urllib.request.urlopen(url + "/stats", timeout=5).read())["requests"]
-
-
-async def run_bare(url: str, trajectories: int, calls: int, tag: str) -> tuple[float, list[float]]:
-    latencies: list[float] = []
-    connector = aiohttp.TCPConnector(limit=trajectories)
-    async with aiohttp.ClientSession(connector=connector) as session:
-
-        async def trajectory(t: int) -> None:
-            for c in range(calls):
-                start = time.perf_counter()
-                payload = {"queries": [f"{tag} q{t}-{c}"], "topk": 3, "return_scores": False}
-                async with session.post(url + "/retrieve", json=payload) as resp:
-                    body = await resp.json()
-                assert len(body["result"]) == 1
-                latencies.append(time.perf_counter() - start)
-
-        start = time.perf_counter()
-        await asyncio.gather(*(trajectory(t) for t in range(trajectories)))
-        return time.perf_counter() - start, latencies
 
 
 async def run_tool(
