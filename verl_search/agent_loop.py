@@ -25,7 +25,14 @@ from verl_search.errors import ConfigError
 from verl_search.loop_messages import FINAL_TURN_INSTRUCTION, INVALID_ACTION_MESSAGE, LOOP_MESSAGES_KEY
 from verl_search.tool.config import SearchToolConfig
 from verl_search.tool.gc_freeze import freeze_startup_objects
-from verl_search.tool.search_tool import ROLLOUT_WALL_S, TRAJECTORY_STATS, record_search, run_search
+from verl_search.tool.search_tool import (
+    RESULT_TOKENS_CUT,
+    RESULTS_CUT,
+    ROLLOUT_WALL_S,
+    TRAJECTORY_STATS,
+    record_search,
+    run_search,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +92,8 @@ class SearchR1AgentLoop(AgentLoopBase):
 
     Per-trajectory search statistics go to ``extra_fields`` (``TRAJECTORY_STATS``: ``search_calls``,
     ``search_failures``, ``search_latency_s``, ``search_cached``, ``invalid_actions``; SearchTool records the same
-    keys under ``tool_agent``): verl keeps ``AgentLoopMetrics`` to a fixed set of
+    keys under ``tool_agent``), with the results cut at the response length and their tokens (``RESULTS_CUT``,
+    ``RESULT_TOKENS_CUT``) and the trajectory's wall time: verl keeps ``AgentLoopMetrics`` to a fixed set of
     timings, while ``extra_fields`` reach the reward function as ``extra_info`` and the batch's non-tensor data.
     Time spent searching is also added to the standard ``tool_calls`` timing.
     """
@@ -169,7 +177,7 @@ class SearchR1AgentLoop(AgentLoopBase):
         mask: list[int] = []
         logprobs: list[float] | None = []
         timing: dict[str, float] = {}
-        stats: dict[str, Any] = dict.fromkeys(TRAJECTORY_STATS, 0)
+        stats: dict[str, Any] = dict.fromkeys((*TRAJECTORY_STATS, RESULTS_CUT, RESULT_TOKENS_CUT), 0)
         num_preempted = 0
         assistant_turns = observations = 0
         loop_messages: list[str] = []  # what the loop said outside <information>, for the reward to skip
@@ -211,7 +219,11 @@ class SearchR1AgentLoop(AgentLoopBase):
             if assistant_turns + 1 >= self.max_turns:
                 observation += self.options.final_turn_instruction
                 _note_message(loop_messages, self.options.final_turn_instruction)
-            obs_ids = self._encode(observation)[: self.response_length - len(response_ids)]
+            full_ids = self._encode(observation)
+            obs_ids = full_ids[: self.response_length - len(response_ids)]
+            if action == "search" and len(obs_ids) < len(full_ids):  # the result does not fit: what the model missed
+                stats[RESULTS_CUT] += 1
+                stats[RESULT_TOKENS_CUT] += len(full_ids) - len(obs_ids)
             observations += 1
             response_ids += obs_ids
             mask += [0] * len(obs_ids)

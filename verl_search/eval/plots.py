@@ -74,9 +74,14 @@ HEALTH_PANELS = (
         "health_failures.png",
     ),
     Panel(
-        "Search latency and waiting",
+        "Search latency, waiting and lengths",
         "seconds / share",
-        (r"^search/latency_s/(p50|p99)$", r"^search/wait_share$", r"^response_length/clip_ratio$"),
+        (
+            r"^search/latency_s/(p50|p99)$",
+            r"^search/wait_share$",
+            r"^response_length/clip_ratio$",
+            r"^search/results_cut_share$",
+        ),
         "health_latency.png",
     ),
 )

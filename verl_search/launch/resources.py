@@ -93,8 +93,9 @@ def check_tool_response_length(ctx: LaunchContext) -> str:
     returns more than its own ``max_result_chars`` (sharing it out between queries, with a note), so that cap must fit.
 
     A cap within verl's limit passes whatever ``topk`` is. A cap above it means verl cuts the text itself, by
-    ``tool_response_truncate_side`` (default: the middle), with no log or metric: an error when even one query's
-    passages would be cut, else a warning (only multi-query results are cut).
+    ``tool_response_truncate_side`` (default: the middle), with no log (the search trainers count it in
+    ``search/results_cut_share``): an error when even one query's passages would be cut, else a warning (only
+    multi-query results are cut).
     """
     multi_turn = ctx.rollout.multi_turn
     limit = int(multi_turn.max_tool_response_length)
@@ -109,7 +110,7 @@ def check_tool_response_length(ctx: LaunchContext) -> str:
         one_query = min(cfg.topk * PASSAGE_CHARS, cap)
         cut = (
             f"{key}={limit} chars < the tool's max_result_chars={cap}: verl cuts the tool's text itself "
-            f"(tool_response_truncate_side={side}) with no log or metric"
+            f"(tool_response_truncate_side={side}) with no log"
         )
         fix = f"set {key}>={cap}, or max_result_chars<={limit} in the tool YAML"
         if limit < one_query:

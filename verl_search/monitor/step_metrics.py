@@ -1,5 +1,6 @@
 """The search behaviour of one training step's rollouts as flat ``search/...`` metrics, from each trajectory's
-``extra_fields`` (the stats both agent loops record, plus the reward's extra keys under ``reward_extra_info``).
+``extra_fields`` (the stats both agent loops record, plus the reward's extra keys under ``reward_extra_info``) and,
+where the trainer has them, its response length and its loop's timings (verl's ``AgentLoopMetrics``).
 
 Invariant: pure and total: any trajectory may lack any key (a row of another loop, a padding row, a reward without
 our keys) and is then left out of that metric only; an empty step gives an empty dict.
@@ -11,7 +12,15 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from verl_search.tool.search_tool import CALL_LATENCIES, FAILED_PREFIX, ROLLOUT_WALL_S
+from verl_search.tool.search_tool import (
+    CALL_LATENCIES,
+    FAILED_PREFIX,
+    RESULT_AT,
+    RESULT_CHARS,
+    RESULT_TOKENS_CUT,
+    RESULTS_CUT,
+    ROLLOUT_WALL_S,
+)
 
 #: searches per trajectory are also reported as the share of trajectories with 0, 1, 2 and this many or more
 MANY_SEARCHES = 3
@@ -38,9 +47,24 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def search_step_metrics(extra_fields: Iterable[Any]) -> dict[str, float]:
-    """``search/*`` metrics of one step's trajectories (one ``extra_fields`` dict each)."""
-    rows = [f for f in extra_fields if isinstance(f, Mapping)]
+def search_step_metrics(
+    extra_fields: Iterable[Any],
+    *,
+    response_lens: Iterable[Any] | None = None,
+    timings: Iterable[Any] | None = None,
+    max_result_chars: int | None = None,
+) -> dict[str, float]:
+    """``search/*`` metrics of one step's trajectories (one ``extra_fields`` dict each).
+
+    ``response_lens`` (each trajectory's response tokens), ``timings`` (its loop's ``generate_sequences`` and
+    ``tool_calls`` seconds) and ``max_result_chars`` (verl's ``multi_turn.max_tool_response_length``) are optional,
+    aligned with ``extra_fields``: without them the metrics that need them are left out.
+    """
+    given = list(extra_fields)
+    lens = list(response_lens) if response_lens is not None else [None] * len(given)
+    times = list(timings) if timings is not None else [None] * len(given)
+    kept = [(f, n, t) for f, n, t in zip(given, lens, times, strict=True) if isinstance(f, Mapping)]
+    rows = [f for f, _, _ in kept]
     rewards = [r.get("reward_extra_info") if isinstance(r.get("reward_extra_info"), Mapping) else {} for r in rows]
     out: dict[str, float] = {}
     # calls the loop recorded; for a trajectory with none recorded (SearchTool records only when it is called), the
@@ -72,13 +96,61 @@ def search_step_metrics(extra_fields: Iterable[Any]) -> dict[str, float]:
     kinds = sorted({k for r in rows for k in r if isinstance(k, str) and k.startswith(FAILED_PREFIX)})
     for key in kinds:
         out[f"search/failed/{key.removeprefix(FAILED_PREFIX)}"] = sum(_values(rows, key))
-    latencies = [v for r in rows for x in (r.get(CALL_LATENCIES) or []) if (v := _number(x)) is not None]
+    latencies = [v for r in rows for x in _list(r.get(CALL_LATENCIES)) if (v := _number(x)) is not None]
     if latencies:
         out["search/latency_s/p50"] = _nearest_rank(latencies, 50)
         out["search/latency_s/p99"] = _nearest_rank(latencies, 99)
-    timed = [r for r in rows if _number(r.get(ROLLOUT_WALL_S))]
-    if timed:  # trajectories run concurrently: the share of each one's wall time it waited on search, averaged
-        out["search/wait_share"] = _mean(
-            [min(1.0, (_number(r.get("search_latency_s")) or 0.0) / _number(r[ROLLOUT_WALL_S])) for r in timed]
-        )
+    out.update(_results_cut(kept, max_result_chars))
+    if shares := [s for f, _, t in kept if (s := _wait_share(f, t)) is not None]:
+        out["search/wait_share"] = _mean(shares)  # trajectories run concurrently: each one's own share, averaged
     return out
+
+
+def _list(value: Any) -> list:
+    return list(value) if isinstance(value, list | tuple) else []
+
+
+def _results_cut(kept: list[tuple[Mapping[str, Any], Any, Any]], max_result_chars: int | None) -> dict[str, float]:
+    """Search results that reached the model incomplete: cut to ``max_result_chars`` or dropped whole by verl's
+    ``tool_agent`` (a result that does not fit ends the trajectory unseen: nothing follows where it was to go), or cut
+    at the response length by ``search_r1_agent`` (which says how many tokens)."""
+    results = cut = dropped = 0
+    tokens_cut = 0.0
+    seen = False
+    for fields, response_len, _ in kept:
+        places, sizes = _list(fields.get(RESULT_AT)), _list(fields.get(RESULT_CHARS))
+        length = _number(response_len)
+        if places and length is not None:
+            seen = True
+            for i, place in enumerate(places):
+                at = _number(place)
+                chars = _number(sizes[i]) if i < len(sizes) else None
+                lost = at is not None and at >= length
+                shortened = max_result_chars is not None and chars is not None and chars > max_result_chars
+                results += 1
+                dropped += int(lost)
+                cut += int(lost or shortened)
+        elif (native_cut := _number(fields.get(RESULTS_CUT))) is not None:
+            seen = True
+            results += int(_number(fields.get("search_calls")) or 0)
+            cut += int(native_cut)
+            tokens_cut += _number(fields.get(RESULT_TOKENS_CUT)) or 0.0
+    if not seen:
+        return {}
+    return {
+        "search/results_cut_share": cut / max(results, 1),
+        "search/results_dropped": float(dropped),
+        "search/result_tokens_cut": tokens_cut,
+    }
+
+
+def _wait_share(fields: Mapping[str, Any], timing: Any) -> float | None:
+    """The share of a trajectory's time spent waiting on search: of its wall time where the loop measured it
+    (``search_r1_agent``), else of its loop's generation plus tool time (verl's ``tool_agent``)."""
+    wall = _number(fields.get(ROLLOUT_WALL_S))
+    if wall:
+        return min(1.0, (_number(fields.get("search_latency_s")) or 0.0) / wall)
+    if not isinstance(timing, Mapping) or not (generation := _number(timing.get("generate_sequences"))):
+        return None
+    tools = _number(timing.get("tool_calls")) or 0.0  # absent when the trajectory called no tool
+    return tools / (tools + generation)

@@ -61,7 +61,7 @@ class SearchMetricsMixin:
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):  # noqa: ANN001 (verl's signature)
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
         try:
-            metrics.update(search_step_metrics(self._step_extra_fields(batch)))
+            metrics.update(search_step_metrics(**self._step_trajectories(batch)))
         except Exception:  # noqa: BLE001 - the run matters more than its metrics; say so once
             if not self._search_metrics_failed:
                 logger.exception("verl_search: the search metrics of step %s could not be computed", global_steps)
@@ -75,13 +75,27 @@ class SearchMetricsMixin:
                          "; ".join(f"{a.name} since step {a.step}" for a in watcher.history[-5:]))  # fmt: skip
             self.total_training_steps = global_steps
 
-    def _step_extra_fields(self, batch) -> list:  # noqa: ANN001
-        """Each real (not padding) trajectory's ``extra_fields`` in the step's TransferQueue batch."""
+    def _step_trajectories(self, batch) -> dict[str, Any]:  # noqa: ANN001
+        """The step's real (not padding) trajectories as :func:`search_step_metrics` reads them: each one's
+        ``extra_fields``, response length and loop timings from the TransferQueue batch, and verl's character limit
+        on tool results."""
         import transfer_queue as tq
 
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
-        fields = data.pop("extra_fields").tolist()
-        return [f for f, tag in zip(fields, batch.tags, strict=True) if not tag.get("is_padding", False)]
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=_STEP_FIELDS)
+        real = [not tag.get("is_padding", False) for tag in batch.tags]
+        fields, timings = (data.pop(name).tolist() for name in _STEP_FIELDS)
+        multi_turn = self.config.actor_rollout_ref.rollout.multi_turn
+        return {
+            "extra_fields": [f for f, keep in zip(fields, real, strict=True) if keep],
+            "timings": [t for t, keep in zip(timings, real, strict=True) if keep],
+            "response_lens": [tag.get("response_len") for tag, keep in zip(batch.tags, real, strict=True) if keep],
+            "max_result_chars": multi_turn.get("max_tool_response_length"),
+        }
+
+
+#: what the step's metrics read of each trajectory in verl's TransferQueue: its ``extra_fields`` and its loop's
+#: ``AgentLoopMetrics`` (stored as ``metrics``)
+_STEP_FIELDS = ["extra_fields", "metrics"]
 
 
 def alarm_settings(config: Any) -> AlarmSettings:

@@ -69,6 +69,14 @@ CALL_LATENCIES = "search_call_latencies"
 FAILED_PREFIX = "search_failed_"
 #: seconds a trajectory took from its first token request to its end (recorded by the native loop)
 ROLLOUT_WALL_S = "rollout_wall_s"
+#: where each result was to go in a ``tool_agent`` trajectory (its response tokens when SearchTool was called) and the
+#: result's length in characters: verl's ToolAgentLoop cuts a result to ``max_tool_response_length`` characters and
+#: drops one that does not fit in ``response_length`` whole, ending the trajectory, and says neither
+RESULT_AT = "search_result_at"
+RESULT_CHARS = "search_result_chars"
+#: results the native loop cut at ``response_length`` and the tokens it cut from them
+RESULTS_CUT = "search_results_cut"
+RESULT_TOKENS_CUT = "search_result_tokens_cut"
 
 
 def record_search(fields: dict[str, Any], outcome: SearchOutcome) -> None:
@@ -83,6 +91,14 @@ def record_search(fields: dict[str, Any], outcome: SearchOutcome) -> None:
     if not outcome.ok and outcome.failure:
         key = FAILED_PREFIX + outcome.failure
         fields[key] = fields.get(key, 0) + 1
+
+
+def record_result_place(fields: dict[str, Any], agent_data: Any, text: str) -> None:
+    """Note where a result was to go in a ``tool_agent`` trajectory and how long it is (see ``RESULT_AT``)."""
+    mask = getattr(agent_data, "response_mask", None)
+    if isinstance(mask, list):
+        fields.setdefault(RESULT_AT, []).append(len(mask))
+        fields.setdefault(RESULT_CHARS, []).append(len(text))
 
 
 def failure_text(error: SearchError, config: SearchToolConfig) -> str:
@@ -185,6 +201,7 @@ class SearchTool(BaseTool):
         fields = getattr(kwargs.get("agent_data"), "extra_fields", None)
         if isinstance(fields, dict):
             record_search(fields, outcome)
+            record_result_place(fields, kwargs.get("agent_data"), outcome.text)
         state = self._instances.get(instance_id)
         if state is not None:
             state["calls"] += 1

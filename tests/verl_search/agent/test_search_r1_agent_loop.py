@@ -146,6 +146,22 @@ async def test_response_length_is_never_exceeded(run):
     assert calls[0].sampling_params["max_tokens"] == 64
 
 
+@pytest.mark.parametrize("response_length", [1024, 64])
+async def test_a_result_cut_at_the_response_length_is_counted(run, oracle, response_length):
+    """The loop cuts a result that does not fit in the response: it says so, with the tokens the model missed."""
+    from verl_search.monitor.step_metrics import search_step_metrics
+
+    trajectory, _ = await run(native_search_policy(oracle), response_length=response_length)
+    fields = trajectory.extra_fields
+    assert fields["search_calls"] == 1
+    full = response_length == 1024
+    assert fields["search_results_cut"] == (0 if full else 1)
+    assert (fields["search_result_tokens_cut"] == 0) == full
+    assert full or len(trajectory.response_ids) == 64  # the result filled what was left, and no more
+    m = search_step_metrics([fields], response_lens=[len(trajectory.response_ids)])
+    assert m["search/results_cut_share"] == (0 if full else 1)
+
+
 async def test_agent_loop_yaml_options_are_applied(run, retriever, tmp_path, oracle):
     entries = yaml.safe_load((REPO / "tool_config" / "search_r1_agent.yaml").read_text())
     assert entries[0]["name"] == AGENT

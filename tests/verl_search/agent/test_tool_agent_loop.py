@@ -92,3 +92,38 @@ async def test_tool_records_the_same_trajectory_stats_as_the_native_loop(tool_ag
         assert trajectory.extra_fields["search_calls"] == 1
         assert trajectory.extra_fields["search_failures"] == 0
         assert trajectory.extra_fields["search_latency_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("limits", "dropped", "cut"),
+    [
+        ({}, 0, 0),  # the default limits: every result reaches the model whole
+        ({"max_tool_response_length": 40}, 0, 1),  # verl cuts each result to 40 characters
+        ({"response_length": 64}, 1, 1),  # the tool call fits in 64 tokens, its result does not: verl drops it
+    ],
+)
+async def test_results_verl_cut_or_dropped_are_counted(retriever, tool_yaml, tokenizer_dir, rows, oracle, limits,
+                                                       dropped, cut):  # fmt: skip
+    """verl's ToolAgentLoop says nothing when it cuts a result or drops one that does not fit; the step metrics count
+    both from what SearchTool noted and the trajectory's length."""
+    from verl_search.monitor.step_metrics import search_step_metrics
+
+    result = await run_rows(
+        [rows("who wrote hamlet?", "tool_agent", 0)],
+        policy=tool_call_policy(oracle),
+        tool_config_path=tool_yaml,
+        tokenizer_dir=tokenizer_dir,
+        **limits,
+    )
+    (trajectory,) = result.trajectories
+    assert trajectory.extra_fields["search_calls"] == 1
+    assert ("<tool_response>" in trajectory.response_text) == (dropped == 0)
+    m = search_step_metrics(
+        [trajectory.extra_fields],
+        response_lens=[len(trajectory.response_ids)],
+        timings=[trajectory.metrics],
+        max_result_chars=limits.get("max_tool_response_length", 8192),
+    )
+    assert m["search/results_dropped"] == dropped
+    assert m["search/results_cut_share"] == cut
+    assert 0 < m["search/wait_share"] < 1

@@ -57,6 +57,8 @@ def test_grpo_with_search_trains_validates_checkpoints_and_resumes(
         assert step["search/calls_per_traj/mean"] > 0 and step["search/latency_s/p50"] > 0
         assert 0 <= step["search/answered_share"] <= 1 and 0 <= step["search/wait_share"] <= 1
         assert step["search/alarm_steps"] >= 0
+        # results verl cut or dropped (from the TransferQueue's response lengths; none dropped at these lengths)
+        assert 0 <= step["search/results_cut_share"] <= 1 and step["search/results_dropped"] >= 0
     assert (run_dir / "checkpoints" / "global_step_2" / "actor").is_dir()
 
     with urllib.request.urlopen(f"{real_retriever}/metrics") as response:

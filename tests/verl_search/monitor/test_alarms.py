@@ -114,8 +114,8 @@ def test_the_trainer_ends_the_loop_when_the_watcher_says_stop():
             metrics.update(step(failed=0.9))
 
     class Trainer(SearchMetricsMixin, Base):
-        def _step_extra_fields(self, batch) -> list:
-            return [{"search_calls": 2, "search_failures": 2, "search_failed_timeout": 2}]
+        def _step_trajectories(self, batch) -> dict:
+            return {"extra_fields": [{"search_calls": 2, "search_failures": 2, "search_failed_timeout": 2}]}
 
     config = OmegaConf.create({"trainer": {"v1": {"trainer_mode": "search_sync"}},
                                "search_monitor": {"alarms": {"stop_after": 2}}})  # fmt: skip

@@ -60,3 +60,44 @@ def test_rows_without_our_keys_are_left_out_not_fatal():
     # non-numbers and infinities are ignored
     m = search_step_metrics([{"search_calls": "x", "search_call_latencies": [float("inf"), 0.5]}])
     assert m == {"search/latency_s/p50": 0.5, "search/latency_s/p99": 0.5}
+
+
+def tool_agent_trajectory(places, chars, calls=None) -> dict:
+    """extra_fields as SearchTool leaves a ``tool_agent`` trajectory: where each result was to go and its length."""
+    return {"search_calls": calls if calls is not None else len(places), "search_result_at": places,
+            "search_result_chars": chars}  # fmt: skip
+
+
+def test_results_cut_dropped_or_shortened_are_counted():
+    m = search_step_metrics(
+        [
+            tool_agent_trajectory([10, 60], [300, 300]),  # both fit: the response went on after each
+            tool_agent_trajectory([10, 90], [300, 300]),  # the second was dropped: the response ends where it was to go
+            tool_agent_trajectory([10], [2000]),  # longer than verl's character limit: cut
+            {"search_calls": 3, "search_results_cut": 1, "search_result_tokens_cut": 57},  # the native loop's own count
+        ],
+        response_lens=[120, 90, 200, 512],
+        max_result_chars=1000,
+    )
+    assert m["search/results_dropped"] == 1
+    assert m["search/results_cut_share"] == pytest.approx((1 + 1 + 1) / (2 + 2 + 1 + 3))
+    assert m["search/result_tokens_cut"] == 57
+
+
+def test_results_cut_needs_the_response_lengths_and_is_zero_when_all_fit():
+    rows = [tool_agent_trajectory([10], [300])]
+    assert "search/results_cut_share" not in search_step_metrics(rows)  # no lengths: nothing can be said
+    m = search_step_metrics(rows, response_lens=[50], max_result_chars=None)
+    assert m["search/results_cut_share"] == 0 and m["search/results_dropped"] == 0
+
+
+def test_wait_share_of_a_tool_agent_trajectory_comes_from_its_loop_timings():
+    rows = [tool_agent_trajectory([10], [300]), {"search_calls": 0}, trajectory([0.5], wall=1.0)]
+    timings = [{"generate_sequences": 3.0, "tool_calls": 1.0}, {"generate_sequences": 2.0}, {}]
+    m = search_step_metrics(rows, timings=timings, response_lens=[50, 20, 80])
+    assert m["search/wait_share"] == pytest.approx((0.25 + 0.0 + 0.5) / 3)
+
+
+def test_misaligned_inputs_are_an_error_not_a_silent_shift():
+    with pytest.raises(ValueError):
+        search_step_metrics([{}, {}], response_lens=[1])
