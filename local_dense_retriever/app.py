@@ -134,6 +134,19 @@ def _validate(req: RetrieveBody, config: ServerConfig) -> str | None:
     return None
 
 
+def health_report(state: ServiceState) -> dict:
+    """The body of GET /health (its status code: 200 when ``state.healthy``, else 503)."""
+    body = {"status": state.status, "detail": state.detail}
+    if state.status == "ready" and not state.healthy:
+        problem = state.watchdog.problem or "the batching worker is not running"
+        body = {"status": "stuck", "detail": f"{problem}; restart the server if this lasts"}
+    if state.engine is not None:
+        body["passages"] = len(state.engine.corpus)
+        body["batching"] = state.config.batching
+        body["pages"] = len(state.engine.pages) if state.engine.pages is not None else None
+    return body
+
+
 def create_app(
     config: ServerConfig,
     *,
@@ -260,15 +273,7 @@ def create_app(
     async def health() -> JSONResponse:
         """200 once model, index and corpus are loaded and the service is not stuck; 503 while loading, after a
         failed load, when the batching worker has stopped, or while the watchdog sees the service stuck."""
-        body = {"status": state.status, "detail": state.detail}
-        if state.status == "ready" and not state.healthy:
-            problem = state.watchdog.problem or "the batching worker is not running"
-            body = {"status": "stuck", "detail": f"{problem}; restart the server if this lasts"}
-        if state.engine is not None:
-            body["passages"] = len(state.engine.corpus)
-            body["batching"] = config.batching
-            body["pages"] = len(state.engine.pages) if state.engine.pages is not None else None
-        return JSONResponse(body, status_code=200 if state.healthy else 503)
+        return JSONResponse(health_report(state), status_code=200 if state.healthy else 503)
 
     @app.get("/metrics")
     async def metrics() -> JSONResponse:

@@ -40,35 +40,45 @@ def internal_error(what: str, exc: BaseException, request=None) -> JSONResponse:
                           request)  # fmt: skip
 
 
+async def read_body(receive, limit: int, timeout: float) -> tuple[bytes | None, str | None]:
+    """A request's whole body from ASGI ``receive``: (body, None), or (None, reason) with reason 'too_large',
+    'timeout' or 'disconnected'."""
+    chunks: list[bytes] = []
+    size = 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        left = deadline - loop.time()
+        if left <= 0:
+            return None, "timeout"
+        try:
+            message = await asyncio.wait_for(receive(), left)
+        except asyncio.TimeoutError:
+            return None, "timeout"
+        if message["type"] == "http.disconnect":
+            return None, "disconnected"
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None, "too_large"
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks), None
+
+
+def body_problem(problem: str, limit: int, timeout: float) -> tuple[int, str, str]:
+    """(status, error kind, detail) of the answer to a body ``read_body`` refused as too large or too slow."""
+    return {
+        "too_large": (413, "body_too_large", f"request body exceeds {limit} bytes"),
+        "timeout": (408, "body_timeout", f"request body not received within {timeout:g} s"),
+    }[problem]
+
+
 class GuardPostBodies:
     """Wraps the app for POST requests to ``paths``."""
 
     def __init__(self, app, state, paths: tuple[str, ...] = ("/retrieve", "/access")) -> None:
         self.app, self.state, self.paths = app, state, paths
-
-    async def _read_body(self, receive, limit: int, timeout: float) -> tuple[bytes | None, str | None]:
-        """(body, None), or (None, reason) with reason 'too_large', 'timeout' or 'disconnected'."""
-        chunks: list[bytes] = []
-        size = 0
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            left = deadline - loop.time()
-            if left <= 0:
-                return None, "timeout"
-            try:
-                message = await asyncio.wait_for(receive(), left)
-            except asyncio.TimeoutError:
-                return None, "timeout"
-            if message["type"] == "http.disconnect":
-                return None, "disconnected"
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                return None, "too_large"
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks), None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["path"] not in self.paths or scope["method"] != "POST":
@@ -94,16 +104,13 @@ class GuardPostBodies:
         if declared.isdigit() and int(declared) > config.max_body_bytes:
             body, problem = None, "too_large"
         else:
-            body, problem = await self._read_body(receive, config.max_body_bytes, config.body_timeout_s)
+            body, problem = await read_body(receive, config.max_body_bytes, config.body_timeout_s)
         try:
             if problem == "disconnected":
                 status = CLIENT_CLOSED
                 return
             if problem is not None:
-                status_code, kind, detail = {
-                    "too_large": (413, "body_too_large", f"request body exceeds {config.max_body_bytes} bytes"),
-                    "timeout": (408, "body_timeout", f"request body not received within {config.body_timeout_s:g} s"),
-                }[problem]
+                status_code, kind, detail = body_problem(problem, config.max_body_bytes, config.body_timeout_s)
                 scope["state"]["error"] = kind
                 response = error_response(status_code, kind, detail)
                 if problem == "timeout":

@@ -11,7 +11,8 @@
 # SERVE=1 deploys the same server as a Ray Serve application (python -m local_dense_retriever.serve) into the Ray
 # cluster at RAY_ADDRESS (empty: a local Ray instance that lives as long as the command): REPLICAS replicas (or
 # MIN_REPLICAS..MAX_REPLICAS autoscaled), REPLICA_CPUS and REPLICA_GPUS each, at most REPLICAS_PER_NODE per node,
-# SHARDS > 1 splits the flat index; HOST:PORT is Serve's proxy (one on every node with a replica).
+# SHARDS > 1 splits the flat index, GATEWAYS > 0 puts gateways in front that retry a request whose replica died;
+# HOST:PORT is Serve's proxy (one on every node with a replica).
 #
 # Extra arguments are passed to local_dense_retriever/retrieval_server.py (e.g. --max_batch_size 512).
 # The last line printed is RETRIEVER_URL=http://HOST:PORT; the server keeps running (stop it with the printed kill).
@@ -47,6 +48,8 @@ REPLICA_CPUS="${REPLICA_CPUS:-1}"
 # GPUs per replica; 0 keeps the replicas off the GPUs (Ray hides them from the replica)
 REPLICA_GPUS="${REPLICA_GPUS:-0}"
 SHARDS="${SHARDS:-1}"
+# gateways in front of the replicas: 1+ retries a request whose replica dies mid-flight (one more Serve hop per request)
+GATEWAYS="${GATEWAYS:-0}"
 LOG_FILE="$(vs_abs "${LOG_FILE:-retriever-${PORT}.log}")"
 # loading the 60 GB wiki-18 index from disk takes minutes; the embedded default takes seconds
 STARTUP_TIMEOUT="${STARTUP_TIMEOUT:-3600}"
@@ -71,7 +74,8 @@ SERVER_ARGS+=("$@")
 SERVER_CMD=("$PYTHON" "${VS_REPO_DIR}/local_dense_retriever/retrieval_server.py")
 if [[ "$SERVE" == 1 ]]; then
     SERVER_CMD=("$PYTHON" -m local_dense_retriever.serve --num_replicas "$REPLICAS" --num_cpus "$REPLICA_CPUS"
-        --num_gpus "$REPLICA_GPUS" --shards "$SHARDS" --startup_timeout_s "$STARTUP_TIMEOUT")
+        --num_gpus "$REPLICA_GPUS" --shards "$SHARDS" --gateway_replicas "$GATEWAYS"
+        --startup_timeout_s "$STARTUP_TIMEOUT")
     [[ -z "$RAY_ADDRESS" ]] || SERVER_CMD+=(--address "$RAY_ADDRESS")
     [[ -z "$REPLICAS_PER_NODE" ]] || SERVER_CMD+=(--replicas_per_node "$REPLICAS_PER_NODE")
     if [[ -n "$MIN_REPLICAS$MAX_REPLICAS" ]]; then

@@ -37,6 +37,14 @@ class ServeOptions(BaseModel):
         description="GPUs per replica: 0 leaves the training GPUs alone; a fraction (e.g. 0.1) shares one with "
         "training.",
     )
+    gateway_replicas: int = Field(
+        default=0,
+        ge=0,
+        description="Gateways in front of the replicas: a request whose replica dies mid-flight is retried once on "
+        "another (zero lost requests), at one more Serve hop per request (they reserve no CPU; see the README for "
+        "its cost). 0: the replicas take HTTP themselves, and a request caught by a dying replica gets Serve's 500. "
+        "/health and /metrics cover every replica either way.",
+    )
     shards: int = Field(
         default=1, ge=1, description="Split the flat index into this many contiguous shards (1 = no sharding)."
     )
