@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 import threading
+import time
 
 import httpx
 import pytest
@@ -192,10 +193,10 @@ def test_overload_answers_429_and_engine_failure_500_then_recovers(engine, steer
             t = threading.Thread(target=lambda i=i: blocked.append(post(srv, {"queries": [f"item{i}"]})))
             t.start()
             blocked.append(t)
-        deadline = 100
-        while httpx.get(f"{srv.url}/metrics").json()["queue_depth"] < 2 and deadline:
+        deadline = time.monotonic() + 60  # a loaded machine may start the three client threads slowly
+        while httpx.get(f"{srv.url}/metrics").json()["queue_depth"] < 2 and time.monotonic() < deadline:
             threading.Event().wait(0.05)
-            deadline -= 1
+        assert httpx.get(f"{srv.url}/metrics").json()["queue_depth"] == 2, "the queue never filled"
         r = post(srv, {"queries": ["one more"]})
         assert r.status_code == 429 and r.json()["error"] == "overloaded"
         assert r.headers["retry-after"]
