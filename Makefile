@@ -21,7 +21,7 @@ TRAIN_INSTALL := install
 TRAIN_ROLLOUT :=
 endif
 
-.PHONY: install test test-all demo demo-model demo-scripted train train-quick lint format bench bench-tool bench-retriever \
+.PHONY: install test test-all demo demo-model demo-scripted train train-quick train-seeds lint format bench bench-tool bench-retriever \
 	bench-retriever-quick bench-encoder clean lock install-gpu
 
 install: $(STAMP)
@@ -62,6 +62,14 @@ train: $(TRAIN_INSTALL)
 
 train-quick: $(TRAIN_INSTALL)
 	$(TRAIN_PY) -m verl_search.train --quick --out runs/train-quick $(TRAIN_ROLLOUT) $(TRAIN_ARGS)
+
+# make train once per seed of SEEDS (runs/seed<N>, all from the machine's cached base model), then the table over them
+# (mean, spread, how many gained +0.10) and the curves with a band from the lowest to the highest run: runs/seeds/
+SEEDS ?= 0 1 2 3 4
+train-seeds: $(TRAIN_INSTALL)
+	for s in $(SEEDS); do $(TRAIN_PY) -m verl_search.train --out runs/seed$$s --seed $$s $(TRAIN_ROLLOUT) $(TRAIN_ARGS) \
+		|| exit 1; done
+	$(TRAIN_PY) -m verl_search.train.seeds $(foreach s,$(SEEDS),runs/seed$(s)) --out runs/seeds
 
 lint: install
 	$(VENV)/bin/ruff check verl_search local_dense_retriever data_preprocess benchmarks tests
