@@ -86,7 +86,8 @@ def test_two_replicas_answer_through_one_address_as_one_service(replicated, conf
     assert replicated == f"http://127.0.0.1:{config.port}"
     assert running_replicas() == 2
     # /health is the fleet's: the single server's body, for every replica
-    health = fleet(replicated, "/health", lambda h: len(h.get("replicas", [])) == 2)
+    # (a replica reports "loading" until its app has started: wait for both to say ready)
+    health = fleet(replicated, "/health", lambda h: [r["status"] for r in h.get("replicas", [])] == ["ready"] * 2)
     assert health["status"] == "ready" and health["passages"] == 300
     assert health["detail"].startswith("2 of 2 replicas ready")
     assert [r["status"] for r in health["replicas"]] == ["ready", "ready"]

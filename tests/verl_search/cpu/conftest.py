@@ -126,6 +126,12 @@ def _shm_segments() -> set[Path]:
     return set(SHM.glob("psm_*")) if SHM.is_dir() else set()
 
 
+#: verl 0.9.1 picks torch.distributed's master port by binding port 0, closing it and handing the number to its
+#: workers, which bind it again later: another process can take the port in between, and the worker group's init
+#: fails with this. A launch that failed so, before any training, is started once more.
+PORT_RACE = "EADDRINUSE"
+
+
 def _launch(
     run_dir: Path,
     env: dict[str, str],
@@ -137,6 +143,18 @@ def _launch(
     """``run_scripts/<script>`` (the CPU run, or ``eval_search.sh`` with ``DEVICE=cpu``) for ``total_steps`` in its
     own process group (Ray's and vLLM's processes end with it), its metrics in ``run_dir/metrics-<total_steps>.jsonl``
     and its output beside ``run_dir``."""
+    metrics = run_dir / f"metrics-{total_steps}.jsonl"
+    result = _launch_once(run_dir, env, total_steps, *overrides, timeout=timeout, script=script)
+    trained = metrics.is_file() and metrics.read_text().strip()
+    if result.returncode != 0 and PORT_RACE in result.stdout and not trained:
+        metrics.unlink(missing_ok=True)
+        result = _launch_once(run_dir, env, total_steps, *overrides, timeout=timeout, script=script)
+    return result
+
+
+def _launch_once(
+    run_dir: Path, env: dict[str, str], total_steps: int, *overrides: str, timeout: float, script: str
+) -> subprocess.CompletedProcess:
     before = _shm_segments()
     full_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CUDA_VISIBLE_DEVICES")}
     full_env.update(env, PYTHON=sys.executable, RUN_DIR=str(run_dir), TOTAL_STEPS=str(total_steps))
