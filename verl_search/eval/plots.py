@@ -136,7 +136,8 @@ def _draw(ax, steps: dict[int, dict[str, float]], panel: Panel) -> None:
         ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
 
 
-def _save(fig, path: Path) -> Path:
+def save_png(fig, path: Path) -> Path:
+    """Write ``fig`` to ``path`` as PNG, atomically (its folder is created)."""
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     return path
@@ -160,7 +161,7 @@ def plot_training(
     for panel in panels:
         fig, ax = plt.subplots(figsize=(5, 3.4))
         _draw(ax, steps, panel)
-        written.append(_save(fig, Path(out_dir) / panel.filename))
+        written.append(save_png(fig, Path(out_dir) / panel.filename))
         plt.close(fig)
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     for ax, panel in zip(axes.flat, panels, strict=False):
@@ -168,6 +169,6 @@ def plot_training(
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    written.append(_save(fig, Path(out_dir) / overview))
+    written.append(save_png(fig, Path(out_dir) / overview))
     plt.close(fig)
     return written

@@ -101,7 +101,7 @@ def plot_band(runs: Sequence[SeedRun], out: Path, title: str = "") -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from verl_search.eval.plots import read_metrics
+    from verl_search.eval.plots import read_metrics, save_png
 
     per_run = [read_metrics(r.metrics) for r in runs]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
@@ -123,10 +123,7 @@ def plot_band(runs: Sequence[SeedRun], out: Path, title: str = "") -> Path:
         ax.grid(alpha=0.3)
     fig.suptitle(title or f"GRPO over {len(runs)} runs ({', '.join(r.name for r in runs)})", fontsize=10)
     fig.tight_layout()
-    path = Path(out) / "training_curves_seeds.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
+    path = save_png(fig, Path(out) / "training_curves_seeds.png")
     plt.close(fig)
     return path
 
