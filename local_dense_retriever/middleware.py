@@ -13,6 +13,8 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
+from typing import Any
 
 from fastapi.responses import JSONResponse
 
@@ -129,40 +131,45 @@ class GuardPostBodies:
     async def _run_until_disconnect(self, scope, body: bytes, receive, send) -> None:
         """Run the app on ``body``; cancel it if the client disconnects before the app has answered."""
         replayed = False
-        disconnected = asyncio.Event()
 
         async def replay():
             nonlocal replayed
             if not replayed:
                 replayed = True
                 return {"type": "http.request", "body": body, "more_body": False}
-            await disconnected.wait()
-            return {"type": "http.disconnect"}
+            await asyncio.Future()  # the body is all there is: the app waits here until it is cancelled
+            raise AssertionError("unreachable")
 
-        app_task = asyncio.ensure_future(self.app(scope, replay, send))
+        await until_disconnect(self.app(scope, replay, send), receive)
 
-        async def watch() -> None:
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    disconnected.set()
-                    app_task.cancel()
-                    return
 
-        watcher = asyncio.ensure_future(watch())
-        try:
-            await asyncio.wait({app_task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if not app_task.done():
-                with contextlib.suppress(asyncio.CancelledError):
-                    await app_task
-            elif not app_task.cancelled():
-                app_task.result()
-        finally:
-            watcher.cancel()
-            if not app_task.done():
-                app_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await watcher
+async def until_disconnect(work: Awaitable[Any], receive) -> Any:
+    """``work``'s result, or None when the client disconnects first (``work`` is then cancelled and awaited).
+
+    ``receive`` is the request's ASGI receive with the body already read. Should reading it fail, ``work`` still runs
+    to its end. An error ``work`` raises is raised here.
+    """
+    task = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                return await task
+            return None
+        return None if task.cancelled() else task.result()
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await watcher
 
 
 def _raw_json(status: int, reason: str, error: str, detail: str) -> bytes:

@@ -11,15 +11,19 @@ itself is an ``ErrorResponse`` JSON body; a client that hangs up cancels its req
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from local_dense_retriever.config import ServerConfig
-from local_dense_retriever.middleware import body_problem, error_response, internal_error, read_body
+from local_dense_retriever.middleware import (
+    body_problem,
+    error_response,
+    internal_error,
+    read_body,
+    until_disconnect,
+)
 from local_dense_retriever.serve.asgi_call import ForwardedRequest, ForwardedResponse
 
 logger = logging.getLogger(__name__)
@@ -103,7 +107,7 @@ class GatewayApp:
             return
         request = ForwardedRequest(scope["method"], scope["path"], scope.get("query_string", b""),
                                    list(scope.get("headers", [])), body)  # fmt: skip
-        answer = await self._until_disconnect(forward_with_retry(self.forward, request, self.counters), receive)
+        answer = await until_disconnect(forward_with_retry(self.forward, request, self.counters), receive)
         if answer is None:
             self.counters.client_closed_total += 1
         elif isinstance(answer, ForwardedResponse):
@@ -111,29 +115,6 @@ class GatewayApp:
             await send({"type": "http.response.body", "body": answer.body})
         else:
             await answer(scope, receive, send)
-
-    @staticmethod
-    async def _until_disconnect(work: Awaitable[Any], receive) -> Any:
-        """``work``'s result, or None (and ``work`` cancelled) when the client disconnects first."""
-        task = asyncio.ensure_future(work)
-
-        async def disconnected() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-
-        watcher = asyncio.ensure_future(disconnected())
-        try:
-            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if task.done():
-                return task.result()
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            return None
-        finally:
-            watcher.cancel()
-            if not task.done():
-                task.cancel()
 
     def report(self) -> dict:
         """What this gateway posts to the board."""
