@@ -147,6 +147,12 @@ def health_report(state: ServiceState) -> dict:
     return body
 
 
+def replica_report(state: ServiceState) -> dict:
+    """What one server of a fleet tells the others (local_dense_retriever.serve): its /health body, whether it is
+    healthy, and its /metrics body."""
+    return {"health": health_report(state), "healthy": state.healthy, "metrics": state.metrics.snapshot()}
+
+
 def create_app(
     config: ServerConfig,
     *,

@@ -15,7 +15,7 @@ import logging
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from local_dense_retriever.app import create_app, health_report
+from local_dense_retriever.app import create_app, replica_report
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.engine import load_engine
 from local_dense_retriever.serve.asgi_call import ForwardedRequest, ForwardedResponse, call_asgi
@@ -62,8 +62,7 @@ class Retriever:
 
     def report(self) -> dict:
         """What this replica posts to the board: its /health body, whether it is healthy, its /metrics body."""
-        state = self._service.state.service
-        return {"health": health_report(state), "healthy": state.healthy, "metrics": state.metrics.snapshot()}
+        return replica_report(self._service.state.service)
 
     def check_health(self) -> None:
         """Serve replaces a replica whose check raises (or does not answer within its timeout, as a replica whose

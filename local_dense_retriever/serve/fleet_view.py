@@ -14,6 +14,10 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from fastapi.responses import JSONResponse
+
+from local_dense_retriever.middleware import error_response
+
 logger = logging.getLogger(__name__)
 
 #: what the fleet's /health says before any replica has reported (its status code is 503)
@@ -98,10 +102,6 @@ class FleetViewApp:
         if scope["type"] != "http" or scope["method"] != "GET" or scope["path"] not in ("/health", "/metrics"):
             await self.app(scope, receive, send)
             return
-        from fastapi.responses import JSONResponse
-
-        from local_dense_retriever.middleware import error_response
-
         try:
             reports = await self.read_board()
         except Exception as e:  # noqa: BLE001 - the board's replica is being replaced: say so, as JSON

@@ -15,7 +15,7 @@ pytest.importorskip("ray")
 
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError  # noqa: E402
 
-from local_dense_retriever.app import create_app, health_report  # noqa: E402
+from local_dense_retriever.app import create_app, replica_report  # noqa: E402
 from local_dense_retriever.config import ServerConfig  # noqa: E402
 from local_dense_retriever.serve.asgi_call import call_asgi  # noqa: E402
 from local_dense_retriever.serve.fleet_view import FleetViewApp  # noqa: E402
@@ -48,8 +48,7 @@ class Fleet:
             raise
 
     async def read_board(self) -> dict:
-        state = self.replica.state.service
-        report = {"health": health_report(state), "healthy": state.healthy, "metrics": state.metrics.snapshot()}
+        report = replica_report(self.replica.state.service)
         return {"retriever": {"r1": {**report, "age_s": 0.5}}, "gateway": {}}
 
     async def __call__(self, scope, receive, send) -> None:
