@@ -21,7 +21,7 @@ TRAIN_INSTALL := install
 TRAIN_ROLLOUT :=
 endif
 
-.PHONY: install test test-all demo demo-model demo-scripted train train-quick train-seeds lint format bench bench-tool bench-retriever \
+.PHONY: install test test-all demo demo-model demo-scripted train train-quick train-seeds base-model lint format bench bench-tool bench-retriever \
 	bench-retriever-quick bench-encoder clean lock install-gpu
 
 install: $(STAMP)
@@ -42,10 +42,17 @@ test-all: install
 	$(PY) -m pytest -m "not gpu" -q $(PYTEST_ARGS)
 
 # A real tiny model rolling out with our tool and loop and trained by GRPO through verl's own trainer: `make train`'s
-# warm start (its base model built once per machine, cached under ~/.cache/verl_search/base_models and shared with
-# `make train`; the SFT model cached under .cache/demo), then 6 GRPO steps, redone every run.
+# warm start (its base model the one shipped in verl_search/train/shipped_base_model, see `make base-model`; the SFT
+# model cached under .cache/demo), then 6 GRPO steps, redone every run.
 demo: $(TRAIN_INSTALL)
 	$(TRAIN_PY) -m verl_search.train --demo --out .cache/demo $(TRAIN_ROLLOUT) $(TRAIN_ARGS)
+
+# The base model shipped in verl_search/train/shipped_base_model/ (what make demo and make train start from instead of
+# 10-17 minutes of pre-training): build it from the code (.cache/base-model, reused) and compare it with the shipped
+# one, by weights where this CPU gives the same floats, else by held-out score; UPDATE=1 ships the rebuild.
+UPDATE ?=
+base-model: install
+	$(PY) -m verl_search.train.shipped_base --out .cache/base-model $(if $(filter 1,$(UPDATE)),--update)
 
 # The former name of `make demo`.
 demo-model: demo

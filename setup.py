@@ -91,7 +91,7 @@ setup(
     packages=find_packages(
         include=["verl_search", "verl_search.*", "local_dense_retriever", "local_dense_retriever.*"]
     ),
-    package_data={"verl_search": ["py.typed"]},
+    package_data={"verl_search": ["py.typed", "train/shipped_base_model/*.json", "train/shipped_base_model/base_model/*"]},
     cmdclass={"build_py": BuildWithShippedFiles},
     install_requires=CORE,
     extras_require=EXTRAS,

@@ -25,7 +25,8 @@ FILE_NAME = "encoder_precision_probes.json"
 FORMAT = 1
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or "unknown cpu"."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -38,7 +39,7 @@ def _cpu_model() -> str:
 
 def probe_key(model_name_or_path: str | Path, model_config: str, flags: list[str]) -> str:
     """What a probe's result depends on, hashed."""
-    parts = [str(model_name_or_path), model_config, _cpu_model(), "+".join(sorted(flags)), torch.__version__,
+    parts = [str(model_name_or_path), model_config, cpu_model(), "+".join(sorted(flags)), torch.__version__,
              str(torch.get_num_threads())]  # fmt: skip
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 

@@ -76,18 +76,25 @@ def _copy_stage(config: TrainConfig, initial: Stage, out: Path) -> Stage:
     return Stage("copy and language pre-training", out / "pretrain_copy", key, build, legacy_seconds("config.json"))
 
 
-def trajectory_rows(config: TrainConfig, settings: RowSettings, tokenizer, cache_dir: Path) -> list[tuple]:
-    """``(ids, loss mask)`` of every other-world trajectory, laid out as the native SFT rows are."""
+def world_rows(config: TrainConfig, settings: RowSettings, tokenizer, world_seed: int, cache_dir: Path) -> list[tuple]:
+    """``(ids, loss mask)`` of every oracle trajectory of toy world ``world_seed`` (``pretrain.task_passages``
+    passages), laid out as the native SFT rows are."""
     from verl_search.train.other_worlds import oracle_trajectories
     from verl_search.train.sft_dataset import native_token_layout
 
-    p, rows = config.pretrain, []
-    for offset in range(1, p.task_worlds + 1):
-        seed = config.world.world_seed + offset
-        for t in oracle_trajectories(seed, p.task_passages, config.search.max_result_chars, cache_dir):
-            row = sft_row(t, "native", settings, hop_source(t.hops))
-            prompt = [m for m in row["messages"] if m["role"] != "assistant"]
-            rows.append(native_token_layout(tokenizer, prompt, row["segments"]))
+    rows = []
+    for t in oracle_trajectories(world_seed, config.pretrain.task_passages, config.search.max_result_chars, cache_dir):
+        row = sft_row(t, "native", settings, hop_source(t.hops))
+        prompt = [m for m in row["messages"] if m["role"] != "assistant"]
+        rows.append(native_token_layout(tokenizer, prompt, row["segments"]))
+    return rows
+
+
+def trajectory_rows(config: TrainConfig, settings: RowSettings, tokenizer, cache_dir: Path) -> list[tuple]:
+    """``(ids, loss mask)`` of every trajectory the base model trains on: worlds ``world_seed + 1`` onwards."""
+    rows = []
+    for offset in range(1, config.pretrain.task_worlds + 1):
+        rows += world_rows(config, settings, tokenizer, config.world.world_seed + offset, cache_dir)
     return rows
 
 
@@ -109,8 +116,9 @@ def base_stage(config: TrainConfig, rows: RowSettings, out: Path) -> Stage:
         from transformers import AutoTokenizer
 
         logger.info(
-            "building the base model: the longest stage (about 10 min on 2 CPU cores at the defaults), once per "
-            "machine: later runs with the same base-model settings restore it (verl_search.train.base_cache)"
+            "building the base model: the longest stage (10-17 min on 2 CPU cores), once per machine for these "
+            "settings (the defaults' is shipped in the repository): later runs with the same base-model settings "
+            "restore it (verl_search.train.base_cache)"
         )
         copied.ensure()
         tokenizer = AutoTokenizer.from_pretrained(copied.folder)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from verl_search.atomic import atomic_path
 from verl_search.eval.report import write_report
-from verl_search.train import base_cache
+from verl_search.train import base_cache, shipped_base
 from verl_search.train.base_model import build_base_model, initial_stage
 from verl_search.train.config import TrainConfig
 from verl_search.train.data_stage import data_key, prepare_data, row_settings
@@ -74,6 +74,8 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
         data = prepare_data(config, url, out / "data")
         settings = row_settings(config, data.tool_yaml)
         restored = base_cache.restore(config, settings, out)  # a base model built by another run folder on this machine
+        if restored is None and shipped_base.restore(config, settings, out):  # else the repository's, when it fits
+            restored = shipped_base.SHIPPED
         model0 = initial_stage(config, settings, out)
         model0.ensure()
         seconds["data_and_initial_model"] = time.monotonic() - t
