@@ -189,5 +189,11 @@ def _build_data(config: TrainConfig, tool_yaml: Path, data_dir: Path) -> dict[st
     }
     with atomic_path(data_dir / "data_stats.json") as tmp:
         tmp.write_text(json.dumps(stats, indent=2), encoding="utf-8")
-    logger.info("data: %s", stats)
+    q, skipped = stats["questions"], sum(report.skipped.values())
+    logger.info(
+        "data: %d SFT, %d RL and %d held-out questions; SFT: %d searched, %d answered from memory, %d skipped "
+        "(details: %s)",
+        q.get("sft", 0), q.get("rl", 0), q.get("eval", 0), report.built, len(direct), skipped,
+        data_dir / "data_stats.json",
+    )  # fmt: skip
     return stats

@@ -20,10 +20,11 @@ from pathlib import Path
 from verl_search.atomic import atomic_path
 from verl_search.eval.report import write_report
 from verl_search.train import base_cache, shipped_base
-from verl_search.train.base_model import build_base_model, initial_stage
+from verl_search.train.base_model import base_stage, build_base_model, initial_stage
 from verl_search.train.config import TrainConfig
 from verl_search.train.data_stage import data_key, prepare_data, row_settings
 from verl_search.train.processes import retriever
+from verl_search.train.progress import PACE, Progress, base_model_seconds, grpo_seconds, sft_seconds, stage_count
 from verl_search.train.run_settings import check_and_record
 from verl_search.train.stage import digest
 from verl_search.train.stages import GRPORun, run_grpo, run_sft
@@ -56,6 +57,18 @@ def _report(run: GRPORun, val_data: Path) -> Path:
     return run.val_dir / "report.md"
 
 
+def _announce_base_model(progress: Progress, config: TrainConfig, rows, out: Path, restored: Path | None) -> None:
+    if not config.pretrain.enabled:
+        progress.stage("base model", "none, SFT starts from the random initial model", None)
+    elif restored is not None:
+        progress.stage("base model", f"restored from {restored}", None)
+    elif base_stage(config, rows, out).done() is not None:
+        progress.stage("base model", f"built before in {out / 'base_model'}", None)
+    else:
+        what = "pre-training on other toy worlds (copying, language, search trajectories), once per machine"
+        progress.stage("base model", what, base_model_seconds(config))
+
+
 def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult:
     """Run every stage (see the module docstring); raises StageError naming the stage that failed. ``redo_grpo``:
     delete a finished GRPO stage first (``make demo``), once the folder's settings are checked."""
@@ -68,6 +81,12 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
     logs = out / "logs"
     seconds: dict[str, float] = {}
     started = time.monotonic()
+    progress = Progress(stage_count(config))
+    if config.retriever_url is None:
+        what, expected = "the toy world's MiniLM index and retriever on 127.0.0.1", PACE.retriever_start + PACE.data
+    else:
+        what, expected = f"the retriever at {config.retriever_url}", PACE.data
+    progress.stage("retriever and data", what + ", the question splits, the SFT trajectories", expected)
     with retriever(config.retriever_url, config.world.passages, logs / "retriever.log") as url:
         seconds["retriever_start"] = time.monotonic() - started
         t = time.monotonic()
@@ -76,6 +95,7 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
         restored = base_cache.restore(config, settings, out)  # a base model built by another run folder on this machine
         if restored is None and shipped_base.restore(config, settings, out):  # else the repository's, when it fits
             restored = shipped_base.SHIPPED
+        _announce_base_model(progress, config, settings, out, restored)
         model0 = initial_stage(config, settings, out)
         model0.ensure()
         seconds["data_and_initial_model"] = time.monotonic() - t
@@ -85,12 +105,18 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
         cached = restored or base_cache.store(config, settings, out)
         # what the SFT and GRPO stages build on, by key: the data stage's and the base model's (the cache's key)
         inputs = {"data": digest(data_key(config)), "base_model": base_cache.base_key(config, settings)}
+        sft_rows = data.stats.get("sft_trajectories", 0) + data.stats.get("sft_answered_without_search", 0)
+        what = f"verl's SFT trainer on {sft_rows} trajectories, {config.sft.epochs} epoch(s)"
+        progress.stage("SFT warm start", what, sft_seconds(sft_rows, config, config.sft.epochs))
         sft_model, seconds["sft"] = run_sft(config, data.sft, model0, out / "sft", config.sft.epochs, inputs)
         results: list[StageResult] = []
         artifacts: dict[str, str] = {"sft_model": str(sft_model)}
         if cached:
             artifacts["base_model_cache"] = str(cached)
         if config.baseline:
+            rows = config.world.sft_questions
+            expected = sft_seconds(rows, config, config.sft.baseline_epochs) + grpo_seconds(config, val_only=True)
+            progress.stage("no-search baseline", "SFT on answers only, then its held-out evaluation", expected)
             base_model, seconds["sft_answer_only"] = run_sft(
                 config, data.baseline_sft, model0, out / "sft_answer_only", config.sft.baseline_epochs, inputs
             )
@@ -103,6 +129,12 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
             what = "SFT on answers only (no search turns)"
             results.append(stage_result("no-search baseline", what, base.val_dir, data.eval))
             artifacts["answer_only_model"] = str(base_model)
+        g = config.grpo
+        what = (
+            f"verl's main_ppo, {g.steps} steps of {g.batch_size} questions x {g.rollout_n} samples ({g.rollout}), the "
+            f"{config.world.eval_questions} held-out questions validated every {g.test_freq} steps and at step 0"
+        )
+        progress.stage("GRPO", what, grpo_seconds(config))
         grpo_inputs = {**inputs, "model": "sft", "sft": config.sft.model_dump(mode="json")}
         grpo = run_grpo(config, sft_model, data.rl, data.eval, data.tool_yaml, out / "grpo", key=grpo_inputs)
         seconds["grpo"] = grpo.seconds

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,9 @@ def test_quick_pipeline_writes_every_artifact(tmp_path):
     assert [r["stage"] for r in summary["results"]] == ["no-search baseline", "after SFT", "after GRPO"]
     assert all(r["n"] == 8 for r in summary["results"])
     assert "| after GRPO |" in process.stdout  # the table is printed
+    stages = re.findall(r"\[(\d)/5\] ([a-zA-Z -]+):", process.stderr)  # the line before each stage
+    names = ["retriever and data", "base model", "SFT warm start", "no-search baseline", "GRPO"]
+    assert stages == [(str(i), name) for i, name in enumerate(names, 1)]
     assert "after GRPO" in (out / "summary.md").read_text()
     cached = list((tmp_path / "cache" / "base_models").glob("*/base_model/model.safetensors"))
     assert len(cached) == 1  # the next run folder on this machine starts from it
