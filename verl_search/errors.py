@@ -32,6 +32,7 @@
     ├── train.processes.StageError (RuntimeError)      a ``make train`` stage failed or left no output
     ├── train.run_settings.SettingsMismatch (ValueError)  the run folder was built with other settings
     ├── train.seeds.SeedRunError (ValueError)          a folder given to ``train.seeds`` is not a finished run
+    ├── train.shipped_base.ShippedBaseError            the shipped base model is not what the code builds
     └── train.sft_data.TrajectoryError (ValueError)    an SFT trajectory cannot be built faithfully
 
 Branches outside this module are declared beside the code that raises them (paths relative to ``verl_search``);

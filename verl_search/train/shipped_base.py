@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -43,8 +44,9 @@ logger = logging.getLogger(__name__)
 
 SHIPPED = Path(__file__).resolve().parent / "shipped_base_model"
 MANIFEST = "manifest.json"
-#: the modules whose code decides what the base model is (its recipe); their source, less docstrings and comments,
-#: is digested into the manifest
+#: the modules whose code decides what the base model is (its recipe): the stages, the other worlds and their
+#: questions, how a trajectory is rendered and tokenised; their source, less docstrings and comments, is digested
+#: into the manifest (the prompt templates' text and the tool's schemas are in the stage key already)
 RECIPE_MODULES = (
     "verl_search.train.base_model",
     "verl_search.train.pretrain",
@@ -56,8 +58,12 @@ RECIPE_MODULES = (
     "verl_search.train.sft_data",
     "verl_search.train.sft_dataset",
     "verl_search.data.rows",
+    "verl_search.data.templates",
+    "verl_search.protocol",
     "verl_search.tool.formatting",
     "local_dense_retriever.toy.world",
+    "local_dense_retriever.toy.vocab",
+    "local_dense_retriever.toy.questions",
     "local_dense_retriever.toy.corpus",
 )
 #: how many trajectories of the held-out world are scored
@@ -172,12 +178,19 @@ def usable(config: TrainConfig, rows: RowSettings, out: Path, folder: Path = SHI
 
 def restore(config: TrainConfig, rows: RowSettings, out: Path, folder: Path = SHIPPED) -> bool:
     """Copy the shipped base model into the run folder ``out`` when the folder has none and the shipped one is what
-    ``config`` builds, after building the initial model (seconds) and checking that its tokenizer is the shipped
-    one; returns whether it restored."""
+    ``config`` builds with this code (its key and recipe), its weights are the manifest's, and the tokenizer learnt
+    here (the initial model, built first: seconds) is the shipped one; returns whether it restored. Anything else
+    is logged and the run builds its own."""
     if not config.pretrain.enabled or base_stage(config, rows, out).done() is not None:
         return False
     manifest = usable(config, rows, out, folder)
     if manifest is None:
+        return False
+    if recipe_digest() != manifest.recipe:
+        logger.warning("the code that builds the base model changed since the shipped one was built: building it")
+        return False
+    if file_sha256(folder / "base_model" / "model.safetensors") != manifest.weights_sha256:
+        logger.warning("the shipped base model's weights are not the manifest's (%s): building it instead", folder)
         return False
     initial = initial_stage(config, rows, out)
     initial.ensure()
@@ -329,7 +342,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     # force: importing the build's modules has already given the root logger a handler
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
-    comparison, manifest = rebuild(args.out.resolve())
+    try:
+        comparison, manifest = rebuild(args.out.resolve())
+    except ShippedBaseError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     print(f"base model rebuilt in {args.out}: {comparison.describe()}")
     if args.update:
         ship(args.out.resolve() / "base_model", manifest)

@@ -154,6 +154,18 @@ def _showcase_key(row: dict[str, Any]) -> tuple[float, bool, bool, bool]:
     return _em(row), bool(gold_retrieved(row)), named, bool(_RESULT_BLOCK.search(output))
 
 
+def _gold_text(gts: Any) -> str:
+    """The gold answers as a reader wants them: ``A`` or ``A / B`` (verl dumps ``{"target": [...]}``)."""
+    if isinstance(gts, dict):
+        gts = gts.get("target", list(gts.values()))
+    if isinstance(gts, str):
+        return gts
+    try:
+        return " / ".join(str(g) for g in gts)
+    except TypeError:
+        return str(gts)
+
+
 def example_trajectory(val_dir: Path, step: int | None = None) -> str:
     """The validation response of ``step`` (latest when None) that best shows the skill (:func:`_showcase_key`): the
     model's own text with the retrieved blocks as the loop inserted them, and a note when none searched and answered
@@ -166,5 +178,5 @@ def example_trajectory(val_dir: Path, step: int | None = None) -> str:
         note = "\n(the model searched on none of the held-out questions: this answer is from memory)"
     elif not (em and read):
         note = "\n(no held-out answer was both right and read from the retrieved text)"
-    head = f"step {found_step}, question: {_question(row)}\ngold: {row.get('gts')}  EM: {em:.0f}{note}"
+    head = f"step {found_step}, question: {_question(row)}\ngold: {_gold_text(row.get('gts'))}  EM: {em:.0f}{note}"
     return f"{head}\n{row['output']}"

@@ -142,6 +142,21 @@ def test_a_tokenizer_learnt_otherwise_is_not_restored(tmp_path, quick_shipped, c
     assert "tokenizer" in caplog.text and not (run / "base_model").exists()
 
 
+def test_edited_build_code_or_damaged_weights_are_not_restored(tmp_path, quick_shipped, caplog, monkeypatch):
+    config, folder = quick_shipped
+    run = tmp_path / "run"
+    rows = shipped_base._rows_for(config, run)
+    with caplog.at_level(logging.WARNING), monkeypatch.context() as patched:
+        patched.setattr(shipped_base, "recipe_digest", lambda: "an edited pretrain.py")
+        assert not shipped_base.restore(quick_config(run), rows, run, folder)
+    assert "code that builds the base model changed" in caplog.text
+    weights = folder / "base_model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # a checkout cut short
+    with caplog.at_level(logging.WARNING):
+        assert not shipped_base.restore(quick_config(run), rows, run, folder)
+    assert "weights are not the manifest's" in caplog.text and not (run / "base_model").exists()
+
+
 def test_an_unreadable_manifest_is_a_clear_error(tmp_path):
     shutil.copytree(SHIPPED / "base_model", tmp_path / "base_model")
     (tmp_path / "manifest.json").write_text("{not json")

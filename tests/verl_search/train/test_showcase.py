@@ -38,6 +38,7 @@ def test_the_answer_read_from_a_search_for_the_entity_is_shown(tmp_path):
     shown = _dump(tmp_path, [FROM_MEMORY, LUCKY, UNNAMED, WRONG, READ])
     assert shown.startswith("step 6, question: In which country was Zudom Pongrosko born?")
     assert "<search> Zudom Pongrosko </search>" in shown and "(no held-out" not in shown
+    assert "\ngold: Renzesbemia  EM: 1\n" in shown  # the answer, not verl's {"target": [...]} dict
 
 
 def test_a_right_answer_not_read_from_the_results_says_so(tmp_path):
