@@ -27,7 +27,7 @@ from verl_search.train.processes import retriever
 from verl_search.train.progress import PACE, Progress, base_model_seconds, grpo_seconds, sft_seconds, stage_count
 from verl_search.train.run_settings import check_and_record
 from verl_search.train.stage import digest
-from verl_search.train.stages import GRPORun, run_grpo, run_sft
+from verl_search.train.stages import GRPORun, run_grpo, run_sft, sft_stage
 from verl_search.train.summary import Gain, StageResult, as_dicts, paired_gain, render_table, stage_result
 
 logger = logging.getLogger(__name__)
@@ -106,8 +106,12 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
         # what the SFT and GRPO stages build on, by key: the data stage's and the base model's (the cache's key)
         inputs = {"data": digest(data_key(config)), "base_model": base_cache.base_key(config, settings)}
         sft_rows = data.stats.get("sft_trajectories", 0) + data.stats.get("sft_answered_without_search", 0)
-        what = f"verl's SFT trainer on {sft_rows} trajectories, {config.sft.epochs} epoch(s)"
-        progress.stage("SFT warm start", what, sft_seconds(sft_rows, config, config.sft.epochs))
+        if sft_stage(config, data.sft, model0, out / "sft", config.sft.epochs, inputs).done() is not None:
+            progress.stage("SFT warm start", f"built before in {out / 'sft'}", None)
+        else:
+            epochs = f"{config.sft.epochs} epoch" + ("s" if config.sft.epochs > 1 else "")
+            what = f"verl's SFT trainer on {sft_rows} trajectories, {epochs}"
+            progress.stage("SFT warm start", what, sft_seconds(sft_rows, config, config.sft.epochs))
         sft_model, seconds["sft"] = run_sft(config, data.sft, model0, out / "sft", config.sft.epochs, inputs)
         results: list[StageResult] = []
         artifacts: dict[str, str] = {"sft_model": str(sft_model)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from verl_search.train.config import TrainConfig, demo_config
+from verl_search.train.config import GRPOSettings, TrainConfig, demo_config
 from verl_search.train.progress import Progress, base_model_seconds, duration, grpo_seconds, sft_seconds
 
 
@@ -13,9 +13,10 @@ def test_the_demo_stages_are_expected_to_take_what_a_fresh_clone_measured():
     """benchmarks/RESULTS.md: SFT 105 s on 1,382 trajectories, GRPO 214 s, the base model 745 s when built."""
     demo = demo_config(Path("demo"))
     assert duration(sft_seconds(1382, demo, 1)) == "about 2 min"
-    assert 180 <= grpo_seconds(demo) <= 260
+    six_steps = TrainConfig(grpo=GRPOSettings(steps=6, test_freq=6))  # the demo's GRPO until 2026-11-25: 175-218 s
+    assert 180 <= grpo_seconds(six_steps) <= 260
     assert duration(base_model_seconds(TrainConfig())) == "about 12 min"
-    assert grpo_seconds(TrainConfig()) > grpo_seconds(demo)  # 12 steps and three validations against 6 and two
+    assert grpo_seconds(TrainConfig()) > grpo_seconds(demo) > grpo_seconds(six_steps)  # 12, 10 and 6 steps
 
 
 def test_short_and_long_durations_read_naturally():
