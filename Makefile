@@ -43,7 +43,7 @@ test-all: install
 
 # A real tiny model rolling out with our tool and loop and trained by GRPO through verl's own trainer: `make train`'s
 # warm start (its base model the one shipped in verl_search/train/shipped_base_model, see `make base-model`; the SFT
-# model cached under .cache/demo), then 10 GRPO steps, redone every run.
+# model cached under .cache/demo), then 8 GRPO steps, redone every run.
 demo: $(TRAIN_INSTALL)
 	$(TRAIN_PY) -m verl_search.train --demo --out .cache/demo $(TRAIN_ROLLOUT) $(TRAIN_ARGS)
 

@@ -20,7 +20,7 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument(
         "--demo",
         action="store_true",
-        help="make demo: make train's warm start (the shipped base model), then 10 GRPO steps, redone each run",
+        help="make demo: make train's warm start (the shipped base model), then 8 GRPO steps, redone each run",
     )
     p.add_argument("--retriever_url", help="use this retriever instead of starting the embedded default")
     p.add_argument("--grpo_steps", type=int, help="GRPO steps")

@@ -176,8 +176,8 @@ def quick_config(out_dir: Path, retriever_url: str | None = None) -> TrainConfig
 
 def demo_config(out_dir: Path, retriever_url: str | None = None) -> TrainConfig:
     """``make demo``: ``make train``'s warm start (the same base model, the one shipped in the repository, and the
-    same SFT), then 10 GRPO steps evaluated before and after, no baseline; the warm
+    same SFT), then 8 GRPO steps evaluated before and after, no baseline; the warm
     start is reused from ``out_dir``, GRPO is redone every run."""
     return TrainConfig(
-        out_dir=out_dir, retriever_url=retriever_url, grpo=GRPOSettings(steps=10, test_freq=10), baseline=False
+        out_dir=out_dir, retriever_url=retriever_url, grpo=GRPOSettings(steps=8, test_freq=8), baseline=False
     )

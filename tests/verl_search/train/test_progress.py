@@ -16,7 +16,7 @@ def test_the_demo_stages_are_expected_to_take_what_a_fresh_clone_measured():
     six_steps = TrainConfig(grpo=GRPOSettings(steps=6, test_freq=6))  # the demo's GRPO until 2026-11-25: 175-218 s
     assert 180 <= grpo_seconds(six_steps) <= 260
     assert duration(base_model_seconds(TrainConfig())) == "about 12 min"
-    assert grpo_seconds(TrainConfig()) > grpo_seconds(demo) > grpo_seconds(six_steps)  # 12, 10 and 6 steps
+    assert grpo_seconds(TrainConfig()) > grpo_seconds(demo) > grpo_seconds(six_steps)  # 12, 8 and 6 steps
 
 
 def test_short_and_long_durations_read_naturally():

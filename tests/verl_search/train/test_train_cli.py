@@ -19,7 +19,7 @@ def test_grpo_flags_reach_the_settings_and_keep_the_preset(tmp_path: Path) -> No
     config = config_from_args(args)
     assert (config.grpo.steps, config.grpo.lr, config.grpo.rollout_n, config.grpo.temperature) == (7, 5e-4, 3, 0.9)
     assert config.search.no_search_share == 0
-    assert config.grpo.test_freq == 10 and not config.baseline, "the rest of the demo preset is kept"
+    assert config.grpo.test_freq == 8 and not config.baseline, "the rest of the demo preset is kept"
 
 
 @pytest.mark.parametrize(
