@@ -51,6 +51,19 @@ def start_stub() -> tuple[subprocess.Popen, str]:
     return proc, url
 
 
+def against_stub(measure, args: argparse.Namespace) -> dict:
+    """``measure(args, url)`` run against a fresh stub, plus the bare client in a fresh process against the same
+    stub (``bare_fresh_process``, calls/s); the stub is stopped whatever happens."""
+    proc, url = start_stub()
+    try:
+        result = asyncio.run(measure(args, url))
+        result["bare_fresh_process"] = bare_in_fresh_process(url, args.trajectories, args.calls, args.rounds)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    return result
+
+
 def stub_requests(url: str) -> int:
     import urllib.request
 
@@ -164,13 +177,7 @@ def main() -> None:
     )
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
-    proc, url = start_stub()
-    try:
-        result = asyncio.run(main_async(args, url))
-        result["bare_fresh_process"] = bare_in_fresh_process(url, args.trajectories, args.calls, args.rounds)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    result = against_stub(main_async, args)
     print(
         f"# tool overhead — {date.today()} — {platform.node()} {platform.processor() or platform.machine()}, "
         f"{args.trajectories} trajectories x {args.calls} calls, median of {args.rounds} rounds"
