@@ -111,5 +111,8 @@ def test_the_other_async_modes_train_with_search_through_verls_trainer(
     assert sorted(metrics) == [1, 2]
     assert max(m["actor/grad_norm"] for m in metrics.values()) > 0
     for step in metrics.values():
-        assert step["search/calls_per_traj/mean"] > 0 and step["search/failed_share"] == 0
+        assert step["search/calls_per_traj/mean"] > 0
+        # no call failed in the search path; a call the sampled model wrote wrong is its own (invalid_arguments)
+        failed = {k for k, v in step.items() if k.startswith("search/failed/") and v}
+        assert failed <= {"search/failed/invalid_arguments"}, failed
         assert step.get("training/off_policy/trajectory_staleness_worst/max", 0) <= bound

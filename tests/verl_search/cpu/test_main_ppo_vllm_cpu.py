@@ -97,7 +97,10 @@ def test_grpo_with_verls_vllm_rollout_searches_trains_validates_checkpoints_and_
     # The model's own searches reached the retriever, at every step, and the answers differed within groups.
     assert _requests_total(real_retriever) > searched_before
     for step in metrics.values():
-        assert step["search/calls_per_traj/mean"] > 0 and step["search/failed_share"] == 0
+        assert step["search/calls_per_traj/mean"] > 0
+        # no call failed in the search path; a call the sampled model wrote wrong is its own (invalid_arguments)
+        failed = {k for k, v in step.items() if k.startswith("search/failed/") and v}
+        assert failed <= {"search/failed/invalid_arguments"}, failed
         assert step["num_turns/max"] > 2
     assert max(m["actor/grad_norm"] for m in metrics.values()) > 0
     # vLLM came up on dummy weights (load_format=dummy): its sampling log-probs equal the actor's at both steps only if
