@@ -222,10 +222,11 @@ def check_files(folder: Path = SHIPPED) -> Manifest:
         raise ShippedBaseError(f"{folder}: model.safetensors has sha256 {weights}, not the manifest's")
     if tokenizer_fingerprint(folder / "base_model") != manifest.tokenizer:
         raise ShippedBaseError(f"{folder}: the tokenizer is not the one the manifest names")
-    if recipe_digest() != manifest.recipe:
+    recipe = recipe_digest()
+    if recipe != manifest.recipe:
         raise ShippedBaseError(
             f"the code that builds the base model changed since the shipped one was built (recipe {manifest.recipe}, "
-            f"now {recipe_digest()}): run `make base-model UPDATE=1` (about 10-17 minutes on 2 cores) and commit "
+            f"now {recipe}): run `make base-model UPDATE=1` (about 10-17 minutes on 2 cores) and commit "
             f"{folder.name}/"
         )
     if (read_marker(folder / "base_model") or {}).get("key") != manifest.key:

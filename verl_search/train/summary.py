@@ -15,6 +15,7 @@ from typing import Any
 
 from verl_search.eval.report import build_report, gold_retrieved
 from verl_search.eval.validation_dump import SourceLookup, read_dump
+from verl_search.reward import gold_answers
 
 _RESULT_BLOCK = re.compile(r"<information>|<tool_response>")
 
@@ -155,14 +156,11 @@ def _showcase_key(row: dict[str, Any]) -> tuple[float, bool, bool, bool]:
 
 
 def _gold_text(gts: Any) -> str:
-    """The gold answers as a reader wants them: ``A`` or ``A / B`` (verl dumps ``{"target": [...]}``)."""
-    if isinstance(gts, dict):
-        gts = gts.get("target", list(gts.values()))
-    if isinstance(gts, str):
-        return gts
+    """The gold answers as a reader wants them: ``A`` or ``A / B`` (verl dumps ``{"target": [...]}``); a value the
+    reward could not read is shown as it is."""
     try:
-        return " / ".join(str(g) for g in gts)
-    except TypeError:
+        return " / ".join(gold_answers(gts))
+    except ValueError:
         return str(gts)
 
 
