@@ -17,22 +17,17 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
 
-from local_dense_retriever.batcher import (
-    Batcher,
-    BatcherStopped,
-    DirectRunner,
-    Overloaded,
-    QueryRejected,
-    estimate_tokens,
-)
+from local_dense_retriever.batcher import Batcher, DirectRunner, estimate_tokens
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.engine import RetrievalEngine
 from local_dense_retriever.memory import release_free_memory_every
 from local_dense_retriever.metrics import Metrics
 from local_dense_retriever.middleware import GuardPostBodies, error_response, internal_error
+from local_dense_retriever.retrieve import RetrieveBody, RetrieveEndpoint, invalid_body_response
 from local_dense_retriever.watchdog import Watchdog
 from verl_search.protocol import ErrorResponse, RetrieveResponse
 
@@ -41,23 +36,29 @@ logger = logging.getLogger(__name__)
 _ERRORS = {code: {"model": ErrorResponse} for code in (400, 408, 413, 422, 429, 500, 503)}
 
 
-class RetrieveBody(BaseModel):
-    """Body of ``POST /retrieve``: Search-R1's ``{"queries": [...]}``, or SkyRL's single ``{"query": "..."}``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    queries: list[str] | None = Field(default=None, description="One search string per query (may be empty).")
-    query: str | None = Field(default=None, description="A single query (SkyRL); answered as a one-query request.")
-    topk: StrictInt | None = Field(default=None, description="Passages per query; null takes the server default.")
-    return_scores: bool = Field(default=False, description="Wrap each document as {document, score}.")
-
-
 class AccessBody(BaseModel):
     """Body of ``POST /access`` (ASearcher): the pages of these URLs."""
 
     model_config = ConfigDict(extra="forbid")
 
     urls: list[str]
+
+
+class RetrieverApp(FastAPI):
+    """The FastAPI app with its guarded POST endpoints (``guard``: body limits, hang-ups, /metrics) taken in front of
+    FastAPI's own middleware stack, so that POST /retrieve is answered on the lean path of ``guard``'s lane."""
+
+    guard: GuardPostBodies
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.guard.paths:
+            await self.guard(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+    async def fastapi_stack(self, scope, receive, send) -> None:
+        """FastAPI's handling of a request (what ``guard`` runs for a guarded path without a lane)."""
+        await super().__call__(scope, receive, send)
 
 
 class ServiceState:
@@ -103,35 +104,6 @@ class ServiceState:
         self.metrics.cpu_seconds = engine.clock.snapshot
         self.engine = engine
         self.status, self.detail = "ready", engine.describe()
-
-
-def _lone_surrogate(text: str) -> int | None:
-    """Position of the first lone UTF-16 surrogate in ``text`` (legal in JSON, not text), or None."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        return e.start
-    return None
-
-
-def _validate(req: RetrieveBody, config: ServerConfig) -> str | None:
-    """The reason ``req`` is out of the server's limits, or None when it is fine."""
-    if (req.queries is None) == (req.query is None):
-        return "send either 'queries' (a list of strings) or 'query' (one string)"
-    queries = req.queries if req.queries is not None else [req.query]
-    if len(queries) > config.max_queries_per_request:
-        return f"{len(queries)} queries in one request; the limit is {config.max_queries_per_request}"
-    for i, q in enumerate(queries):
-        if len(q) > config.max_query_chars:
-            return f"query {i} has {len(q)} characters; the limit is {config.max_query_chars}"
-        if (pos := _lone_surrogate(q)) is not None:
-            return (
-                f"query {i} holds a lone UTF-16 surrogate ({q[pos]!a} at character {pos}), which is not text; "
-                "send valid Unicode"
-            )
-    if req.topk is not None and not 1 <= req.topk <= config.max_topk:
-        return f"topk must be between 1 and {config.max_topk}, got {req.topk}"
-    return None
 
 
 def health_report(state: ServiceState) -> dict:
@@ -202,24 +174,19 @@ def create_app(
             await state.runner.stop()
         await state.watchdog.stop()
 
-    app = FastAPI(
+    app = RetrieverApp(
         title="verl-search local retriever",
         version="0.1.0",
         lifespan=lifespan,
         description="Search-R1 compatible retrieval service with cross-request dynamic batching.",
     )
     app.state.service = state
-    app.add_middleware(GuardPostBodies, state=state)
+    endpoint = RetrieveEndpoint(state)
+    app.guard = GuardPostBodies(app.fastapi_stack, state, lanes={"/retrieve": endpoint.serve})
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        if any(e.get("type") == "json_invalid" for e in errors):
-            return error_response(400, "invalid_json", "request body is not valid JSON", request)
-        parts = [
-            f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body') or 'body'}: {e.get('msg')}" for e in errors[:5]
-        ]
-        return error_response(422, "invalid_request", "; ".join(parts), request)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        return invalid_body_response(list(exc.errors()), request.scope.setdefault("state", {}))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -231,33 +198,11 @@ def create_app(
         return internal_error(f"{request.method} {request.url.path}", exc, request)
 
     @app.post("/retrieve", response_model=RetrieveResponse, responses=_ERRORS)
-    async def retrieve(req: RetrieveBody, request: Request) -> JSONResponse:
+    async def retrieve(req: RetrieveBody, request: Request) -> Response:
         """Top-k passages per query (DESIGN §3.1). With return_scores each hit is {document, score}.
         ``{"queries": []}`` answers ``{"result": []}``; SkyRL's ``{"query": str}`` answers one list of hits."""
-        queries = req.queries if req.queries is not None else [req.query] if req.query is not None else []
-        request.state.n_queries = len(queries)
-        problem = _validate(req, config)
-        if problem is not None:
-            return error_response(422, "invalid_request", problem, request)
-        if not queries:
-            return JSONResponse({"result": []})
-        if state.runner is None:
-            return error_response(503, "not_ready", f"server is {state.status}: {state.detail}", request)
-        try:
-            hits = await state.runner.submit(queries, req.topk or config.topk)
-        except Overloaded as e:
-            return error_response(429, "overloaded", str(e), request)
-        except BatcherStopped as e:
-            return error_response(503, "unavailable", str(e), request)
-        except QueryRejected as e:
-            return error_response(422, "invalid_query", str(e), request)
-        except Exception as e:  # the engine failed: this batch's callers get a 500, the server stays up
-            return internal_error("retrieval", e, request)
-        if req.return_scores:
-            result = [[{"document": doc, "score": score} for doc, score in per_query] for per_query in hits]
-        else:
-            result = [[doc for doc, _ in per_query] for per_query in hits]
-        return JSONResponse({"result": result})
+        # requests reach RetrieverApp's lean path instead (the same respond); this route declares the endpoint
+        return await endpoint.respond(req, request.scope.setdefault("state", {}))
 
     @app.post("/access", responses=_ERRORS)
     async def access(req: AccessBody, request: Request) -> JSONResponse:

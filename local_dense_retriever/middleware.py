@@ -9,11 +9,10 @@ every /retrieve call is counted once in the metrics.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -76,11 +75,18 @@ def body_problem(problem: str, limit: int, timeout: float) -> tuple[int, str, st
     }[problem]
 
 
-class GuardPostBodies:
-    """Wraps the app for POST requests to ``paths``."""
+#: a POST endpoint served straight from its read body: ``lane(scope, body, send)`` (local_dense_retriever.retrieve)
+Lane = Callable[[dict, bytes, Callable[[dict], Awaitable[None]]], Awaitable[None]]
 
-    def __init__(self, app, state, paths: tuple[str, ...] = ("/retrieve", "/access")) -> None:
+
+class GuardPostBodies:
+    """Wraps the app for POST requests to ``paths``; a path with a lane is answered by it instead of the app."""
+
+    def __init__(
+        self, app, state, paths: tuple[str, ...] = ("/retrieve", "/access"), lanes: dict[str, Lane] | None = None
+    ) -> None:
         self.app, self.state, self.paths = app, state, paths
+        self.lanes = lanes or {}
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope["path"] not in self.paths or scope["method"] != "POST":
@@ -129,7 +135,11 @@ class GuardPostBodies:
                 self.state.metrics.observe_request(status, time.perf_counter() - t0, st.get("n_queries", 0), error)
 
     async def _run_until_disconnect(self, scope, body: bytes, receive, send) -> None:
-        """Run the app on ``body``; cancel it if the client disconnects before the app has answered."""
+        """Run the lane or the app on ``body``; cancel it if the client disconnects before it has answered."""
+        lane = self.lanes.get(scope["path"])
+        if lane is not None:
+            await until_disconnect(lane(scope, body, send), receive)
+            return
         replayed = False
 
         async def replay():
@@ -144,32 +154,37 @@ class GuardPostBodies:
 
 
 async def until_disconnect(work: Awaitable[Any], receive) -> Any:
-    """``work``'s result, or None when the client disconnects first (``work`` is then cancelled and awaited).
+    """``work``'s result, or None when the client disconnects first (``work`` is then cancelled where it waits, and
+    has unwound, when this returns).
 
     ``receive`` is the request's ASGI receive with the body already read. Should reading it fail, ``work`` still runs
-    to its end. An error ``work`` raises is raised here.
+    to its end. An error ``work`` raises is raised here. ``work`` runs in the calling task (one watcher task per
+    request, nothing else: this is on every search's path).
     """
-    task = asyncio.ensure_future(work)
+    me = asyncio.current_task()
+    assert me is not None, "until_disconnect runs inside a task"
+    gone = False
 
     async def watch() -> None:
+        nonlocal gone
         while (await receive())["type"] != "http.disconnect":
             pass
-        task.cancel()
+        gone = True
+        me.cancel()
 
     watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                return await task
-            return None
-        return None if task.cancelled() else task.result()
+        return await work
+    except asyncio.CancelledError:
+        if not gone:  # the caller's own cancellation (server shutdown): not ours to swallow
+            raise
+        if hasattr(me, "uncancel"):  # Python 3.11+: withdraw the cancel request this function made
+            me.uncancel()
+        return None
     finally:
         watcher.cancel()
-        if not task.done():
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await watcher
+        if watcher.done() and not watcher.cancelled():
+            watcher.exception()  # a failed receive: retrieved here, so asyncio does not warn about it
 
 
 def _raw_json(status: int, reason: str, error: str, detail: str) -> bytes:

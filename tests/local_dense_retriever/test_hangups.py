@@ -54,7 +54,10 @@ def hang_up(port: int, rng: random.Random, queries: list[str]) -> str:
 @pytest.fixture
 def server(tmp_path, minilm_index, toy_dataset, minilm_path, start_cli_server, cpu_seconds):
     args = ["--index_path", str(minilm_index["faiss"]), "--corpus_path", str(toy_dataset.corpus_path), "--topk", "3",
-            "--retriever_name", "minilm", "--retriever_model", str(minilm_path), "--max_batch_size", "16"]  # fmt: skip
+            "--retriever_name", "minilm", "--retriever_model", str(minilm_path), "--max_batch_size", "16",
+            # float32: a query's answer then does not depend on its batch-mates (in bfloat16, chosen on CPUs with AMX,
+            # its scores move by up to ~2e-3 with them and near ties swap), so "answered correctly" is exact
+            "--encoder_dtype", "float32"]  # fmt: skip
     log = tmp_path / "server.log"
     proc, url = start_cli_server(args, log)
     yield proc, url, log, cpu_seconds

@@ -1,0 +1,172 @@
+"""POST /retrieve: a request's queries → their hits, served as a plain ASGI endpoint (the path every rollout's search
+takes), beside the FastAPI app that serves everything else.
+
+Invariant: the answers, statuses and /metrics labels are the ones the FastAPI route gives (the route is kept, declares
+the endpoint in the OpenAPI schema, and answers through the same ``RetrieveEndpoint.respond``); only the per-request
+machinery differs: no routing, dependency solving or middleware stack, one ``json.loads`` and one pydantic
+validation of the body, and the answer sent as two ASGI messages. That machinery was the largest part of the
+server's own CPU per query under load (benchmarks/RESULTS.md, "the lean request path").
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from starlette.responses import Response
+
+from local_dense_retriever.errors import BatcherStopped, Overloaded, QueryRejected
+from local_dense_retriever.middleware import error_response, internal_error
+
+if TYPE_CHECKING:
+    from local_dense_retriever.app import ServiceState
+    from local_dense_retriever.config import ServerConfig
+
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+class RetrieveBody(BaseModel):
+    """Body of ``POST /retrieve``: Search-R1's ``{"queries": [...]}``, or SkyRL's single ``{"query": "..."}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    queries: list[str] | None = Field(default=None, description="One search string per query (may be empty).")
+    query: str | None = Field(default=None, description="A single query (SkyRL); answered as a one-query request.")
+    topk: StrictInt | None = Field(default=None, description="Passages per query; null takes the server default.")
+    return_scores: bool = Field(default=False, description="Wrap each document as {document, score}.")
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """Position of the first lone UTF-16 surrogate in ``text`` (legal in JSON, not text), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
+
+
+def request_problem(req: RetrieveBody, config: ServerConfig) -> str | None:
+    """The reason ``req`` is out of the server's limits, or None when it is fine."""
+    if (req.queries is None) == (req.query is None):
+        return "send either 'queries' (a list of strings) or 'query' (one string)"
+    queries = req.queries if req.queries is not None else [req.query]
+    if len(queries) > config.max_queries_per_request:
+        return f"{len(queries)} queries in one request; the limit is {config.max_queries_per_request}"
+    for i, q in enumerate(queries):
+        if len(q) > config.max_query_chars:
+            return f"query {i} has {len(q)} characters; the limit is {config.max_query_chars}"
+        if (pos := _lone_surrogate(q)) is not None:
+            return (
+                f"query {i} holds a lone UTF-16 surrogate ({q[pos]!a} at character {pos}), which is not text; "
+                "send valid Unicode"
+            )
+    if req.topk is not None and not 1 <= req.topk <= config.max_topk:
+        return f"topk must be between 1 and {config.max_topk}, got {req.topk}"
+    return None
+
+
+def invalid_body_response(errors: list[dict], labels: dict) -> Response:
+    """The answer to a body that is not JSON (400) or not a RetrieveBody (422), from pydantic's error list; locations
+    are named from the body down (``queries.1: Input should be a valid string``)."""
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return refuse(labels, 400, "invalid_json", "request body is not valid JSON")
+    parts = [f"{_location(e.get('loc', ()))}: {e.get('msg')}" for e in errors[:5]]
+    return refuse(labels, 422, "invalid_request", "; ".join(parts))
+
+
+def _location(loc: tuple) -> str:
+    return ".".join(str(x) for x in loc if x != "body") or "body"
+
+
+def refuse(labels: dict, status: int, kind: str, detail: str) -> Response:
+    """An ErrorResponse, its kind recorded in the request's ``labels`` (``scope["state"]``, read for /metrics)."""
+    labels["error"] = kind
+    return error_response(status, kind, detail)
+
+
+def parse_body(body: bytes) -> RetrieveBody:
+    """``body`` as a RetrieveBody, read the way FastAPI reads a JSON body (an empty body is a missing one);
+    raises ValidationError (``json_invalid`` for bytes that are not JSON)."""
+    if not body:
+        raise ValidationError.from_exception_data(
+            "RetrieveBody", [{"type": "missing", "loc": ("body",), "input": None}]
+        )
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested past the parser's depth
+        raise ValidationError.from_exception_data(
+            "RetrieveBody", [{"type": "json_invalid", "loc": ("body",), "input": None, "ctx": {"error": str(e)}}]
+        ) from None
+    return RetrieveBody.model_validate(data, from_attributes=True)  # as FastAPI validates a body (same messages)
+
+
+class RetrieveEndpoint:
+    """POST /retrieve for one service: ``serve`` answers a request whose body has been read (the lean path), and
+    ``respond`` turns a parsed body into the answer (shared with the FastAPI route)."""
+
+    def __init__(self, state: ServiceState) -> None:
+        self.state = state
+
+    async def serve(self, scope: dict, body: bytes, send) -> None:
+        """Answer the request of ``scope`` with ``body`` on ``send``; nothing escapes (an unexpected error is a 500)."""
+        labels = scope.setdefault("state", {})
+        try:
+            try:
+                req = parse_body(body)
+            except ValidationError as e:
+                response = invalid_body_response(e.errors(include_url=False), labels)
+            else:
+                response = await self.respond(req, labels)
+        except Exception as e:
+            labels["error"] = "internal_error"
+            response = internal_error(f"{scope['method']} {scope['path']}", e)
+        await send({"type": "http.response.start", "status": response.status_code, "headers": response.raw_headers})
+        await send({"type": "http.response.body", "body": response.body})
+
+    async def respond(self, req: RetrieveBody, labels: dict) -> Response:
+        """Top-k passages per query (DESIGN §3.1). With return_scores each hit is {document, score}.
+        ``{"queries": []}`` answers ``{"result": []}``; SkyRL's ``{"query": str}`` answers one list of hits."""
+        state, config = self.state, self.state.config
+        queries = req.queries if req.queries is not None else [req.query] if req.query is not None else []
+        labels["n_queries"] = len(queries)
+        problem = request_problem(req, config)
+        if problem is not None:
+            return refuse(labels, 422, "invalid_request", problem)
+        if not queries:
+            return _json({"result": []})
+        if state.runner is None:
+            return refuse(labels, 503, "not_ready", f"server is {state.status}: {state.detail}")
+        try:
+            hits = await state.runner.submit(queries, req.topk or config.topk)
+        except Overloaded as e:
+            return refuse(labels, 429, "overloaded", str(e))
+        except BatcherStopped as e:
+            return refuse(labels, 503, "unavailable", str(e))
+        except QueryRejected as e:
+            return refuse(labels, 422, "invalid_query", str(e))
+        except Exception as e:  # the engine failed: this batch's callers get a 500, the server stays up
+            labels["error"] = "internal_error"
+            return internal_error("retrieval", e)
+        if req.return_scores:
+            result = [[{"document": doc, "score": score} for doc, score in per_query] for per_query in hits]
+        else:
+            result = [[doc for doc, _ in per_query] for per_query in hits]
+        return _json({"result": result})
+
+
+class _JSONBytes(Response):
+    """A 200 JSON answer rendered by ``json.dumps`` as Starlette's JSONResponse renders it (same bytes), with the two
+    headers set directly."""
+
+    media_type = "application/json"
+
+    def __init__(self, body: bytes) -> None:  # noqa: D107 - no Starlette header machinery on the hot path
+        self.status_code = 200
+        self.body = body
+        self.background = None
+        self.raw_headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode("latin-1"))]
+
+
+def _json(payload: dict) -> Response:
+    return _JSONBytes(json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8"))
