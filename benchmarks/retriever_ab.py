@@ -6,6 +6,8 @@
 Each tree's ``local_dense_retriever/retrieval_server.py`` serves the 100k-passage toy corpus (as ``retriever_load.py``:
 random vectors unless the MiniLM index is cached) with the same flags; C closed-loop single-query clients, a
 warm-up, then the measured seconds; the trees take turns for ``--rounds`` rounds, so drift of the machine hits all.
+Each line also gives the server's CPU per answered query and the share of it in encoding and index search (its
+/metrics ``cpu_seconds``, as ``retriever_load.py`` reports them).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def main() -> int:
           f"{args.seconds:g} s each, encoder {args.encoder_dtype}, {args.threads} threads, {os.cpu_count()} CPUs "
           f"({platform.machine()}), {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
     results: dict[str, list[float]] = {name: [] for name in trees}
+    shares: dict[str, list[float]] = {name: [] for name in trees}
     for rnd in range(args.rounds):
         for name, server in trees.items():
             retriever_load.SERVER = server
@@ -60,10 +63,14 @@ def main() -> int:
                 before, after = res["metrics"]
                 batches = max(after["batches_total"] - before["batches_total"], 1)
                 batch = (after["queries_total"] - before["queries_total"]) / batches
+                split = retriever_load.cpu_split(before["cpu_seconds"], after["cpu_seconds"])
                 results[name].append(res["qps"])
+                shares[name].append(split["compute_share"])
                 print(
                     f"round {rnd + 1} {name:>12}: {res['qps']:7.1f} q/s  p50 {res['p50_ms']:6.1f} ms  p99 "
-                    f"{res['p99_ms']:6.1f} ms  batch {batch:5.1f}  errors {res['errors']}  ({detail})",
+                    f"{res['p99_ms']:6.1f} ms  batch {batch:5.1f}  errors {res['errors']}  server CPU/query "
+                    f"{1000 * split['process'] / max(res['completed'], 1):.2f} ms, compute {split['compute_share']:.1%}"
+                    f"  ({detail})",
                     flush=True,
                 )
             finally:
@@ -73,7 +80,8 @@ def main() -> int:
     base = sum(results[first]) / len(results[first])
     for name, qps in results.items():
         mean = sum(qps) / len(qps)
-        print(f"mean {name:>12}: {mean:7.1f} q/s ({mean / base:.2f}x {first})")
+        share = sum(shares[name]) / len(shares[name])
+        print(f"mean {name:>12}: {mean:7.1f} q/s ({mean / base:.2f}x {first}), compute {share:.1%} of the server's CPU")
     return 0
 
 

@@ -190,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             log_level=log_level.lower(),
             access_log=False,
             http=json_400_protocol(config.body_timeout_s),  # JSON 400s; a deadline for request headers too
+            proxy_headers=False,  # the service never reads a client's address: no X-Forwarded-* rewriting per request
             timeout_graceful_shutdown=30,
         )
     )
