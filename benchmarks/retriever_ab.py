@@ -2,6 +2,7 @@
 
     git worktree add /tmp/before 497313b && git worktree add /tmp/after 4871fa9
     python benchmarks/retriever_ab.py before=/tmp/before after=/tmp/after main=.
+    python benchmarks/retriever_ab.py off=. on=. --server_flags off='--encoder_shape_multiple 1'   # one flag A/B
 
 Each tree's ``local_dense_retriever/retrieval_server.py`` serves the 100k-passage toy corpus (as ``retriever_load.py``:
 random vectors unless the MiniLM index is cached) with the same flags; C closed-loop single-query clients, a
@@ -17,6 +18,7 @@ import asyncio
 import json
 import os
 import platform
+import shlex
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,7 +38,16 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--encoder_dtype", choices=["auto", "float32", "bfloat16"], default="bfloat16")
+    p.add_argument(
+        "--server_flags",
+        action="append",
+        default=[],
+        metavar="NAME=FLAGS",
+        help="more server flags for tree NAME, e.g. pad1='--encoder_shape_multiple 1' (the same tree may be named "
+        "twice: a=. b=.)",
+    )
     args = p.parse_args()
+    flags = {name: shlex.split(value) for name, _, value in (f.partition("=") for f in args.server_flags)}
     trees = {}
     for spec in args.trees:
         name, _, path = spec.partition("=")
@@ -56,7 +67,9 @@ def main() -> int:
     for rnd in range(args.rounds):
         for name, server in trees.items():
             retriever_load.SERVER = server
-            proc, url = retriever_load.start_server(corpus, npy, "torch", True, args.threads, args.encoder_dtype)
+            proc, url = retriever_load.start_server(
+                corpus, npy, "torch", True, args.threads, args.encoder_dtype, *flags.get(name, [])
+            )
             try:
                 detail = httpx.get(f"{url}/health", timeout=10).json()["detail"].split(";")[0]
                 res = asyncio.run(retriever_load.closed_loop(url, questions, args.clients, args.seconds, 3.0))

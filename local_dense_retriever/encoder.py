@@ -135,12 +135,16 @@ class HFEncoder:
         device: str = "auto",
         dtype: str = "auto",
         max_length: int = 256,
+        shape_multiple: int = 1,
     ) -> None:
+        """``shape_multiple``: on the CPU, pad each forward pass's token length and row count up to a multiple of it
+        (rows of padding are dropped from the output), bounding the kernel shapes oneDNN compiles and caches."""
         from transformers import AutoModel, AutoTokenizer
 
         self.device = resolve_device(device)
         self.pooling = pooling
         self.max_length = max_length
+        self.shape_multiple = shape_multiple if self.device.type == "cpu" else 1
         self.query_prefix, self.passage_prefix = text_prefixes(retriever_name, str(model_name_or_path))
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(model_name_or_path))
@@ -204,8 +208,16 @@ class HFEncoder:
         return out
 
     def _encode(self, texts: list[str]) -> torch.Tensor:
+        n, m = len(texts), self.shape_multiple
+        if m > 1:  # a few shapes, each compiled once (see ServerConfig.encoder_shape_multiple)
+            texts = texts + [""] * (-n % m)
         batch = self.tokenizer(
-            texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+            texts,
+            padding=True,
+            truncation=True,
+            max_length=self.max_length,
+            pad_to_multiple_of=m if m > 1 else None,
+            return_tensors="pt",
         ).to(self.device)
         out = self.model(**batch).last_hidden_state.float()  # pool and normalise in float32 whatever the model dtype
         if self.pooling == "cls":
@@ -213,7 +225,7 @@ class HFEncoder:
         else:
             mask = batch["attention_mask"].unsqueeze(-1).to(out.dtype)
             emb = (out * mask).sum(1) / mask.sum(1).clamp(min=1)
-        return torch.nn.functional.normalize(emb, dim=-1)
+        return torch.nn.functional.normalize(emb[:n], dim=-1)
 
 
 def encoder_for(config: ServerConfig, *, device: str | None = None, max_length: int | None = None) -> HFEncoder:
@@ -227,4 +239,5 @@ def encoder_for(config: ServerConfig, *, device: str | None = None, max_length: 
         device=device or config.device,
         dtype=config.requested_encoder_dtype(),
         max_length=max_length or config.query_max_length,
+        shape_multiple=config.encoder_shape_multiple,
     )

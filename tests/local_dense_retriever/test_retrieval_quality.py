@@ -104,12 +104,14 @@ def test_missing_model_is_a_clear_error(tmp_path):
         HFEncoder(tmp_path / "no-model-here", device="cpu")
 
 
+@pytest.mark.parametrize("shape_multiple", [1, 8])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_large_batches_encode_like_single_texts(minilm_path, toy_questions, dtype):
-    """A text's vector doesn't depend on the batch it was encoded in: exactly in float32, to bf16 rounding in bf16."""
+def test_large_batches_encode_like_single_texts(minilm_path, toy_questions, dtype, shape_multiple):
+    """A text's vector doesn't depend on the batch it was encoded in (nor on the padding of its shape): to float
+    rounding in float32, to bf16 rounding in bf16."""
     from local_dense_retriever.encoder import HFEncoder
 
-    encoder = HFEncoder(minilm_path, retriever_name="minilm", device="cpu", dtype=dtype)
+    encoder = HFEncoder(minilm_path, retriever_name="minilm", device="cpu", dtype=dtype, shape_multiple=shape_multiple)
     assert next(encoder.model.parameters()).dtype == getattr(torch, dtype)
     questions = [q["question"] for q in toy_questions]
     texts = (questions * (70 // len(questions) + 1))[:70] + ["x", "a much longer query " * 20]
@@ -121,6 +123,29 @@ def test_large_batches_encode_like_single_texts(minilm_path, toy_questions, dtyp
     else:
         assert (torch.nn.functional.cosine_similarity(together[::9], alone, dim=-1) > 0.999).all()
         torch.testing.assert_close(together.norm(dim=-1), torch.ones(72))
+
+
+def test_padded_shapes_bound_the_kernels_compiled(minilm_path, toy_questions):
+    """With shape_multiple 8 the model sees a handful of input shapes whatever the batch sizes and lengths (oneDNN
+    compiles and caches a kernel per shape: one per batch size x length grew the heap by hundreds of MB), and the
+    padding rows never reach the caller."""
+    from local_dense_retriever.encoder import HFEncoder
+
+    rng = np.random.default_rng(0)
+    questions = [q["question"] for q in toy_questions]
+    batches = [list(rng.choice(questions, size=int(n))) for n in rng.integers(1, 33, size=40)]
+    seen: dict[int, set] = {}
+    for multiple in (1, 8):
+        encoder = HFEncoder(
+            minilm_path, retriever_name="minilm", device="cpu", dtype="float32", shape_multiple=multiple
+        )
+        shapes = seen.setdefault(multiple, set())
+        encoder.model.register_forward_pre_hook(lambda _m, _a, kw, s=shapes: s.add(tuple(kw["input_ids"].shape)),
+                                                with_kwargs=True)  # fmt: skip
+        for batch in batches:
+            assert encoder.encode(batch).shape == (len(batch), 384)
+    assert all(rows % 8 == 0 and length % 8 == 0 for rows, length in seen[8])
+    assert len(seen[8]) <= 12 < len(seen[1]), (len(seen[8]), len(seen[1]))
 
 
 def test_bf16_encoder_retrieves_like_fp32(minilm_path, minilm_index, toy_questions):

@@ -1,0 +1,63 @@
+"""How much a query's vector depends on its batch-mates, per encoder precision (what the batched server changes).
+
+    python benchmarks/encoder_batch_invariance.py
+
+The same 20 toy questions are encoded alone (one forward pass each) and inside batches of other shapes: 64 questions,
+the 20 with one long text, the 20 together. Printed per precision (and with the server's padding of every shape to
+a multiple of 8, ``--encoder_shape_multiple``): the largest change of any vector component, the
+rows that came out bit for bit the same, and the largest change of an inner-product score against the vectors alone
+(what reorders near-tied passages). The server's batcher puts each query in a batch of whatever else is waiting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from local_dense_retriever.config import default_cache_dir  # noqa: E402
+from local_dense_retriever.encoder import HFEncoder, bundled_minilm_path, cpu_bf16_flags  # noqa: E402
+from local_dense_retriever.toy.corpus import generate_toy_dataset  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    ds = generate_toy_dataset(default_cache_dir() / "toy-100000", 100_000, seed=0)
+    questions = [json.loads(line)["question"] for line in (ds.corpus_path.parent / "qa.jsonl").read_text().splitlines()]
+    now = datetime.now(timezone.utc)
+    print(f"# encoder batch invariance: all-MiniLM-L6-v2, {args.threads} threads, CPU flags "
+          f"{'+'.join(cpu_bf16_flags()) or 'no bf16'} ({platform.machine()}), torch {torch.__version__}, "
+          f"{now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
+    shown = questions[:20]
+    batches = {
+        "in a batch of 64": questions[:64],
+        "beside one long text": shown + ["the history of the river " * 12],
+        "the 20 together": shown,
+    }
+    for dtype, multiple in (("float32", 1), ("bfloat16", 1), ("bfloat16", 8)):
+        encoder = HFEncoder(bundled_minilm_path(), dtype=dtype, shape_multiple=multiple)
+        with torch.inference_mode():
+            alone = torch.cat([encoder.encode([q]) for q in shown])
+            for name, batch in batches.items():
+                got = encoder.encode(batch)[: len(shown)]
+                component = (got - alone).abs().max().item()
+                same = int((got == alone).all(dim=1).sum())
+                score = ((got - alone) @ alone.T).abs().max().item()
+                print(f"{dtype:9} shapes x{multiple} {name:22} max component change {component:.1e}, rows "
+                      f"bit-identical {same:2}/{len(shown)}, max score change {score:.1e}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
