@@ -1,6 +1,7 @@
 """The C heap of a CPU encoder fed batches of every size, with and without the padding of shapes.
 
     python benchmarks/encoder_shape_memory.py              # --encoder_shape_multiple 1 and 8, bfloat16 where fast
+    python benchmarks/encoder_shape_memory.py --multiples 4
 
 Each setting runs in a fresh process: 2,000 batches of 1-64 random toy questions through the server's encoder
 (``HFEncoder.encode``), the heap trimmed and read (glibc's ``in_use``, local_dense_retriever/memory.py) every 400
@@ -54,6 +55,7 @@ def run(multiple: int, dtype: str) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--multiples", type=int, nargs="+", default=[1, 8], help="settings compared (default 1 8)")
     p.add_argument("--multiple", type=int, help="run one setting in this process (what the parent spawns)")
     args = p.parse_args()
     if args.multiple is not None:
@@ -62,7 +64,7 @@ def main() -> int:
     now = datetime.now(timezone.utc)
     print(f"# encoder shape memory: all-MiniLM-L6-v2, {BATCHES} batches of 1-64 toy questions, {os.cpu_count()} CPUs "
           f"({platform.machine()}), {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
-    for multiple in (1, 8):
+    for multiple in args.multiples:
         cmd = [sys.executable, __file__, "--multiple", str(multiple), "--dtype", args.dtype]
         subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
     return 0

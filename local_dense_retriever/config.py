@@ -84,12 +84,13 @@ class ServerConfig(BaseModel):
         default="auto", description="torch backend vector dtype; 'auto' = float16 on CUDA, float32 on CPU."
     )
     encoder_shape_multiple: int = Field(
-        default=8,
+        default=4,
         ge=1,
         le=64,
-        description="CPU encoder: pad each forward pass's token length and row count up to a multiple of this "
-        "(padding rows are dropped), so oneDNN compiles and caches kernels for a few shapes instead of one per "
-        "batch size x length, whose cache grows the heap by hundreds of MB under varied load; 1 = no padding.",
+        description="CPU encoder: pad each forward pass's token length, and a row count above this, up to a "
+        "multiple of this (padding rows are dropped), so oneDNN compiles and caches kernels for a few shapes "
+        "instead of one per batch size x length, whose cache grows the heap by hundreds of MB under varied load; "
+        "1 = no padding.",
     )
     pooling: Pooling = Field(default="auto", description="'auto' = cls for bge models, mean otherwise.")
     query_max_length: int = Field(default=256, ge=8, le=8192, description="Tokens kept per query.")

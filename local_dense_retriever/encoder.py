@@ -137,8 +137,9 @@ class HFEncoder:
         max_length: int = 256,
         shape_multiple: int = 1,
     ) -> None:
-        """``shape_multiple``: on the CPU, pad each forward pass's token length and row count up to a multiple of it
-        (rows of padding are dropped from the output), bounding the kernel shapes oneDNN compiles and caches."""
+        """``shape_multiple``: on the CPU, pad each forward pass's token length, and a row count above it, up to a
+        multiple of it (rows of padding are dropped from the output), bounding the kernel shapes oneDNN compiles and
+        caches."""
         from transformers import AutoModel, AutoTokenizer
 
         self.device = resolve_device(device)
@@ -209,8 +210,8 @@ class HFEncoder:
 
     def _encode(self, texts: list[str]) -> torch.Tensor:
         n, m = len(texts), self.shape_multiple
-        if m > 1:  # a few shapes, each compiled once (see ServerConfig.encoder_shape_multiple)
-            texts = texts + [""] * (-n % m)
+        if m > 1 and n > m:  # a few shapes, each compiled once (ServerConfig.encoder_shape_multiple); fewer rows
+            texts = texts + [""] * (-n % m)  # than m are left as they are (m - 1 shapes; no 8x work for one query)
         batch = self.tokenizer(
             texts,
             padding=True,
