@@ -211,7 +211,7 @@ class HFEncoder:
     def _encode(self, texts: list[str]) -> torch.Tensor:
         n, m = len(texts), self.shape_multiple
         if m > 1 and n > m:  # a few shapes, each compiled once (ServerConfig.encoder_shape_multiple); fewer rows
-            texts = texts + [""] * (-n % m)  # than m are left as they are (m - 1 shapes; no 8x work for one query)
+            texts = texts + [""] * (-n % m)  # than m are left as they are (m - 1 shapes; a lone query is not m rows)
         batch = self.tokenizer(
             texts,
             padding=True,

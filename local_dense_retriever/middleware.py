@@ -95,10 +95,6 @@ class GuardPostBodies:
         config = self.state.config
         t0 = time.perf_counter()
         scope.setdefault("state", {})
-        # these endpoints take JSON only: parse the body as JSON whatever content-type the client sent (a client
-        # posting data=json.dumps(...) without the header is served; a broken body is a JSON 400, not a 422)
-        scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
-        scope["headers"].append((b"content-type", b"application/json"))
         status = 500
         started = False
 
@@ -137,9 +133,13 @@ class GuardPostBodies:
     async def _run_until_disconnect(self, scope, body: bytes, receive, send) -> None:
         """Run the lane or the app on ``body``; cancel it if the client disconnects before it has answered."""
         lane = self.lanes.get(scope["path"])
-        if lane is not None:
+        if lane is not None:  # a lane reads the body as JSON itself
             await until_disconnect(lane(scope, body, send), receive)
             return
+        # the app's endpoints take JSON only: it parses the body as JSON whatever content-type the client sent (a
+        # client posting data=json.dumps(...) without the header is served; a broken body is a JSON 400, not a 422)
+        scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+        scope["headers"].append((b"content-type", b"application/json"))
         replayed = False
 
         async def replay():

@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from local_dense_retriever.app import ServiceState
     from local_dense_retriever.config import ServerConfig
 
-_JSON_HEADERS = [(b"content-type", b"application/json")]
-
 
 class RetrieveBody(BaseModel):
     """Body of ``POST /retrieve``: Search-R1's ``{"queries": [...]}``, or SkyRL's single ``{"query": "..."}``."""
@@ -155,18 +153,7 @@ class RetrieveEndpoint:
         return _json({"result": result})
 
 
-class _JSONBytes(Response):
-    """A 200 JSON answer rendered by ``json.dumps`` as Starlette's JSONResponse renders it (same bytes), with the two
-    headers set directly."""
-
-    media_type = "application/json"
-
-    def __init__(self, body: bytes) -> None:  # noqa: D107 - no Starlette header machinery on the hot path
-        self.status_code = 200
-        self.body = body
-        self.background = None
-        self.raw_headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode("latin-1"))]
-
-
 def _json(payload: dict) -> Response:
-    return _JSONBytes(json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8"))
+    """A 200 JSON answer, rendered as Starlette's JSONResponse renders it (same bytes)."""
+    body = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    return Response(body, media_type="application/json")
