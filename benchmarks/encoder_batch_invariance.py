@@ -3,8 +3,8 @@
     python benchmarks/encoder_batch_invariance.py
 
 The same 20 toy questions are encoded alone (one forward pass each) and inside batches of other shapes: 64 questions,
-the 20 with one long text, the 20 together. Printed per precision (and with the server's padding of every shape to
-a multiple of 8, ``--encoder_shape_multiple``): the largest change of any vector component, the
+the 20 with one long text, the 20 together. Printed per precision (and with the server's default padding of every
+shape, ``--encoder_shape_multiple``): the largest change of any vector component, the
 rows that came out bit for bit the same, and the largest change of an inner-product score against the vectors alone
 (what reorders near-tied passages). The server's batcher puts each query in a batch of whatever else is waiting.
 """
@@ -12,7 +12,6 @@ rows that came out bit for bit the same, and the largest change of an inner-prod
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -22,8 +21,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from local_dense_retriever.config import default_cache_dir  # noqa: E402
+from retriever_load import toy_questions  # noqa: E402
+
+from local_dense_retriever.config import ServerConfig, default_cache_dir  # noqa: E402
 from local_dense_retriever.encoder import HFEncoder, bundled_minilm_path, cpu_bf16_flags  # noqa: E402
 from local_dense_retriever.toy.corpus import generate_toy_dataset  # noqa: E402
 
@@ -34,7 +36,7 @@ def main() -> int:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     ds = generate_toy_dataset(default_cache_dir() / "toy-100000", 100_000, seed=0)
-    questions = [json.loads(line)["question"] for line in (ds.corpus_path.parent / "qa.jsonl").read_text().splitlines()]
+    questions = toy_questions(ds.corpus_path)
     now = datetime.now(timezone.utc)
     print(f"# encoder batch invariance: all-MiniLM-L6-v2, {args.threads} threads, CPU flags "
           f"{'+'.join(cpu_bf16_flags()) or 'no bf16'} ({platform.machine()}), torch {torch.__version__}, "
@@ -45,7 +47,8 @@ def main() -> int:
         "beside one long text": shown + ["the history of the river " * 12],
         "the 20 together": shown,
     }
-    for dtype, multiple in (("float32", 1), ("bfloat16", 1), ("bfloat16", 8)):
+    padded = ServerConfig.model_fields["encoder_shape_multiple"].default  # the server's
+    for dtype, multiple in (("float32", 1), ("bfloat16", 1), ("bfloat16", padded)):
         encoder = HFEncoder(bundled_minilm_path(), dtype=dtype, shape_multiple=multiple)
         with torch.inference_mode():
             alone = torch.cat([encoder.encode([q]) for q in shown])

@@ -12,7 +12,6 @@ multiple of 8 in both leaves a few shapes.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
@@ -23,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 BATCHES = 2_000
 EVERY = 400
@@ -30,6 +30,7 @@ EVERY = 400
 
 def run(multiple: int, dtype: str) -> None:
     import torch
+    from retriever_load import toy_questions
 
     from local_dense_retriever.config import default_cache_dir
     from local_dense_retriever.encoder import HFEncoder, bundled_minilm_path
@@ -38,7 +39,7 @@ def run(multiple: int, dtype: str) -> None:
 
     torch.set_num_threads(os.cpu_count() or 1)
     ds = generate_toy_dataset(default_cache_dir() / "toy-100000", 100_000, seed=0)
-    questions = [json.loads(line)["question"] for line in (ds.corpus_path.parent / "qa.jsonl").read_text().splitlines()]
+    questions = toy_questions(ds.corpus_path)
     encoder = HFEncoder(bundled_minilm_path(), dtype=dtype, shape_multiple=multiple)
     rng = random.Random(0)
     t0, heap = time.perf_counter(), []

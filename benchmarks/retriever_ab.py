@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import shlex
@@ -57,7 +56,7 @@ def main() -> int:
         trees[name] = server
 
     corpus, npy, _, kind = retriever_load.prepare(100_000, "auto")
-    questions = [json.loads(line)["question"] for line in (corpus.parent / "qa.jsonl").read_text().splitlines()]
+    questions = retriever_load.toy_questions(corpus)
     now = datetime.now(timezone.utc)
     print(f"# retriever A/B: 100,000 passages ({kind} vectors), batched torch server, C={args.clients}, "
           f"{args.seconds:g} s each, encoder {args.encoder_dtype}, {args.threads} threads, {os.cpu_count()} CPUs "

@@ -73,6 +73,11 @@ def prepare(passages: int, vectors: str) -> tuple[Path, Path, Path, str]:
     return ds.corpus_path, npy, faiss_path, kind
 
 
+def toy_questions(corpus: Path) -> list[str]:
+    """The questions of the toy dataset whose corpus is ``corpus`` (its ``qa.jsonl`` beside it)."""
+    return [json.loads(line)["question"] for line in (corpus.parent / "qa.jsonl").read_text().splitlines()]
+
+
 def start_server(
     corpus: Path, index: Path, backend: str, batching: bool, threads: int, encoder_dtype: str, *extra: str
 ) -> tuple[subprocess.Popen, str]:

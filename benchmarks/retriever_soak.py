@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from retriever_load import prepare, server_metrics, start_server  # noqa: E402
+from retriever_load import prepare, server_metrics, start_server, toy_questions  # noqa: E402
 
 MB = 2**20
 
@@ -97,7 +97,7 @@ def main() -> int:
     args = p.parse_args()
 
     corpus, npy, _, kind = prepare(args.passages, "auto")
-    questions = [json.loads(line)["question"] for line in (corpus.parent / "qa.jsonl").read_text().splitlines()]
+    questions = toy_questions(corpus)
     extra = ["--malloc_trim_s", str(args.malloc_trim_s)] if args.malloc_trim_s is not None else []
     proc, url = start_server(corpus, npy, "torch", True, args.threads, "auto", *extra)
     now = datetime.now(timezone.utc)

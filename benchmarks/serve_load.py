@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from retriever_load import closed_loop, prepare, start_server  # noqa: E402
+from retriever_load import closed_loop, prepare, start_server, toy_questions  # noqa: E402
 
 from local_dense_retriever.config import ServerConfig  # noqa: E402
 from local_dense_retriever.encoder import bundled_minilm_path  # noqa: E402
@@ -92,7 +92,7 @@ def main() -> int:
     ]
     wanted = set(args.modes or ["plain server", *(m[0] for m in serve_modes)])
     corpus, npy, _, kind = prepare(args.passages, args.vectors)
-    questions = [json.loads(line)["question"] for line in (corpus.parent / "qa.jsonl").read_text().splitlines()]
+    questions = toy_questions(corpus)
     now = datetime.now(timezone.utc)
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"# serve load: {args.passages:,} passages, vectors={kind}, {cpus} CPUs, {now:%Y-%m-%d %H:%M} UTC; {load}")
