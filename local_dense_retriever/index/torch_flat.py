@@ -24,6 +24,10 @@ logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 #: rows scored per matmul on CPU, bounding the (queries x rows) score buffer
 CPU_CHUNK_ROWS = 1 << 18
+#: the most memory the (queries x rows) score buffer of one step of a search may take on any device: a GPU shard is
+#: scanned in as many steps as this needs (at wiki-18 scale, one step over a whole 21M-row shard would need
+#: batch x 21M x 2 bytes, 21 GB at 512 queries, beside the 32 GB index)
+SCORE_BYTES = 1 << 30
 
 
 #: fourccs of faiss IndexFlat files (faiss/impl/index_write.cpp): inner product, L2, any other metric
@@ -188,12 +192,15 @@ class TorchFlatIndex:
         dtype: str = "auto",
         cpu_chunk_rows: int = CPU_CHUNK_ROWS,
         staging_bytes: int = STAGING_BYTES,
+        score_bytes: int = SCORE_BYTES,
     ) -> None:
         """Shards of ``vectors``: a float32 array on the CPU is used as is (a memory map stays one); anything else
         (GPUs, another dtype) is filled step by step through ``staging_bytes`` of host memory, from a file without
-        mapping it (:class:`VectorFile`)."""
+        mapping it (:class:`VectorFile`). ``score_bytes`` bounds the score buffer of one step of a search
+        (:data:`SCORE_BYTES`)."""
         self.dtype = _DTYPES[resolve_index_dtype(dtype, device)]
         self._chunk = max(1, cpu_chunk_rows)
+        self._score_bytes = max(1, score_bytes)
         self.dim = int(vectors.shape[1])
         self._n = int(vectors.shape[0])
         self.device = device
@@ -226,6 +233,14 @@ class TorchFlatIndex:
         where = f"{len(self._shards)} x {self.device.type}"
         return f"torch flat IP, {self._n:,} x {self.dim} {str(self.dtype).removeprefix('torch.')} on {where}"
 
+    def _rows_per_step(self, shard: torch.Tensor, queries: int) -> int:
+        """Rows scored per matmul: as many as keep the score buffer within ``score_bytes`` (and, on the CPU, within
+        ``cpu_chunk_rows``), at least one."""
+        rows = self._score_bytes // max(1, queries * shard.element_size())
+        if shard.device.type == "cpu":
+            rows = min(rows, self._chunk)
+        return max(1, min(rows, shard.shape[0]))
+
     @torch.inference_mode()
     def search(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` per query, best first; equal scores by lower id (``index.topk``: any split gives the same)."""
@@ -234,10 +249,11 @@ class TorchFlatIndex:
         best_i: list[torch.Tensor] = []
         for offset, shard in self._shards:
             q = queries.to(device=shard.device, dtype=self.dtype)
-            step = self._chunk if shard.device.type == "cpu" else max(shard.shape[0], 1)
+            step = self._rows_per_step(shard, len(q))
             for lo in range(0, shard.shape[0], step):
-                s, i = block_topk((q @ shard[lo : lo + step].T).float(), k, offset + lo)
-                best_s.append(s.cpu())
+                # top-k in the index's dtype (its matmul's own rounding), then only k scores per query made float32
+                s, i = block_topk(q @ shard[lo : lo + step].T, k, offset + lo)
+                best_s.append(s.float().cpu())
                 best_i.append(i.cpu())
         if len(best_s) == 1:
             return best_s[0].numpy(), best_i[0].numpy().astype(np.int64)

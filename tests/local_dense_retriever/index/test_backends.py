@@ -39,6 +39,7 @@ def test_torch_and_faiss_give_identical_results_on_flat_indexes(flat_files, rng)
         TorchFlatIndex.from_file(index_path, device=CPU),
         TorchFlatIndex.from_file(npy_path, device=CPU),
         TorchFlatIndex(vectors, device=CPU, cpu_chunk_rows=300),  # chunked scan + merge
+        TorchFlatIndex(vectors, device=CPU, score_bytes=64 * 4 * 170),  # steps of 170 rows: the score-memory bound
     ):
         t_scores, t_ids = torch_index.search(queries, 10)
         np.testing.assert_array_equal(t_ids, f_ids)
@@ -50,6 +51,22 @@ def test_k_larger_than_index_is_capped(rng):
     scores, ids = index.search(torch.from_numpy(_unit(rng, 2, 8)), 10)
     assert ids.shape == (2, 3) and sorted(ids[0].tolist()) == [0, 1, 2]
     assert (np.diff(scores, axis=1) <= 0).all()
+
+
+def test_a_bounded_score_buffer_gives_the_unbounded_answer_in_half_precision(rng):
+    """Searching a bfloat16 index in steps of a few rows (the bound a GPU shard is scanned under) ranks ties and all
+    exactly as one step over every row: coarse bf16 scores tie often, and the tie rule must hold across steps."""
+    vectors = _unit(rng, 3000, 16)
+    vectors[1500:2000] = vectors[:500]  # exact duplicates: equal scores on both sides of many step boundaries
+    queries = torch.from_numpy(_unit(rng, 40, 16))
+    whole = TorchFlatIndex(vectors, device=CPU, dtype="bfloat16", score_bytes=1 << 30)
+    stepped = TorchFlatIndex(vectors, device=CPU, dtype="bfloat16", score_bytes=40 * 2 * 97)
+    assert stepped._rows_per_step(stepped._shards[0][1], 40) == 97
+    w_scores, w_ids = whole.search(queries, 10)
+    s_scores, s_ids = stepped.search(queries, 10)
+    np.testing.assert_array_equal(s_ids, w_ids)
+    np.testing.assert_array_equal(s_scores, w_scores)
+    assert s_scores.dtype == np.float32
 
 
 def test_half_precision_keeps_the_nearest_neighbour(flat_files):

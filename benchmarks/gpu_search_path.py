@@ -1,0 +1,317 @@
+"""The search path on a GPU: the fp16 query encoder and the flat index at wiki-18 scale, batched against unbatched,
+against the GPU's memory-bandwidth bound, and a flat index streamed from disk onto the GPU.
+
+    python benchmarks/gpu_search_path.py --tokenizer DIR [--minilm DIR] --json out.json      # on a CUDA machine
+    python benchmarks/gpu_search_path.py --tokenizer DIR --device cpu --rows 200000 --quick   # a dry run anywhere
+
+No model hub is reachable where this runs, so the e5-base-v2 row is an encoder of e5-base-v2's exact shape (BERT-base:
+12 layers, width 768, bert-base-uncased's vocabulary, mean pooling, the ``query: `` prefix) with seeded random weights,
+loaded and run through the server's own ``HFEncoder``: its speed is that of e5-base-v2, its vectors are not. The index
+is 21,015,324 random unit rows of width 768 (wiki-18 under e5-base-v2) in float16, made on the device and searched
+by the server's ``TorchFlatIndex.search`` (top-3, Search-R1's default), results copied back to the host as the
+server does. The bound a scan cannot beat is reading every index byte once: index bytes / the device-to-device copy
+bandwidth measured first (bytes read + written per second).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from local_dense_retriever.index.torch_flat import SCORE_BYTES, TorchFlatIndex  # noqa: E402
+
+WIKI18_ROWS = 21_015_324
+MB, GB = 2**20, 1e9
+SUBJECTS = ["the river", "the national park", "the first president", "the author of the novel", "the band",
+            "the football club", "the cathedral", "the chemical element", "the treaty", "the painter"]  # fmt: skip
+ASKS = ["who founded", "when was", "where is", "what language is spoken near", "which company owns",
+        "how tall is", "who was married to the founder of", "in which year did the director of"]  # fmt: skip
+
+
+def questions(n: int) -> list[str]:
+    """``n`` query texts of Search-R1's usual length (8-20 words), varied so batches pad as real ones do."""
+    out = []
+    for i in range(n):
+        tail = " that was mentioned in the article about the war" * (i % 3)
+        out.append(f"{ASKS[i % len(ASKS)]} {SUBJECTS[(i // 7) % len(SUBJECTS)]} number {i}{tail}")
+    return out
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device: torch.device, *, min_seconds: float, min_reps: int = 3, warmup: int = 2) -> float:
+    """Median seconds of ``fn()`` over at least ``min_reps`` runs and ``min_seconds``, after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_reps or time.perf_counter() - start < min_seconds:
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def copy_bandwidth(device: torch.device, nbytes: int) -> float:
+    """Bytes read + written per second by a device-to-device copy of ``nbytes``."""
+    src = torch.empty(nbytes // 2, dtype=torch.float16, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    seconds = timed(lambda: dst.copy_(src), device, min_seconds=0.5, min_reps=10)
+    return 2 * nbytes / seconds
+
+
+def e5_base_shaped(folder: Path, tokenizer: Path) -> Path:
+    """A BERT-base encoder with e5-base-v2's configuration and seeded random weights, beside the tokenizer files."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                        intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2)  # fmt: skip
+    BertModel(config).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        if (tokenizer / name).is_file():
+            shutil.copy(tokenizer / name, folder / name)
+    return folder
+
+
+def bench_encoder(label: str, path: Path, device: torch.device, batches: list[int], quick: bool) -> list[dict]:
+    """q/s of ``HFEncoder.encode`` (tokenising included) and of the model's forward pass alone, per batch size."""
+    from local_dense_retriever.encoder import HFEncoder
+
+    enc = HFEncoder(path, retriever_name="e5", pooling="mean", device=str(device.type), max_length=256)
+    rows = []
+    for b in batches:
+        texts = questions(b)
+        whole = timed(lambda texts=texts: enc.encode(texts), device, min_seconds=0.2 if quick else 1.0)
+        batch = enc.tokenizer([enc.query_prefix + t for t in texts], padding=True, return_tensors="pt").to(device)
+        with torch.inference_mode():
+            model = timed(lambda batch=batch: enc.model(**batch), device, min_seconds=0.2 if quick else 1.0)
+        rows.append({"encoder": label, "dtype": str(enc.dtype).removeprefix("torch."), "batch": b,
+                     "tokens": int(batch["input_ids"].shape[1]), "ms": whole * 1e3, "qps": b / whole,
+                     "model_ms": model * 1e3, "model_qps": b / model})  # fmt: skip
+        r = rows[-1]
+        line = f"  {label:18} {r['dtype']:8} batch {b:5d} ({r['tokens']:2d} tokens): {r['ms']:8.2f} ms "
+        print(
+            line + f"{r['qps']:9.0f} q/s   forward alone {r['model_ms']:8.2f} ms {r['model_qps']:9.0f} q/s", flush=True
+        )
+    return rows
+
+
+def random_index(rows: int, dim: int, device: torch.device, dtype: torch.dtype) -> TorchFlatIndex:
+    """``rows`` seeded random unit vectors made on ``device`` (no host copy of the index), as a TorchFlatIndex whose
+    one shard is that tensor: the object ``TorchFlatIndex.search`` runs on in the server."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    shard = torch.empty((rows, dim), dtype=dtype, device=device)
+    step = 1 << 20
+    for lo in range(0, rows, step):
+        block = torch.randn((min(step, rows - lo), dim), generator=gen, device=device)
+        shard[lo : lo + len(block)] = torch.nn.functional.normalize(block, dim=1).to(dtype)
+    index = TorchFlatIndex(np.zeros((0, dim), np.float32), device=device, dtype=str(dtype).removeprefix("torch."))
+    index._shards, index._n = [(0, shard)], rows  # one shard, as on a one-GPU server
+    return index
+
+
+def bench_scan(index: TorchFlatIndex, device: torch.device, batches: list[int], bound_s: float, quick: bool,
+               score_bytes: list[int]) -> list[dict]:  # fmt: skip
+    """Seconds per ``index.search(queries, 3)`` per batch size (and, at the largest batch, per score-buffer bound),
+    and the device memory the search took beyond the index."""
+    rows = []
+    gen = torch.Generator(device=device).manual_seed(1)
+    plan = [(b, SCORE_BYTES) for b in batches] + [(batches[-1], s) for s in score_bytes if s != SCORE_BYTES]
+    for b, bound_bytes in plan:
+        index._score_bytes = bound_bytes
+        queries = torch.nn.functional.normalize(torch.randn((b, index.dim), generator=gen, device=device), dim=1)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+        try:
+            seconds = timed(lambda q=queries: index.search(q, 3), device, min_seconds=0.3 if quick else 2.0)
+        except RuntimeError as e:  # torch.OutOfMemoryError among them: the unbounded buffer may not fit
+            rows.append({"batch": b, "score_bytes": bound_bytes, "error": str(e)[:300]})
+            print(f"  batch {b:5d}, score buffer <= {bound_bytes / MB:7.0f} MiB: {str(e)[:120]}", flush=True)
+            torch.cuda.empty_cache()
+            continue
+        extra = (torch.cuda.max_memory_allocated(device) - base) / MB if device.type == "cuda" else float("nan")
+        rows.append({"batch": b, "score_bytes": bound_bytes, "ms": seconds * 1e3, "qps": b / seconds,
+                     "x_bound": seconds / bound_s, "extra_mb": extra})  # fmt: skip
+        r = rows[-1]
+        line = f"  batch {b:5d}, score buffer <= {bound_bytes / MB:7.0f} MiB: {r['ms']:8.2f} ms per search "
+        print(line + f"{r['qps']:9.0f} q/s  {r['x_bound']:5.2f}x the bandwidth bound  +{extra:7.0f} MiB", flush=True)
+    index._score_bytes = SCORE_BYTES
+    return rows
+
+
+def bench_end_to_end(encoder_path: Path, index: TorchFlatIndex, device: torch.device, batches: list[int],
+                     quick: bool) -> list[dict]:  # fmt: skip
+    """q/s of the server's ``DenseSearch.search`` (encode, then scan) per batch size."""
+    from local_dense_retriever.encoder import HFEncoder
+    from local_dense_retriever.index.base import DenseSearch
+
+    search = DenseSearch(HFEncoder(encoder_path, retriever_name="e5", device=str(device.type)), index)
+    rows = []
+    for b in batches:
+        texts = questions(b)
+        seconds = timed(lambda texts=texts: search.search(texts, 3), device, min_seconds=0.3 if quick else 2.0)
+        rows.append({"batch": b, "ms": seconds * 1e3, "qps": b / seconds})
+        print(f"  batch {b:5d}: {seconds * 1e3:8.2f} ms per batch {b / seconds:9.0f} q/s", flush=True)
+    return rows
+
+
+def write_npy(path: Path, rows: int, dim: int, device: torch.device) -> None:
+    """Random unit rows as a float32 ``.npy``, made on ``device`` and written block by block."""
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, dim))
+    gen = torch.Generator(device=device).manual_seed(2)
+    for lo in range(0, rows, 1 << 18):
+        block = torch.randn((min(1 << 18, rows - lo), dim), generator=gen, device=device)
+        out[lo : lo + len(block)] = torch.nn.functional.normalize(block, dim=1).cpu().numpy()
+    out.flush()
+    del out
+
+
+def _rss() -> dict[str, int]:
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("RssAnon:", "RssFile:")):
+                name, kb, _ = line.split()
+                fields[name.rstrip(":")] = int(kb) * 1024
+    return fields
+
+
+def load_child(path: Path, device: torch.device) -> dict:
+    """``TorchFlatIndex.from_file`` onto ``device`` from a cold page cache, host RSS sampled every 10 ms."""
+    torch.empty(1, device=device)  # the CUDA context is in the baseline, not in the load
+    with open(path, "rb") as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    base = _rss()
+    peak = dict(base)
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            for k, v in _rss().items():
+                peak[k] = max(peak[k], v)
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    t0 = time.perf_counter()
+    index = TorchFlatIndex.from_file(path, device=device)
+    sync(device)
+    seconds = time.perf_counter() - t0
+    done.set()
+    sampler.join()
+    shard_bytes = sum(s.numel() * s.element_size() for _, s in index._shards)
+    on_host = device.type == "cpu"
+    return {"seconds": seconds, "file_gb": path.stat().st_size / GB, "shard_mb": shard_bytes / MB,
+            "dtype": str(index.dtype).removeprefix("torch."),
+            "host_anon_mb": (peak["RssAnon"] - base["RssAnon"] - (shard_bytes if on_host else 0)) / MB,
+            "host_file_mb": (peak["RssFile"] - base["RssFile"]) / MB}  # fmt: skip
+
+
+def bench_load(folder: Path, rows: int, dim: int, device: torch.device) -> dict:
+    path = folder / f"stream_{rows}x{dim}.npy"
+    t0 = time.perf_counter()
+    write_npy(path, rows, dim, device)
+    wrote = time.perf_counter() - t0
+    out = subprocess.run([sys.executable, __file__, "--load-child", str(path), "--device", device.type],
+                         capture_output=True, text=True)  # fmt: skip
+    path.unlink()
+    if out.returncode:
+        raise SystemExit(out.stderr[-3000:])
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r["write_seconds"] = wrote
+    print(f"  {rows:,} x {dim} float32 ({r['file_gb']:.2f} GB, written in {wrote:.0f} s) -> {r['dtype']} shard "
+          f"({r['shard_mb']:.0f} MiB): {r['seconds']:.1f} s, {r['file_gb'] / r['seconds']:.2f} GB/s of file; host "
+          f"memory beyond the baseline: {r['host_anon_mb']:.0f} MiB anonymous, {r['host_file_mb']:.0f} MiB of the "
+          f"file mapped", flush=True)  # fmt: skip
+    return r
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokenizer", type=Path, help="a folder with bert-base-uncased's tokenizer files (MiniLM's)")
+    p.add_argument("--minilm", type=Path, help="all-MiniLM-L6-v2's folder, for a second encoder row")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--rows", type=int, default=WIKI18_ROWS, help="index rows for the scan")
+    p.add_argument("--dim", type=int, default=768)
+    p.add_argument("--load_rows", type=int, default=2_000_000, help="rows of the index file streamed onto the device")
+    p.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="where the streamed file is written")
+    p.add_argument("--quick", action="store_true", help="shorter timings (a dry run)")
+    p.add_argument("--json", type=Path, help="write every figure here")
+    p.add_argument("--load-child", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    device = torch.device(args.device)
+    if args.load_child:
+        print(json.dumps(load_child(args.load_child, device)))
+        return 0
+
+    report: dict = {"date": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "torch": torch.__version__,
+                    "host": f"{os.cpu_count()} CPUs ({platform.machine()})"}  # fmt: skip
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        report["device"] = f"{props.name}, {props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs"
+    else:
+        report["device"] = "cpu"
+    bandwidth = copy_bandwidth(device, (4 << 30) if device.type == "cuda" else (256 << 20))
+    report["copy_bandwidth_gbs"] = bandwidth / GB
+    print(f"# gpu search path: {report['device']}, torch {torch.__version__}, {report['host']}, {report['date']}")
+    print(f"device-to-device copy: {bandwidth / GB:.0f} GB/s (read + write)", flush=True)
+
+    batches = [1, 16, 64, 256, 1024] if not args.quick else [1, 16, 64]
+    with tempfile.TemporaryDirectory() as tmp:
+        e5 = e5_base_shaped(Path(tmp) / "e5-base-shaped", args.tokenizer)
+        print("query encoder, HFEncoder.encode (tokenising included) and the forward pass alone:")
+        report["encoder"] = bench_encoder("e5-base-v2 shape", e5, device, batches, args.quick)
+        if args.minilm:
+            report["encoder"] += bench_encoder("all-MiniLM-L6-v2", args.minilm, device, batches, args.quick)
+
+        dtype = torch.float16 if device.type == "cuda" else torch.float32
+        index = random_index(args.rows, args.dim, device, dtype)
+        index_bytes = args.rows * args.dim * index._shards[0][1].element_size()
+        bound_s = index_bytes / (bandwidth / 2)  # the scan reads each byte once: read bandwidth is half the copy's
+        report["index"] = {"rows": args.rows, "dim": args.dim, "dtype": str(dtype), "gb": index_bytes / GB,
+                           "bound_ms": bound_s * 1e3}  # fmt: skip
+        print(
+            f"flat scan, TorchFlatIndex.search top-3: {args.rows:,} x {args.dim} {index.describe()}, "
+            f"{index_bytes / GB:.1f} GB; bandwidth bound {bound_s * 1e3:.2f} ms per scan",
+            flush=True,
+        )
+        scan_batches = [1, 8, 64, 256, 1024] if not args.quick else [1, 8, 64]
+        report["scan"] = bench_scan(index, device, scan_batches, bound_s, args.quick,
+                                    [256 * MB, SCORE_BYTES, 4 << 30, 1 << 40])  # fmt: skip
+        print("encode + scan, DenseSearch.search (the server's call per micro-batch):", flush=True)
+        report["end_to_end"] = bench_end_to_end(e5, index, device, [16, 64, 256, 1024] if not args.quick else [16],
+                                                args.quick)  # fmt: skip
+        del index
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    print("streaming an index file onto the device (TorchFlatIndex.from_file, cold page cache):", flush=True)
+    report["load"] = bench_load(args.dir, args.load_rows, args.dim, device)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
