@@ -16,6 +16,7 @@ bandwidth measured first (bytes read + written per second).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -33,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from local_dense_retriever.index import topk, torch_flat  # noqa: E402
 from local_dense_retriever.index.torch_flat import SCORE_BYTES, TorchFlatIndex  # noqa: E402
 
 WIKI18_ROWS = 21_015_324
@@ -72,12 +74,14 @@ def timed(fn, device: torch.device, *, min_seconds: float, min_reps: int = 3, wa
     return float(np.median(times))
 
 
-def copy_bandwidth(device: torch.device, nbytes: int) -> float:
-    """Bytes read + written per second by a device-to-device copy of ``nbytes``."""
+def bandwidths(device: torch.device, nbytes: int) -> tuple[float, float]:
+    """(bytes read + written per second by a device-to-device copy of ``nbytes``, bytes read per second by a max over
+    ``nbytes``: what a scan that reads every byte once is bound by)."""
     src = torch.empty(nbytes // 2, dtype=torch.float16, device=device).fill_(1)
     dst = torch.empty_like(src)
-    seconds = timed(lambda: dst.copy_(src), device, min_seconds=0.5, min_reps=10)
-    return 2 * nbytes / seconds
+    copy = timed(lambda: dst.copy_(src), device, min_seconds=0.5, min_reps=10)
+    read = timed(lambda: torch.amax(src), device, min_seconds=0.5, min_reps=10)
+    return 2 * nbytes / copy, nbytes / read
 
 
 def e5_base_shaped(folder: Path, tokenizer: Path) -> Path:
@@ -131,34 +135,73 @@ def random_index(rows: int, dim: int, device: torch.device, dtype: torch.dtype) 
     return index
 
 
-def bench_scan(index: TorchFlatIndex, device: torch.device, batches: list[int], bound_s: float, quick: bool,
-               score_bytes: list[int]) -> list[dict]:  # fmt: skip
-    """Seconds per ``index.search(queries, 3)`` per batch size (and, at the largest batch, per score-buffer bound),
-    and the device memory the search took beyond the index."""
+def rowwise_ties_topk(scores: torch.Tensor, k: int, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The selection GPU scans used before grouped_topk (the baseline): one top-k over every column, and each row
+    with a tie at the cut re-selected on its own (a sort of its candidates, two device syncs per row), after a copy
+    of the scores in float32."""
+    scores = scores.float()
+    k = min(k, scores.shape[1])
+    s, i = torch.topk(scores, min(k + 1, scores.shape[1]), dim=1)
+    tied = (s[:, k - 1] == s[:, k]).nonzero().flatten().tolist() if s.shape[1] > k else []
+    s, i = s[:, :k].clone(), i[:, :k].clone()
+    for row in tied:
+        cand = (scores[row] >= s[row, k - 1]).nonzero().flatten()
+        order = torch.sort(scores[row, cand], descending=True, stable=True).indices[:k]
+        s[row], i[row] = scores[row, cand[order]], cand[order]
+    s, i = topk.ranked(s, i)
+    return s, i + offset
+
+
+#: the selection ``TorchFlatIndex.search`` uses on a GPU, and the alternatives measured against it
+SELECTIONS = {
+    "grouped 256": torch_flat.grouped_topk,
+    "one pass": topk.block_topk,
+    "before": rowwise_ties_topk,
+    "grouped 64": functools.partial(topk.grouped_topk, group=64),
+    "grouped 1024": functools.partial(topk.grouped_topk, group=1024),
+}
+
+
+def bench_scan(index: TorchFlatIndex, device: torch.device, plan: list[tuple[int, int, str]], bound_s: float,
+               quick: bool) -> list[dict]:  # fmt: skip
+    """Seconds per ``index.search(queries, 3)`` for each (batch, score-buffer bound, selection) of ``plan``, and the
+    device memory the search took beyond the index."""
     rows = []
     gen = torch.Generator(device=device).manual_seed(1)
-    plan = [(b, SCORE_BYTES) for b in batches] + [(batches[-1], s) for s in score_bytes if s != SCORE_BYTES]
-    for b, bound_bytes in plan:
+    for b, bound_bytes, selection in plan:
         index._score_bytes = bound_bytes
+        torch_flat.grouped_topk = SELECTIONS[selection]  # the name search() calls on a GPU
         queries = torch.nn.functional.normalize(torch.randn((b, index.dim), generator=gen, device=device), dim=1)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
+        label = f"  batch {b:5d}, {selection:12}, score buffer <= {bound_bytes / MB:7.0f} MiB:"
         try:
-            seconds = timed(lambda q=queries: index.search(q, 3), device, min_seconds=0.3 if quick else 2.0)
+            seconds = timed(lambda q=queries: index.search(q, 3), device, min_seconds=0.3 if quick else 1.5)
         except RuntimeError as e:  # torch.OutOfMemoryError among them: the unbounded buffer may not fit
-            rows.append({"batch": b, "score_bytes": bound_bytes, "error": str(e)[:300]})
-            print(f"  batch {b:5d}, score buffer <= {bound_bytes / MB:7.0f} MiB: {str(e)[:120]}", flush=True)
+            rows.append({"batch": b, "score_bytes": bound_bytes, "selection": selection, "error": str(e)[:300]})
+            print(f"{label} {str(e)[:120]}", flush=True)
             torch.cuda.empty_cache()
             continue
         extra = (torch.cuda.max_memory_allocated(device) - base) / MB if device.type == "cuda" else float("nan")
-        rows.append({"batch": b, "score_bytes": bound_bytes, "ms": seconds * 1e3, "qps": b / seconds,
-                     "x_bound": seconds / bound_s, "extra_mb": extra})  # fmt: skip
+        rows.append({"batch": b, "score_bytes": bound_bytes, "selection": selection, "ms": seconds * 1e3,
+                     "qps": b / seconds, "x_bound": seconds / bound_s, "extra_mb": extra})  # fmt: skip
         r = rows[-1]
-        line = f"  batch {b:5d}, score buffer <= {bound_bytes / MB:7.0f} MiB: {r['ms']:8.2f} ms per search "
-        print(line + f"{r['qps']:9.0f} q/s  {r['x_bound']:5.2f}x the bandwidth bound  +{extra:7.0f} MiB", flush=True)
+        print(f"{label} {r['ms']:8.2f} ms {r['qps']:7.0f} q/s {r['x_bound']:6.2f}x bound +{extra:6.0f} MiB", flush=True)
     index._score_bytes = SCORE_BYTES
+    torch_flat.grouped_topk = SELECTIONS["grouped 256"]
     return rows
+
+
+def scan_plan(quick: bool) -> list[tuple[int, int, str]]:
+    """Every batch size with the default, one pass and the selection before; group sizes and score bounds at 256
+    queries (the server's default largest batch) and 1,024."""
+    batches = [1, 8, 64, 256, 1024] if not quick else [1, 8, 64]
+    plan = [(b, SCORE_BYTES, name) for name in ("grouped 256", "one pass", "before") for b in batches]
+    for b in batches[-2:]:
+        plan += [(b, SCORE_BYTES, "grouped 64"), (b, SCORE_BYTES, "grouped 1024")]
+        plan += [(b, bound, "grouped 256") for bound in (256 * MB, 4 << 30, 1 << 40)]
+    return plan
 
 
 def bench_end_to_end(encoder_path: Path, index: TorchFlatIndex, device: torch.device, batches: list[int],
@@ -175,6 +218,22 @@ def bench_end_to_end(encoder_path: Path, index: TorchFlatIndex, device: torch.de
         rows.append({"batch": b, "ms": seconds * 1e3, "qps": b / seconds})
         print(f"  batch {b:5d}: {seconds * 1e3:8.2f} ms per batch {b / seconds:9.0f} q/s", flush=True)
     return rows
+
+
+def bench_index(e5: Path, device: torch.device, args: argparse.Namespace, read: float) -> dict:
+    """The flat scan at ``args.rows`` rows (``scan_plan``), then encode + scan, as report entries."""
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    index = random_index(args.rows, args.dim, device, dtype)
+    index_bytes = args.rows * args.dim * index._shards[0][1].element_size()
+    bound_s = index_bytes / read  # a scan reads each byte of the index once
+    print(f"flat scan, TorchFlatIndex.search top-3: {index.describe()}, {index_bytes / GB:.1f} GB; "
+          f"bandwidth bound {bound_s * 1e3:.2f} ms per scan", flush=True)  # fmt: skip
+    out = {"index": {"rows": args.rows, "dim": args.dim, "dtype": str(dtype), "gb": index_bytes / GB,
+                     "bound_ms": bound_s * 1e3}}  # fmt: skip
+    out["scan"] = bench_scan(index, device, scan_plan(args.quick), bound_s, args.quick)
+    print("encode + scan, DenseSearch.search (the server's call per micro-batch):", flush=True)
+    out["end_to_end"] = bench_end_to_end(e5, index, device, [16, 64, 256, 1024] if not args.quick else [16], args.quick)
+    return out
 
 
 def write_npy(path: Path, rows: int, dim: int, device: torch.device) -> None:
@@ -258,6 +317,7 @@ def main() -> int:
     p.add_argument("--load_rows", type=int, default=2_000_000, help="rows of the index file streamed onto the device")
     p.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="where the streamed file is written")
     p.add_argument("--quick", action="store_true", help="shorter timings (a dry run)")
+    p.add_argument("--parts", default="encoder,scan,load", help="which of encoder, scan (and encode + scan), load")
     p.add_argument("--json", type=Path, help="write every figure here")
     p.add_argument("--load-child", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -273,41 +333,26 @@ def main() -> int:
         report["device"] = f"{props.name}, {props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs"
     else:
         report["device"] = "cpu"
-    bandwidth = copy_bandwidth(device, (4 << 30) if device.type == "cuda" else (256 << 20))
-    report["copy_bandwidth_gbs"] = bandwidth / GB
+    copy, read = bandwidths(device, (4 << 30) if device.type == "cuda" else (256 << 20))
+    report["copy_bandwidth_gbs"], report["read_bandwidth_gbs"] = copy / GB, read / GB
     print(f"# gpu search path: {report['device']}, torch {torch.__version__}, {report['host']}, {report['date']}")
-    print(f"device-to-device copy: {bandwidth / GB:.0f} GB/s (read + write)", flush=True)
+    print(f"device-to-device copy: {copy / GB:.0f} GB/s (read + write); a max over the same bytes reads "
+          f"{read / GB:.0f} GB/s", flush=True)  # fmt: skip
 
+    parts = set(args.parts.split(","))
     batches = [1, 16, 64, 256, 1024] if not args.quick else [1, 16, 64]
     with tempfile.TemporaryDirectory() as tmp:
         e5 = e5_base_shaped(Path(tmp) / "e5-base-shaped", args.tokenizer)
-        print("query encoder, HFEncoder.encode (tokenising included) and the forward pass alone:")
-        report["encoder"] = bench_encoder("e5-base-v2 shape", e5, device, batches, args.quick)
-        if args.minilm:
-            report["encoder"] += bench_encoder("all-MiniLM-L6-v2", args.minilm, device, batches, args.quick)
-
-        dtype = torch.float16 if device.type == "cuda" else torch.float32
-        index = random_index(args.rows, args.dim, device, dtype)
-        index_bytes = args.rows * args.dim * index._shards[0][1].element_size()
-        bound_s = index_bytes / (bandwidth / 2)  # the scan reads each byte once: read bandwidth is half the copy's
-        report["index"] = {"rows": args.rows, "dim": args.dim, "dtype": str(dtype), "gb": index_bytes / GB,
-                           "bound_ms": bound_s * 1e3}  # fmt: skip
-        print(
-            f"flat scan, TorchFlatIndex.search top-3: {args.rows:,} x {args.dim} {index.describe()}, "
-            f"{index_bytes / GB:.1f} GB; bandwidth bound {bound_s * 1e3:.2f} ms per scan",
-            flush=True,
-        )
-        scan_batches = [1, 8, 64, 256, 1024] if not args.quick else [1, 8, 64]
-        report["scan"] = bench_scan(index, device, scan_batches, bound_s, args.quick,
-                                    [256 * MB, SCORE_BYTES, 4 << 30, 1 << 40])  # fmt: skip
-        print("encode + scan, DenseSearch.search (the server's call per micro-batch):", flush=True)
-        report["end_to_end"] = bench_end_to_end(e5, index, device, [16, 64, 256, 1024] if not args.quick else [16],
-                                                args.quick)  # fmt: skip
-        del index
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    print("streaming an index file onto the device (TorchFlatIndex.from_file, cold page cache):", flush=True)
-    report["load"] = bench_load(args.dir, args.load_rows, args.dim, device)
+        if "encoder" in parts:
+            print("query encoder, HFEncoder.encode (tokenising included) and the forward pass alone:")
+            report["encoder"] = bench_encoder("e5-base-v2 shape", e5, device, batches, args.quick)
+            if args.minilm:
+                report["encoder"] += bench_encoder("all-MiniLM-L6-v2", args.minilm, device, batches, args.quick)
+        if "scan" in parts:
+            report.update(bench_index(e5, device, args, read))
+    if "load" in parts:
+        print("streaming an index file onto the device (TorchFlatIndex.from_file, cold page cache):", flush=True)
+        report["load"] = bench_load(args.dir, args.load_rows, args.dim, device)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     return 0

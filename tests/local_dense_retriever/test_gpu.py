@@ -61,3 +61,16 @@ def test_fp16_cuda_encoder_matches_cpu():
     assert gpu.dtype == torch.float32 and gpu.device.type == "cuda"
     cos = torch.nn.functional.cosine_similarity(cpu, gpu.cpu().float(), dim=-1)
     assert (cos > 0.999).all()
+
+
+def test_cuda_grouped_topk_is_the_cpu_one_pass_selection():
+    """The two-pass selection a GPU scan uses gives, on CUDA, what one pass gives on the CPU, ties included."""
+    from local_dense_retriever.index.topk import block_topk, grouped_topk
+
+    rng = np.random.default_rng(2)
+    for values in (rng.standard_normal((64, 200_003)), rng.integers(0, 40, (64, 200_003))):
+        scores = torch.from_numpy(values.astype(np.float32)).half()
+        want_s, want_i = block_topk(scores.float(), 10, 7)
+        got_s, got_i = grouped_topk(scores.cuda(), 10, 7)
+        np.testing.assert_array_equal(got_i.cpu().numpy(), want_i.numpy())
+        np.testing.assert_array_equal(got_s.float().cpu().numpy(), want_s.numpy())
