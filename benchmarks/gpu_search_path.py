@@ -24,7 +24,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,6 +32,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from index_streaming import drop_cached, rss_peaks  # noqa: E402
 
 from local_dense_retriever.index import topk, torch_flat  # noqa: E402
 from local_dense_retriever.index.torch_flat import SCORE_BYTES, TorchFlatIndex  # noqa: E402
@@ -247,39 +248,15 @@ def write_npy(path: Path, rows: int, dim: int, device: torch.device) -> None:
     del out
 
 
-def _rss() -> dict[str, int]:
-    fields = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("RssAnon:", "RssFile:")):
-                name, kb, _ = line.split()
-                fields[name.rstrip(":")] = int(kb) * 1024
-    return fields
-
-
 def load_child(path: Path, device: torch.device) -> dict:
     """``TorchFlatIndex.from_file`` onto ``device`` from a cold page cache, host RSS sampled every 10 ms."""
     torch.empty(1, device=device)  # the CUDA context is in the baseline, not in the load
-    with open(path, "rb") as f:
-        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-    base = _rss()
-    peak = dict(base)
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            for k, v in _rss().items():
-                peak[k] = max(peak[k], v)
-            time.sleep(0.01)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    t0 = time.perf_counter()
-    index = TorchFlatIndex.from_file(path, device=device)
-    sync(device)
-    seconds = time.perf_counter() - t0
-    done.set()
-    sampler.join()
+    drop_cached(path)
+    with rss_peaks(every_s=0.01) as (base, peak):
+        t0 = time.perf_counter()
+        index = TorchFlatIndex.from_file(path, device=device)
+        sync(device)
+        seconds = time.perf_counter() - t0
     shard_bytes = sum(s.numel() * s.element_size() for _, s in index._shards)
     on_host = device.type == "cpu"
     return {"seconds": seconds, "file_gb": path.stat().st_size / GB, "shard_mb": shard_bytes / MB,

@@ -14,6 +14,7 @@ there), plus whatever the file leaves mapped (RssFile).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -54,15 +55,16 @@ def _status() -> dict[str, int]:
     return fields
 
 
-def child(path: Path, mode: str) -> dict:
-    """One load in this process; returns seconds and peak memory above the start."""
-    import torch
-
-    from local_dense_retriever.index.torch_flat import TorchFlatIndex, read_flat_vectors
-
-    torch.set_num_threads(1)
-    with open(path, "rb") as f:  # cold cache: the load reads the disk, as a fresh machine would
+def drop_cached(path: Path) -> None:
+    """Drop ``path``'s pages from the page cache: the next read comes from the disk, as on a fresh machine."""
+    with open(path, "rb") as f:
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+@contextlib.contextmanager
+def rss_peaks(every_s: float = 0.02):
+    """``(base, peak)``: this process's ``RssAnon`` and ``RssFile`` on entry, and their highest values while the block
+    runs (sampled every ``every_s`` by a thread; ``peak`` is complete once the block exits)."""
     base = _status()
     peak = dict(base)
     done = threading.Event()
@@ -71,21 +73,35 @@ def child(path: Path, mode: str) -> dict:
         while not done.is_set():
             for k, v in _status().items():
                 peak[k] = max(peak[k], v)
-            time.sleep(0.02)
+            time.sleep(every_s)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    t0 = time.perf_counter()
-    cpu = torch.device("cpu")
-    if mode == "streamed":
-        index = TorchFlatIndex.from_file(path, device=cpu, dtype="bfloat16")
-    else:
-        index = TorchFlatIndex(read_flat_vectors(path), device=cpu, dtype="bfloat16")
-    seconds = time.perf_counter() - t0
-    done.set()
-    sampler.join()
-    for k, v in _status().items():
-        peak[k] = max(peak[k], v)
+    try:
+        yield base, peak
+    finally:
+        done.set()
+        sampler.join()
+        for k, v in _status().items():
+            peak[k] = max(peak[k], v)
+
+
+def child(path: Path, mode: str) -> dict:
+    """One load in this process; returns seconds and peak memory above the start."""
+    import torch
+
+    from local_dense_retriever.index.torch_flat import TorchFlatIndex, read_flat_vectors
+
+    torch.set_num_threads(1)
+    drop_cached(path)
+    with rss_peaks() as (base, peak):
+        t0 = time.perf_counter()
+        cpu = torch.device("cpu")
+        if mode == "streamed":
+            index = TorchFlatIndex.from_file(path, device=cpu, dtype="bfloat16")
+        else:
+            index = TorchFlatIndex(read_flat_vectors(path), device=cpu, dtype="bfloat16")
+        seconds = time.perf_counter() - t0
     shard_bytes = sum(s.numel() * s.element_size() for _, s in index._shards)
     return {"mode": mode, "seconds": seconds, "file_gb": path.stat().st_size / 1e9, "shard_mb": shard_bytes / MB,
             "anon_above_shards_mb": (peak["RssAnon"] - base["RssAnon"] - shard_bytes) / MB,
