@@ -131,12 +131,24 @@ def main(argv: list[str] | None = None) -> int:
         print(example_trajectory(Path(result.artifacts["validation_dumps"])))
     print()
     print(render_table(result.results, result.gain))
-    timing = ", ".join(f"{k} {v:.0f} s" for k, v in result.seconds.items())
-    note = "a stage reused from --out shows the time it took when built; one restored from the cache, 0"
-    print(f"time (this machine; {note}): {timing}")
+    print(time_line(result.seconds, result.reused))
     for name, path in result.artifacts.items():
         print(f"{name}: {path}")
     return 0
+
+
+def time_line(seconds: dict[str, float], reused: dict[str, str]) -> str:
+    """This run's time per stage; a stage it did not build is named with where it came from and, when its marker
+    knows, how long its build took (wherever it was built)."""
+    parts = []
+    for name, s in seconds.items():
+        if name not in reused:
+            parts.append(f"{name} {s:.0f} s")
+        elif reused[name] == "built before" and s:
+            parts.append(f"{name} reused (its build took {s:.0f} s)")
+        else:
+            parts.append(f"{name} {reused[name]}")
+    return "time of this run: " + ", ".join(parts)
 
 
 if __name__ == "__main__":

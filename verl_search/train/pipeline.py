@@ -40,6 +40,8 @@ class PipelineResult:
     results: list[StageResult]
     seconds: dict[str, float] = field(default_factory=dict)
     artifacts: dict[str, str] = field(default_factory=dict)
+    #: stages this run did not build, and where they came from (their ``seconds`` are from when they were built)
+    reused: dict[str, str] = field(default_factory=dict)
     gain: Gain | None = None  # EM after GRPO minus after SFT, paired over the held-out questions
 
 
@@ -57,16 +59,20 @@ def _report(run: GRPORun, val_data: Path) -> Path:
     return run.val_dir / "report.md"
 
 
-def _announce_base_model(progress: Progress, config: TrainConfig, rows, out: Path, restored: Path | None) -> None:
+def _announce_base_model(progress: Progress, config: TrainConfig, rows, out: Path, restored: Path | None) -> str:
+    """Say what the base-model stage will do; returns where a base model not built by this run comes from, or ''."""
     if not config.pretrain.enabled:
         progress.stage("base model", "none, SFT starts from the random initial model", None)
     elif restored is not None:
         progress.stage("base model", f"restored from {restored}", None)
+        return f"restored from {restored}"
     elif base_stage(config, rows, out).done() is not None:
         progress.stage("base model", f"built before in {out / 'base_model'}", None)
+        return "built before"
     else:
         what = "pre-training on other toy worlds (copying, language, search trajectories), once per machine"
         progress.stage("base model", what, base_model_seconds(config))
+    return ""
 
 
 def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult:
@@ -80,6 +86,7 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
         shutil.rmtree(out / "grpo", ignore_errors=True)
     logs = out / "logs"
     seconds: dict[str, float] = {}
+    reused: dict[str, str] = {}
     started = time.monotonic()
     progress = Progress(stage_count(config))
     if config.retriever_url is None:
@@ -95,7 +102,8 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
         restored = base_cache.restore(config, settings, out)  # a base model built by another run folder on this machine
         if restored is None and shipped_base.restore(config, settings, out):  # else the repository's, when it fits
             restored = shipped_base.SHIPPED
-        _announce_base_model(progress, config, settings, out, restored)
+        if origin := _announce_base_model(progress, config, settings, out, restored):
+            reused["base_model"] = origin
         model0 = initial_stage(config, settings, out)
         model0.ensure()
         seconds["data_and_initial_model"] = time.monotonic() - t
@@ -108,6 +116,7 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
         sft_rows = data.stats.get("sft_trajectories", 0) + data.stats.get("sft_answered_without_search", 0)
         if sft_stage(config, data.sft, model0, out / "sft", config.sft.epochs, inputs).done() is not None:
             progress.stage("SFT warm start", f"built before in {out / 'sft'}", None)
+            reused["sft"] = "built before"
         else:
             epochs = f"{config.sft.epochs} epoch" + ("s" if config.sft.epochs > 1 else "")
             what = f"verl's SFT trainer on {sft_rows} trajectories, {epochs}"
@@ -142,6 +151,8 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
         grpo_inputs = {**inputs, "model": "sft", "sft": config.sft.model_dump(mode="json")}
         grpo = run_grpo(config, sft_model, data.rl, data.eval, data.tool_yaml, out / "grpo", key=grpo_inputs)
         seconds["grpo"] = grpo.seconds
+        if grpo.reused:
+            reused["grpo"] = "built before"
     report = _report(grpo, data.eval)
     results += [
         stage_result("after SFT", _sft_label(data.stats), grpo.val_dir, data.eval, step=0),
@@ -156,9 +167,10 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
         metrics=str(grpo.metrics),
         validation_dumps=str(grpo.val_dir),
     )
-    result = PipelineResult(results, seconds, artifacts, paired_gain(grpo.val_dir))
+    result = PipelineResult(results, seconds, artifacts, paired_gain(grpo.val_dir), reused)
     with atomic_path(out / "summary.json") as tmp:
-        summary = {"results": as_dicts(results), "seconds": seconds, "artifacts": artifacts, "data": data.stats}
+        summary = {"results": as_dicts(results), "seconds": seconds, "reused": reused, "artifacts": artifacts}
+        summary["data"] = data.stats
         summary["grpo_gain"] = asdict(result.gain)
         tmp.write_text(json.dumps(summary, indent=2), encoding="utf-8")
     with atomic_path(out / "summary.md") as tmp:

@@ -120,6 +120,7 @@ class GRPORun:
     metrics: Path
     val_dir: Path
     seconds: float
+    reused: bool = False  # finished by an earlier run: ``seconds`` is that run's
 
 
 def grpo_knobs(config: TrainConfig, model: Path, train: Path, val: Path, run_dir: Path) -> CpuRunKnobs:
@@ -254,4 +255,4 @@ def run_grpo(
     """Run (or reuse) :func:`grpo_stage`; returns the run's paths and the seconds it took (when it was built)."""
     stage = grpo_stage(config, model, train, val, tool_yaml, run_dir, val_only=val_only, key=key)
     record = stage.ensure()
-    return GRPORun(run_dir, run_dir / "metrics.jsonl", run_dir / "val_generations", record.seconds)
+    return GRPORun(run_dir, run_dir / "metrics.jsonl", run_dir / "val_generations", record.seconds, record.reused)

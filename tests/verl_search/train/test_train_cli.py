@@ -101,3 +101,16 @@ def test_a_bad_reward_option_is_refused_before_any_stage(
     err = capsys.readouterr().err
     assert err.startswith("error: ") and named in err
     assert not out.exists()
+
+
+def test_time_line_tells_this_runs_stages_from_reused_ones() -> None:
+    """A rerun's time line must not add a reused stage's old build time to this run (the demo rerun printed
+    'base_model 645 s, sft 284 s ... total 241 s')."""
+    from verl_search.train.__main__ import time_line
+
+    seconds = {"retriever_start": 4.2, "base_model": 645.0, "sft": 284.0, "grpo": 234.0, "total": 241.0}
+    line = time_line(seconds, {"base_model": "restored from the repository", "sft": "built before"})
+    assert line == (
+        "time of this run: retriever_start 4 s, base_model restored from the repository, "
+        "sft reused (its build took 284 s), grpo 234 s, total 241 s"
+    )
