@@ -40,9 +40,9 @@ class PipelineResult:
     results: list[StageResult]
     seconds: dict[str, float] = field(default_factory=dict)
     artifacts: dict[str, str] = field(default_factory=dict)
+    gain: Gain | None = None  # EM after GRPO minus after SFT, paired over the held-out questions
     #: stages this run did not build, and where they came from (their ``seconds`` are from when they were built)
     reused: dict[str, str] = field(default_factory=dict)
-    gain: Gain | None = None  # EM after GRPO minus after SFT, paired over the held-out questions
 
 
 def _sft_label(stats: dict) -> str:
@@ -167,7 +167,7 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
         metrics=str(grpo.metrics),
         validation_dumps=str(grpo.val_dir),
     )
-    result = PipelineResult(results, seconds, artifacts, paired_gain(grpo.val_dir), reused)
+    result = PipelineResult(results, seconds, artifacts, gain=paired_gain(grpo.val_dir), reused=reused)
     with atomic_path(out / "summary.json") as tmp:
         summary = {"results": as_dicts(results), "seconds": seconds, "reused": reused, "artifacts": artifacts}
         summary["data"] = data.stats
