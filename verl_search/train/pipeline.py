@@ -168,12 +168,16 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
         validation_dumps=str(grpo.val_dir),
     )
     result = PipelineResult(results, seconds, artifacts, gain=paired_gain(grpo.val_dir), reused=reused)
-    with atomic_path(out / "summary.json") as tmp:
-        summary = {"results": as_dicts(results), "seconds": seconds, "reused": reused, "artifacts": artifacts}
-        summary["data"] = data.stats
-        summary["grpo_gain"] = asdict(result.gain)
-        tmp.write_text(json.dumps(summary, indent=2), encoding="utf-8")
-    with atomic_path(out / "summary.md") as tmp:
-        tmp.write_text(render_table(results, result.gain), encoding="utf-8")
+    write_summary(out, result, data.stats)
     logger.info("plots: %s", [str(p) for p in plots])
     return result
+
+
+def write_summary(out: Path, result: PipelineResult, data_stats: dict) -> None:
+    """``summary.json`` (what ``make train-seeds`` and the README's tables read) and ``summary.md`` (the table)."""
+    with atomic_path(out / "summary.json") as tmp:
+        summary = {"results": as_dicts(result.results), "seconds": result.seconds, "reused": result.reused}
+        summary |= {"artifacts": result.artifacts, "data": data_stats, "grpo_gain": asdict(result.gain)}
+        tmp.write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    with atomic_path(out / "summary.md") as tmp:
+        tmp.write_text(render_table(result.results, result.gain), encoding="utf-8")
