@@ -110,7 +110,7 @@ def main() -> int:
             with open(log, "w") as f:
                 subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, check=False)
             runs.append(parse(name, log))
-            print(table(runs[-1:]).splitlines()[2], flush=True)
+            print(table(runs).splitlines()[1 + len(runs)], flush=True)  # this run's row
     print(table(runs))
     return 0
 
