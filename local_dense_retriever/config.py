@@ -83,6 +83,13 @@ class ServerConfig(BaseModel):
     index_dtype: Precision = Field(
         default="auto", description="torch backend vector dtype; 'auto' = float16 on CUDA, float32 on CPU."
     )
+    score_buffer_mb: int = Field(
+        default=1024,
+        ge=1,
+        description="torch backend: most MiB the (queries x rows) score buffer of one search step may take on each "
+        "device, beside the index; a GPU scans its shard in as many steps as this needs. Larger is somewhat faster "
+        "for big batches on a GPU with memory to spare.",
+    )
     encoder_shape_multiple: int = Field(
         default=4,
         ge=1,

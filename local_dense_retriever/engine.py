@@ -164,7 +164,12 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
                     from local_dense_retriever.index.torch_flat import TorchFlatIndex
 
                     device = resolve_device(config.device)
-                    index = TorchFlatIndex.from_file(Path(config.index_path), device=device, dtype=config.index_dtype)
+                    index = TorchFlatIndex.from_file(
+                        Path(config.index_path),
+                        device=device,
+                        dtype=config.index_dtype,
+                        score_bytes=config.score_buffer_mb << 20,
+                    )
                 else:
                     from local_dense_retriever.index.faiss_index import FaissIndex
 

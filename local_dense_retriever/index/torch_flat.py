@@ -26,7 +26,7 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 CPU_CHUNK_ROWS = 1 << 18
 #: the most memory the (queries x rows) score buffer of one step of a search may take on any device: a GPU shard is
 #: scanned in as many steps as this needs (at wiki-18 scale, one step over a whole 21M-row shard would need
-#: batch x 21M x 2 bytes, 21 GB at 512 queries, beside the 32 GB index)
+#: batch x 21M x 2 bytes, 21 GB at 512 queries, beside the 32 GB index); the server's --score_buffer_mb
 SCORE_BYTES = 1 << 30
 
 
@@ -222,9 +222,11 @@ class TorchFlatIndex:
             self._shards.append((lo, part))
 
     @classmethod
-    def from_file(cls, path: Path, *, device: torch.device, dtype: str = "auto") -> TorchFlatIndex:
+    def from_file(
+        cls, path: Path, *, device: torch.device, dtype: str = "auto", score_bytes: int = SCORE_BYTES
+    ) -> TorchFlatIndex:
         """The index of ``path``: memory-mapped when it stays float32 on the CPU (no copy, instant), else streamed."""
-        return cls(index_source(Path(path), device, dtype), device=device, dtype=dtype)
+        return cls(index_source(Path(path), device, dtype), device=device, dtype=dtype, score_bytes=score_bytes)
 
     def __len__(self) -> int:
         return self._n

@@ -67,7 +67,9 @@ class ShardSearcher:
         self.lo, self.hi = shard_bounds(int(vectors.shape[0]), shards)[shard]
         self.total = int(vectors.shape[0])
         mine = vectors[self.lo : self.hi] if isinstance(vectors, np.ndarray) else vectors.window(self.lo, self.hi)
-        self.index = TorchFlatIndex(mine, device=device, dtype=config.index_dtype)
+        self.index = TorchFlatIndex(
+            mine, device=device, dtype=config.index_dtype, score_bytes=config.score_buffer_mb << 20
+        )
 
     def info(self) -> ShardInfo:
         return ShardInfo(self.lo, self.hi, self.total, self.index.dim)

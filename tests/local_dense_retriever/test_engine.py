@@ -53,3 +53,17 @@ def test_config_rejects_unknown_keys_and_inconsistent_limits():
         ServerConfig(retreiver_name="e5")
     with pytest.raises(ValidationError, match="a full request could never be queued"):
         ServerConfig(max_queue=8, max_queries_per_request=64)
+
+
+def test_a_small_score_buffer_steps_the_scan_and_keeps_answers(minilm_index, toy_dataset, minilm_path, toy_questions):
+    """--score_buffer_mb bounds the memory of one search step, never the answer."""
+    from local_dense_retriever.retrieval_server import config_from_args
+
+    common = ["--index_path", str(minilm_index["npy"]), "--corpus_path", str(toy_dataset.corpus_path),
+              "--retriever_name", "minilm", "--retriever_model", str(minilm_path), "--device", "cpu"]  # fmt: skip
+    config, _ = config_from_args([*common, "--score_buffer_mb", "1"])
+    small, default = load_engine(config, progress=False), load_engine(config_from_args(common)[0], progress=False)
+    questions = [q["question"] for q in toy_questions] * 70  # 2,100: 1 MiB holds their scores over 124 rows
+    index = small.backend.index
+    assert index._rows_per_step(index._shards[0][1], len(questions)) < len(index) // 2
+    assert small.search(questions, 5) == default.search(questions, 5)
