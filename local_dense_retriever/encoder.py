@@ -13,6 +13,7 @@ from typing import Literal, Protocol, get_args
 import numpy as np
 import torch
 
+from local_dense_retriever.batch_tokenizer import BatchTokenizer
 from local_dense_retriever.config import Precision, ServerConfig
 from local_dense_retriever.errors import EncoderError
 
@@ -152,6 +153,9 @@ class HFEncoder:
             model = AutoModel.from_pretrained(str(model_name_or_path))
         except (OSError, ValueError) as e:
             raise EncoderError(f"cannot load encoder {model_name_or_path!r}: {e}") from e
+        self._tokenize = BatchTokenizer(
+            self.tokenizer, max_length, self.shape_multiple if self.shape_multiple > 1 else None
+        )
         self.dim = int(model.config.hidden_size)
         model = model.to(device=self.device).eval()
         if dtype == "auto" and self.device.type == "cpu":
@@ -212,14 +216,7 @@ class HFEncoder:
         n, m = len(texts), self.shape_multiple
         if m > 1 and n > m:  # a few shapes, each compiled once (ServerConfig.encoder_shape_multiple); fewer rows
             texts = texts + [""] * (-n % m)  # than m are left as they are (m - 1 shapes; a lone query is not m rows)
-        batch = self.tokenizer(
-            texts,
-            padding=True,
-            truncation=True,
-            max_length=self.max_length,
-            pad_to_multiple_of=m if m > 1 else None,
-            return_tensors="pt",
-        ).to(self.device)
+        batch = {name: t.to(self.device) for name, t in self._tokenize(texts).items()}
         out = self.model(**batch).last_hidden_state.float()  # pool and normalise in float32 whatever the model dtype
         if self.pooling == "cls":
             emb = out[:, 0]
