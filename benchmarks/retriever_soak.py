@@ -5,7 +5,8 @@
 
 The server is the real CLI on the 100k-passage toy corpus (as ``retriever_load.py``). Every sample reads its
 ``/metrics``: RSS and the C heap (``in_use``: allocated; ``free``: held by malloc; ``mapped``: large blocks mapped on
-their own; local_dense_retriever/memory.py), and the queries answered since the last sample. After the warm-up, RSS
+their own; local_dense_retriever/memory.py), the queries answered since the last sample and their mean batch
+(the batcher's regime). After the warm-up, RSS
 is fitted with a line: the growth per minute, and the last sample against the first, are the verdict.
 """
 
@@ -54,18 +55,21 @@ async def soak(url: str, questions: list[str], clients: int, minutes: float, sam
         tasks = [asyncio.create_task(client(i)) for i in range(clients)]
         samples: list[dict] = []
         t0 = time.perf_counter()
-        last_t, last_answered = t0, 0
+        last_t, last_answered, last_batches = t0, 0, 0
         while (now := time.perf_counter()) - t0 < minutes * 60:
             await asyncio.sleep(sample_s)
-            memory = (await asyncio.to_thread(server_metrics, url))["memory_bytes"] or {}
+            metrics = await asyncio.to_thread(server_metrics, url)
+            memory = metrics["memory_bytes"] or {}
             now = time.perf_counter()
+            batches = metrics["batches_total"] - last_batches  # the batcher's mean batch over this sample
             sample = {"t_s": now - t0, "qps": (answered - last_answered) / (now - last_t), "errors": errors,
+                      "mean_batch": (answered - last_answered) / batches if batches else None,
                       **{f"{k}_mb": v / MB for k, v in memory.items()}}  # fmt: skip
-            last_t, last_answered = now, answered
+            last_t, last_answered, last_batches = now, answered, metrics["batches_total"]
             samples.append(sample)
             print(f"{sample['t_s']:7.0f} {sample.get('rss_mb', float('nan')):8.1f} {sample.get('in_use_mb', 0):8.1f} "
                   f"{sample.get('free_mb', 0):8.1f} {sample.get('mapped_mb', 0):8.1f} {sample['qps']:7.1f} "
-                  f"{errors:6d}", flush=True)  # fmt: skip
+                  f"{sample['mean_batch'] or 0:6.1f} {errors:6d}", flush=True)  # fmt: skip
         stop = True
         await asyncio.gather(*tasks)
     return samples
@@ -105,7 +109,7 @@ def main() -> int:
     cpu = f"{os.cpu_count()} CPUs ({platform.machine()})"
     print(f"# retriever soak: {args.passages:,} passages ({kind} vectors), C={args.clients}, {args.minutes:g} min, "
           f"malloc_trim every {trim}, {cpu}, {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
-    print(f"{'t s':>7} {'RSS MB':>8} {'in use':>8} {'free':>8} {'mapped':>8} {'q/s':>7} {'errors':>6}")
+    print(f"{'t s':>7} {'RSS MB':>8} {'in use':>8} {'free':>8} {'mapped':>8} {'q/s':>7} {'batch':>6} {'errors':>6}")
     try:
         samples = asyncio.run(soak(url, questions, args.clients, args.minutes, args.sample_s))
     finally:

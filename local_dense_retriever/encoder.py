@@ -138,9 +138,9 @@ class HFEncoder:
         max_length: int = 256,
         shape_multiple: int = 1,
     ) -> None:
-        """``shape_multiple``: on the CPU, pad each forward pass's token length, and a row count above it, up to a
-        multiple of it (rows of padding are dropped from the output), bounding the kernel shapes oneDNN compiles and
-        caches."""
+        """``shape_multiple``: on the CPU, pad each forward pass's token length (never past ``max_length``), and a row
+        count above it, up to a multiple of it (rows of padding are dropped from the output), bounding the kernel
+        shapes oneDNN compiles and caches. Batches are tokenised by :class:`BatchTokenizer`."""
         from transformers import AutoModel, AutoTokenizer
 
         self.device = resolve_device(device)

@@ -1,0 +1,108 @@
+"""The batcher's regime under closed-loop load, over time: queries/s, batches/s, mean batch, CPU of server and clients.
+
+    python benchmarks/retriever_soak.py ...                       # memory; this one watches the batch size
+    python benchmarks/batch_regimes.py [--minutes 7] [--clients 64] [--sample_s 15] [-- <server flags>]
+
+C closed-loop single-query clients (this process) against the batched server on the 100k-passage toy corpus (as
+``retriever_load.py``). Every sample: the queries answered and batches run since the last one (their mean batch),
+the server's and this process's CPU in cores (``/proc``), and the server's busiest threads. It shows whether the
+clients stay in one cohort (batches of C) or split into cohorts that the batcher serves in turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from retriever_load import prepare, server_metrics, start_server, toy_questions  # noqa: E402
+
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int | str, task: str | None = None) -> float:
+    path = f"/proc/{pid}/task/{task}/stat" if task else f"/proc/{pid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / HZ  # utime + stime
+
+
+def thread_seconds(pid: int) -> dict[str, float]:
+    out = {}
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out[task] = cpu_seconds(pid, task)
+        except OSError:  # the thread ended
+            pass
+    return out
+
+
+async def watch(url: str, pid: int, questions: list[str], clients: int, minutes: float, sample_s: float) -> None:
+    stop, answered = False, 0
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
+
+        async def client(i: int) -> None:
+            nonlocal answered
+            n = i
+            while not stop:
+                body = {"queries": [questions[n % len(questions)]], "topk": 3}
+                async with session.post(url + "/retrieve", json=body) as r:
+                    await r.json()
+                n += clients
+                answered += 1
+
+        def snapshot() -> tuple:
+            return (time.perf_counter(), answered, cpu_seconds(pid), cpu_seconds(os.getpid()),
+                    server_metrics(url)["batches_total"], thread_seconds(pid))  # fmt: skip
+
+        tasks = [asyncio.create_task(client(i)) for i in range(clients)]
+        t0 = time.perf_counter()
+        last = snapshot()
+        print(f"{'t s':>5} {'q/s':>7} {'batches/s':>9} {'mean batch':>10} {'server cores':>12} {'clients cores':>13}  "
+              f"busiest server threads (cores)")  # fmt: skip
+        while time.perf_counter() - t0 < minutes * 60:
+            await asyncio.sleep(sample_s)
+            now = snapshot()
+            dt = now[0] - last[0]
+            batches = now[4] - last[4]
+            busiest = sorted(((now[5][t] - last[5].get(t, 0.0)) / dt for t in now[5]), reverse=True)[:3]
+            print(f"{now[0] - t0:5.0f} {(now[1] - last[1]) / dt:7.1f} {batches / dt:9.1f} "
+                  f"{(now[1] - last[1]) / max(batches, 1):10.1f} {(now[2] - last[2]) / dt:12.2f} "
+                  f"{(now[3] - last[3]) / dt:13.2f}  {', '.join(f'{c:.2f}' for c in busiest)}", flush=True)  # fmt: skip
+            last = now
+        stop = True
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--minutes", type=float, default=7.0)
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--sample_s", type=float, default=15.0)
+    p.add_argument("--passages", type=int, default=100_000)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="server torch threads")
+    p.add_argument("server_flags", nargs="*", help="extra server flags, after --")
+    args = p.parse_args()
+    corpus, npy, _, kind = prepare(args.passages, "auto")
+    proc, url = start_server(corpus, npy, "torch", True, args.threads, "auto", *args.server_flags)
+    now = datetime.now(timezone.utc)
+    print(f"# batch regimes: {args.passages:,} passages ({kind} vectors), C={args.clients}, {os.cpu_count()} CPUs, "
+          f"server flags {args.server_flags or 'default'}, {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
+    try:
+        asyncio.run(watch(url, proc.pid, toy_questions(corpus), args.clients, args.minutes, args.sample_s))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
