@@ -19,11 +19,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import aiohttp
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from retriever_load import prepare, server_metrics, start_server, toy_questions  # noqa: E402
+from retriever_soak import sampled_closed_loop  # noqa: E402
 
 HZ = os.sysconf("SC_CLK_TCK")
 
@@ -45,41 +44,26 @@ def thread_seconds(pid: int) -> dict[str, float]:
 
 
 async def watch(url: str, pid: int, questions: list[str], clients: int, minutes: float, sample_s: float) -> None:
-    stop, answered = False, 0
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
+    def snapshot(answered: int) -> tuple:
+        return (time.perf_counter(), answered, cpu_seconds(pid), cpu_seconds(os.getpid()),
+                server_metrics(url)["batches_total"], thread_seconds(pid))  # fmt: skip
 
-        async def client(i: int) -> None:
-            nonlocal answered
-            n = i
-            while not stop:
-                body = {"queries": [questions[n % len(questions)]], "topk": 3}
-                async with session.post(url + "/retrieve", json=body) as r:
-                    await r.json()
-                n += clients
-                answered += 1
+    last = [await asyncio.to_thread(snapshot, 0)]
 
-        def snapshot() -> tuple:
-            return (time.perf_counter(), answered, cpu_seconds(pid), cpu_seconds(os.getpid()),
-                    server_metrics(url)["batches_total"], thread_seconds(pid))  # fmt: skip
+    async def on_sample(t_s: float, answered: int, errors: int) -> None:
+        now, before = await asyncio.to_thread(snapshot, answered), last[0]
+        dt = now[0] - before[0]
+        batches = now[4] - before[4]
+        busiest = sorted(((now[5][t] - before[5].get(t, 0.0)) / dt for t in now[5]), reverse=True)[:3]
+        print(f"{t_s:5.0f} {(now[1] - before[1]) / dt:7.1f} {batches / dt:9.1f} "
+              f"{(now[1] - before[1]) / max(batches, 1):10.1f} {(now[2] - before[2]) / dt:12.2f} "
+              f"{(now[3] - before[3]) / dt:13.2f}  {', '.join(f'{c:.2f}' for c in busiest)}  {errors:6d}",
+              flush=True)  # fmt: skip
+        last[0] = now
 
-        tasks = [asyncio.create_task(client(i)) for i in range(clients)]
-        t0 = time.perf_counter()
-        last = snapshot()
-        print(f"{'t s':>5} {'q/s':>7} {'batches/s':>9} {'mean batch':>10} {'server cores':>12} {'clients cores':>13}  "
-              f"busiest server threads (cores)")  # fmt: skip
-        while time.perf_counter() - t0 < minutes * 60:
-            await asyncio.sleep(sample_s)
-            now = snapshot()
-            dt = now[0] - last[0]
-            batches = now[4] - last[4]
-            busiest = sorted(((now[5][t] - last[5].get(t, 0.0)) / dt for t in now[5]), reverse=True)[:3]
-            print(f"{now[0] - t0:5.0f} {(now[1] - last[1]) / dt:7.1f} {batches / dt:9.1f} "
-                  f"{(now[1] - last[1]) / max(batches, 1):10.1f} {(now[2] - last[2]) / dt:12.2f} "
-                  f"{(now[3] - last[3]) / dt:13.2f}  {', '.join(f'{c:.2f}' for c in busiest)}", flush=True)  # fmt: skip
-            last = now
-        stop = True
-        await asyncio.gather(*tasks, return_exceptions=True)
+    print(f"{'t s':>5} {'q/s':>7} {'batches/s':>9} {'mean batch':>10} {'server cores':>12} {'clients cores':>13}  "
+          f"busiest server threads (cores), errors")  # fmt: skip
+    await sampled_closed_loop(url, questions, clients, minutes, sample_s, on_sample)
 
 
 def main() -> int:

@@ -32,7 +32,11 @@ from retriever_load import prepare, server_metrics, start_server, toy_questions 
 MB = 2**20
 
 
-async def soak(url: str, questions: list[str], clients: int, minutes: float, sample_s: float) -> list[dict]:
+async def sampled_closed_loop(
+    url: str, questions: list[str], clients: int, minutes: float, sample_s: float, on_sample
+) -> None:
+    """C closed-loop single-query clients for ``minutes``; every ``sample_s`` seconds,
+    ``await on_sample(t_s, answered, errors)``, with the running counts of answers and failed requests."""
     stop = False
     answered = errors = 0
     connector = aiohttp.TCPConnector(limit=0)
@@ -53,25 +57,33 @@ async def soak(url: str, questions: list[str], clients: int, minutes: float, sam
                 errors += not ok
 
         tasks = [asyncio.create_task(client(i)) for i in range(clients)]
-        samples: list[dict] = []
         t0 = time.perf_counter()
-        last_t, last_answered, last_batches = t0, 0, 0
-        while (now := time.perf_counter()) - t0 < minutes * 60:
+        while time.perf_counter() - t0 < minutes * 60:
             await asyncio.sleep(sample_s)
-            metrics = await asyncio.to_thread(server_metrics, url)
-            memory = metrics["memory_bytes"] or {}
-            now = time.perf_counter()
-            batches = metrics["batches_total"] - last_batches  # the batcher's mean batch over this sample
-            sample = {"t_s": now - t0, "qps": (answered - last_answered) / (now - last_t), "errors": errors,
-                      "mean_batch": (answered - last_answered) / batches if batches else None,
-                      **{f"{k}_mb": v / MB for k, v in memory.items()}}  # fmt: skip
-            last_t, last_answered, last_batches = now, answered, metrics["batches_total"]
-            samples.append(sample)
-            print(f"{sample['t_s']:7.0f} {sample.get('rss_mb', float('nan')):8.1f} {sample.get('in_use_mb', 0):8.1f} "
-                  f"{sample.get('free_mb', 0):8.1f} {sample.get('mapped_mb', 0):8.1f} {sample['qps']:7.1f} "
-                  f"{sample['mean_batch'] or 0:6.1f} {errors:6d}", flush=True)  # fmt: skip
+            await on_sample(time.perf_counter() - t0, answered, errors)
         stop = True
         await asyncio.gather(*tasks)
+
+
+async def soak(url: str, questions: list[str], clients: int, minutes: float, sample_s: float) -> list[dict]:
+    samples: list[dict] = []
+    last = {"t_s": 0.0, "answered": 0, "batches": 0}
+
+    async def on_sample(t_s: float, answered: int, errors: int) -> None:
+        metrics = await asyncio.to_thread(server_metrics, url)
+        memory = metrics["memory_bytes"] or {}
+        batches = metrics["batches_total"] - last["batches"]  # the batcher's mean batch over this sample
+        done = answered - last["answered"]
+        sample = {"t_s": t_s, "qps": done / (t_s - last["t_s"]), "errors": errors,
+                  "mean_batch": done / batches if batches else None,
+                  **{f"{k}_mb": v / MB for k, v in memory.items()}}  # fmt: skip
+        last.update(t_s=t_s, answered=answered, batches=metrics["batches_total"])
+        samples.append(sample)
+        print(f"{t_s:7.0f} {sample.get('rss_mb', float('nan')):8.1f} {sample.get('in_use_mb', 0):8.1f} "
+              f"{sample.get('free_mb', 0):8.1f} {sample.get('mapped_mb', 0):8.1f} {sample['qps']:7.1f} "
+              f"{sample['mean_batch'] or 0:6.1f} {errors:6d}", flush=True)  # fmt: skip
+
+    await sampled_closed_loop(url, questions, clients, minutes, sample_s, on_sample)
     return samples
 
 
