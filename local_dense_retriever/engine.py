@@ -168,7 +168,7 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
                         Path(config.index_path),
                         device=device,
                         dtype=config.index_dtype,
-                        score_bytes=config.score_buffer_mb << 20,
+                        score_bytes=config.score_buffer_bytes,
                     )
                 else:
                     from local_dense_retriever.index.faiss_index import FaissIndex

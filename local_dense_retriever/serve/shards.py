@@ -68,7 +68,7 @@ class ShardSearcher:
         self.total = int(vectors.shape[0])
         mine = vectors[self.lo : self.hi] if isinstance(vectors, np.ndarray) else vectors.window(self.lo, self.hi)
         self.index = TorchFlatIndex(
-            mine, device=device, dtype=config.index_dtype, score_bytes=config.score_buffer_mb << 20
+            mine, device=device, dtype=config.index_dtype, score_bytes=config.score_buffer_bytes
         )
 
     def info(self) -> ShardInfo:
