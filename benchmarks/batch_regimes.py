@@ -2,11 +2,13 @@
 
     python benchmarks/retriever_soak.py ...                       # memory; this one watches the batch size
     python benchmarks/batch_regimes.py [--minutes 7] [--clients 64] [--sample_s 15] [-- <server flags>]
+    python benchmarks/batch_regimes.py --minutes 2 --stagger_ms 20 --tree /tmp/before   # two cohorts, another tree
 
 C closed-loop single-query clients (this process) against the batched server on the 100k-passage toy corpus (as
 ``retriever_load.py``). Every sample: the queries answered and batches run since the last one (their mean batch),
 the server's and this process's CPU in cores (``/proc``), and the server's busiest threads. It shows whether the
-clients stay in one cohort (batches of C) or split into cohorts that the batcher serves in turn.
+clients stay in one cohort (batches of C) or split into cohorts that the batcher serves in turn. ``--stagger_ms``
+starts the second half of the clients that much later: two cohorts from the start, which the batcher should merge.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from retriever_load import prepare, server_metrics, start_server, toy_questions  # noqa: E402
+import retriever_load  # noqa: E402
+from retriever_load import prepare, server_metrics, toy_questions  # noqa: E402
 from retriever_soak import sampled_closed_loop  # noqa: E402
 
 HZ = os.sysconf("SC_CLK_TCK")
@@ -43,7 +46,9 @@ def thread_seconds(pid: int) -> dict[str, float]:
     return out
 
 
-async def watch(url: str, pid: int, questions: list[str], clients: int, minutes: float, sample_s: float) -> None:
+async def watch(
+    url: str, pid: int, questions: list[str], clients: int, minutes: float, sample_s: float, stagger_s: float
+) -> None:
     def snapshot(answered: int) -> tuple:
         return (time.perf_counter(), answered, cpu_seconds(pid), cpu_seconds(os.getpid()),
                 server_metrics(url)["batches_total"], thread_seconds(pid))  # fmt: skip
@@ -63,7 +68,7 @@ async def watch(url: str, pid: int, questions: list[str], clients: int, minutes:
 
     print(f"{'t s':>5} {'q/s':>7} {'batches/s':>9} {'mean batch':>10} {'server cores':>12} {'clients cores':>13}  "
           f"busiest server threads (cores), errors")  # fmt: skip
-    await sampled_closed_loop(url, questions, clients, minutes, sample_s, on_sample)
+    await sampled_closed_loop(url, questions, clients, minutes, sample_s, on_sample, stagger_s)
 
 
 def main() -> int:
@@ -73,18 +78,19 @@ def main() -> int:
     p.add_argument("--sample_s", type=float, default=15.0)
     p.add_argument("--passages", type=int, default=100_000)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="server torch threads")
+    p.add_argument("--stagger_ms", type=float, default=0.0, help="start the second half of the clients this late")
+    p.add_argument("--tree", type=Path, default=None, help="serve from this source tree (default: this one)")
     p.add_argument("server_flags", nargs="*", help="extra server flags, after --")
     args = p.parse_args()
+    if args.tree is not None:
+        retriever_load.SERVER = args.tree.resolve() / "local_dense_retriever" / "retrieval_server.py"
     corpus, npy, _, kind = prepare(args.passages, "auto")
-    proc, url = start_server(corpus, npy, "torch", True, args.threads, "auto", *args.server_flags)
-    now = datetime.now(timezone.utc)
-    print(f"# batch regimes: {args.passages:,} passages ({kind} vectors), C={args.clients}, {os.cpu_count()} CPUs, "
-          f"server flags {args.server_flags or 'default'}, {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
-    try:
-        asyncio.run(watch(url, proc.pid, toy_questions(corpus), args.clients, args.minutes, args.sample_s))
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with retriever_load.serving(corpus, npy, "torch", True, args.threads, "auto", *args.server_flags) as (proc, url):
+        now = datetime.now(timezone.utc)
+        print(f"# batch regimes: {args.passages:,} passages ({kind} vectors), C={args.clients}, {os.cpu_count()} "
+              f"CPUs, server flags {args.server_flags or 'default'}, {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
+        asyncio.run(watch(url, proc.pid, toy_questions(corpus), args.clients, args.minutes, args.sample_s,
+                          args.stagger_ms / 1000))  # fmt: skip
     return 0
 
 

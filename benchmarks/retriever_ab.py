@@ -47,13 +47,7 @@ def main() -> int:
     )
     args = p.parse_args()
     flags = {name: shlex.split(value) for name, _, value in (f.partition("=") for f in args.server_flags)}
-    trees = {}
-    for spec in args.trees:
-        name, _, path = spec.partition("=")
-        server = Path(path or name).resolve() / "local_dense_retriever" / "retrieval_server.py"
-        if not server.is_file():
-            p.error(f"{spec}: no {server}")
-        trees[name] = server
+    trees = retriever_load.server_trees(p, args.trees)
 
     corpus, npy, _, kind = retriever_load.prepare(100_000, "auto")
     questions = retriever_load.toy_questions(corpus)
@@ -66,10 +60,8 @@ def main() -> int:
     for rnd in range(args.rounds):
         for name, server in trees.items():
             retriever_load.SERVER = server
-            proc, url = retriever_load.start_server(
-                corpus, npy, "torch", True, args.threads, args.encoder_dtype, *flags.get(name, [])
-            )
-            try:
+            server_args = (corpus, npy, "torch", True, args.threads, args.encoder_dtype, *flags.get(name, []))
+            with retriever_load.serving(*server_args) as (_, url):
                 detail = httpx.get(f"{url}/health", timeout=10).json()["detail"].split(";")[0]
                 res = asyncio.run(retriever_load.closed_loop(url, questions, args.clients, args.seconds, 3.0))
                 before, after = res["metrics"]
@@ -85,9 +77,6 @@ def main() -> int:
                     f"  ({detail})",
                     flush=True,
                 )
-            finally:
-                proc.terminate()
-                proc.wait(30)
     first = next(iter(results))
     base = sum(results[first]) / len(results[first])
     for name, qps in results.items():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -96,6 +97,30 @@ def start_server(
     except RuntimeError as e:
         raise SystemExit(f"{e}: {proc.stderr.read()[-2000:] if proc.poll() is not None else ''}") from e
     return proc, url
+
+
+def server_trees(parser: argparse.ArgumentParser, specs: list[str]) -> dict[str, Path]:
+    """``NAME=PATH`` source trees (e.g. two commits' worktrees) → the server script each holds; a bad one is a usage
+    error of ``parser``."""
+    trees = {}
+    for spec in specs:
+        name, _, path = spec.partition("=")
+        server = Path(path or name).resolve() / "local_dense_retriever" / "retrieval_server.py"
+        if not server.is_file():
+            parser.error(f"{spec}: no {server}")
+        trees[name] = server
+    return trees
+
+
+@contextlib.contextmanager
+def serving(*args, **kwargs):
+    """``start_server(*args, **kwargs)``'s process and URL, terminated on the way out."""
+    proc, url = start_server(*args, **kwargs)
+    try:
+        yield proc, url
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def server_metrics(url: str) -> dict:

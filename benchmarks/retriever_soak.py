@@ -33,10 +33,11 @@ MB = 2**20
 
 
 async def sampled_closed_loop(
-    url: str, questions: list[str], clients: int, minutes: float, sample_s: float, on_sample
+    url: str, questions: list[str], clients: int, minutes: float, sample_s: float, on_sample, stagger_s: float = 0.0
 ) -> None:
     """C closed-loop single-query clients for ``minutes``; every ``sample_s`` seconds,
-    ``await on_sample(t_s, answered, errors)``, with the running counts of answers and failed requests."""
+    ``await on_sample(t_s, answered, errors)``, with the running counts of answers and failed requests. The second
+    half of the clients start ``stagger_s`` after the first (two cohorts, for the batcher to merge)."""
     stop = False
     answered = errors = 0
     connector = aiohttp.TCPConnector(limit=0)
@@ -45,6 +46,8 @@ async def sampled_closed_loop(
         async def client(i: int) -> None:
             nonlocal answered, errors
             n = i
+            if i >= clients // 2:
+                await asyncio.sleep(stagger_s)
             while not stop:
                 body = {"queries": [questions[n % len(questions)]], "topk": 3, "return_scores": False}
                 n += clients

@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from local_dense_retriever.errors import BatcherStopped, Overloaded, QueryRejected
 from local_dense_retriever.fair_queue import FairQueue, Request, Slice
@@ -31,6 +32,28 @@ CostFn = Callable[[str], int]
 def estimate_tokens(text: str, *, cap: int) -> int:
     """An estimate of the tokens ``text`` costs the encoder: ~3 characters per token, at most ``cap`` (truncation)."""
     return min(cap, 2 + len(text) // 3)
+
+
+MERGE_WAIT_SHARE = 0.05
+"""The longest wait for a merged batch, as a share of the last batch's engine time (see ``WaitPlan``)."""
+
+
+@dataclass(frozen=True)
+class WaitPlan:
+    """What the worker waits for before taking the next batch, all within ``max_wait_s``.
+
+    Closed-loop callers send again as soon as they are answered. ``size``: the last batch's size, so its callers
+    find one batch again instead of a large and a small half. ``merged``: that plus the queries that arrived while it
+    ran, waited for only until ``merge_until``. Without the merge, 64 such clients that fell into two cohorts of 32
+    stayed split, served in turn, each batch paying a whole index scan (28% fewer queries/s). The merge wait is capped
+    at ``MERGE_WAIT_SHARE`` of the last batch's engine time because under open-loop arrivals (a rollout's searches
+    arrive when its model stops generating) the callers do not come back, and waiting for them idles the engine: at
+    most that share of its time. After a batch that left a backlog (the size or token cap) nothing is waited for.
+    """
+
+    size: int
+    merged: int
+    merge_until: float
 
 
 class Batcher:
@@ -124,7 +147,7 @@ class Batcher:
 
     async def _worker(self) -> None:
         loop = asyncio.get_running_loop()
-        last_size = 1
+        plan = WaitPlan(1, 1, 0.0)
         batch: list[Slice] = []
         try:
             while True:  # every pass takes a batch or awaits: it never spins
@@ -132,16 +155,9 @@ class Batcher:
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                # Closed-loop callers re-send right after their answers: wait (briefly) until as many queries as
-                # the previous batch had are back, so the batch does not split into a large and a small half.
-                target = min(self.max_batch_size, last_size)
                 deadline = loop.time() + self.max_wait_s
-                while self._queue.queued < target and (left := deadline - loop.time()) > 0:
-                    self._wake.clear()
-                    try:
-                        await asyncio.wait_for(self._wake.wait(), left)
-                    except asyncio.TimeoutError:
-                        break
+                await self._wait_until(loop, plan.size, deadline)
+                await self._wait_until(loop, plan.merged, min(deadline, plan.merge_until))
                 batch = self._queue.take(self.max_batch_size, self.max_batch_tokens)
                 if not batch:  # only when nothing is queued (FairQueue's invariant); never loop on a stale count
                     if self._queue.queued:
@@ -151,14 +167,34 @@ class Batcher:
                         self._queue.resync()
                     continue
                 self._last_progress = time.monotonic()
-                last_size = sum(s.hi - s.lo for s in batch)
+                backlog = self._queue.queued  # left behind by the size or token cap
+                started = loop.time()
                 await self._run_batch(loop, batch)
+                plan = self._plan_wait(sum(s.hi - s.lo for s in batch), backlog, started, loop.time())
                 batch = []
                 self._last_progress = time.monotonic()
         finally:
             for s in batch:  # the worker died mid-batch: its callers are answered too
                 self._fail(s.req, BatcherStopped("the batching worker stopped mid-batch"))
             self._fail_pending(BatcherStopped("the batching worker stopped"))
+
+    async def _wait_until(self, loop: asyncio.AbstractEventLoop, size: int, until: float) -> None:
+        """Until ``size`` queries are queued or the loop's clock reaches ``until``."""
+        while self._queue.queued < size and (left := until - loop.time()) > 0:
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), left)
+            except asyncio.TimeoutError:
+                return
+
+    def _plan_wait(self, size: int, backlog: int, started: float, ended: float) -> WaitPlan:
+        """What the next batch waits for, once a batch of ``size`` queries (run from ``started`` to ``ended``) is
+        answered and ``backlog`` queries were left queued when it was taken (the size or token cap)."""
+        if backlog:  # the engine is the bottleneck: take the next batch at once
+            return WaitPlan(0, 0, ended)
+        arrived = self._queue.queued
+        merged = min(self.max_batch_size, size + arrived)
+        return WaitPlan(min(self.max_batch_size, size), merged, ended + MERGE_WAIT_SHARE * (ended - started))
 
     async def _call(self, loop: asyncio.AbstractEventLoop, slices: list[Slice]) -> list:
         queries = [q for s in slices for q in s.req.queries[s.lo : s.hi]]

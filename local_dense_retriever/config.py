@@ -119,7 +119,9 @@ class ServerConfig(BaseModel):
     max_wait_ms: float = Field(
         default=10.0,
         ge=0,
-        description="Longest a batch waits for more requests, only while fewer are queued than the last batch had.",
+        description="Longest a batch waits for more requests: for as many as the last batch had (closed-loop callers "
+        "send again when answered), then, for at most 5% of the last batch's engine time, for those plus the ones that "
+        "arrived while it ran (so callers split into cohorts merge again). No wait after a batch capped by size.",
     )
     max_queue: int = Field(default=8192, ge=1, description="Most queries waiting; more are answered 429.")
     malloc_trim_s: float = Field(

@@ -265,3 +265,58 @@ def test_metrics_hold_a_fixed_window_whatever_the_traffic():
     assert snap["latency_ms"]["window"] == 500 and len(metrics._latencies) == 500
     assert len(snap["batch_size_histogram"]) <= 9 and len(snap["responses_by_status"]) == 2
     assert snap["requests_total"] == 20_000
+
+
+class Slow(Recorder):
+    """An engine call that takes ``seconds``, as a real encoder + index scan does."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def __call__(self, queries, k):
+        threading.Event().wait(self.seconds)
+        return super().__call__(queries, k)
+
+
+async def test_closed_loop_clients_that_start_in_two_waves_are_served_in_one_batch():
+    """Clients that re-send as soon as they are answered, the second half starting while the first half's batch runs:
+    the batcher must merge them into one batch, not serve two cohorts in turn (each paying a whole index scan)."""
+    search = Slow(0.2)  # the merge waits a share of this for the answered callers to come back
+    batcher = make(search, max_wait_s=0.5)
+    stop = False
+
+    async def client(i: int) -> None:
+        n = 0
+        while not stop:
+            assert (await batcher.submit([f"c{i}-{n}"], 1))[0][0][0]["id"] == f"c{i}-{n}-0"
+            n += 1
+
+    first = [asyncio.create_task(client(i)) for i in range(4)]
+    while not search.calls and search.release.is_set():  # the first wave's batch has run
+        await asyncio.sleep(0.001)
+    second = [asyncio.create_task(client(i)) for i in range(4, 8)]
+    while len(search.calls) < 8:
+        await asyncio.sleep(0.01)
+    stop = True
+    await asyncio.wait_for(asyncio.gather(*first, *second), 5)
+    await batcher.stop()
+    sizes = [len(q) for q, _ in search.calls]
+    assert sizes[-4:] == [8] * 4, sizes
+
+
+async def test_a_backlog_is_served_without_waiting_for_more():
+    """When the size cap leaves queries queued, the engine is the bottleneck: the next batch goes at once, even with
+    a long max_wait and fewer queued than the last batch had."""
+    search = Recorder()
+    search.release.clear()
+    batcher = make(search, max_batch_size=4, max_wait_s=30)
+    first = asyncio.create_task(batcher.submit(["blocker"], 1))
+    await asyncio.sleep(0.05)
+    rest = asyncio.create_task(batcher.submit([f"q{i}" for i in range(6)], 1))  # 4, then a backlog of 2
+    await asyncio.sleep(0)
+    search.release.set()
+    results = await asyncio.wait_for(asyncio.gather(first, rest), 5)  # a 30 s wait would time out here
+    assert [hits[0][0]["id"] for hits in results[1]] == [f"q{i}-0" for i in range(6)]
+    assert [len(q) for q, _ in search.calls] == [1, 4, 2]
+    await batcher.stop()
