@@ -184,7 +184,7 @@ class HFEncoder:
         import copy
         import time
 
-        batch = self.tokenizer(PROBE_BATCH, padding=True, return_tensors="pt")
+        batch = self._tokenize(PROBE_BATCH)  # the shapes a served batch of this size has
         models = {"float32": model, "bfloat16": copy.deepcopy(model).to(torch.bfloat16)}
         best = {name: float("inf") for name in models}
         for rep in range(4):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,27 @@ _FLAT_FOURCC = {b"IxFI", b"IxF2", b"IxFl"}
 _HEADER = struct.Struct("<iqqqBi")  # d, ntotal, two dummy idx_t, is_trained, metric_type
 #: host memory one step of loading an index onto devices (or into another dtype) may use, whatever the index's size
 STAGING_BYTES = 64 << 20
+
+
+class ScoreBuffers(threading.local):
+    """Each calling thread's CPU score buffer, grown to the largest (queries x rows) step it has scored and reused.
+
+    A fresh buffer per batch (64 queries x 100k rows: 25.6 MB) came from glibc's heap, whose mmap threshold rises to
+    such sizes after the first one is freed; the smaller allocations that landed between them fragmented the heap and
+    a long-running server's RSS rose in steps of one buffer (benchmarks/RESULTS.md, issue 29). One buffer per thread
+    (the batcher's engine thread; each thread of the per-request mode) is never freed, so it cannot fragment the heap.
+    Its size is bounded by ``max_batch_size x min(cpu_chunk_rows, score_bytes)``.
+    """
+
+    buffer: torch.Tensor | None = None
+
+    def scores(self, queries: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
+        """A ``(queries, rows)`` tensor of ``dtype`` for a matmul to write into; its contents are undefined."""
+        need = queries * rows
+        if self.buffer is None or self.buffer.dtype != dtype or self.buffer.numel() < need:
+            self.buffer = None  # the old one is freed before the larger one is taken
+            self.buffer = torch.empty(need, dtype=dtype)
+        return self.buffer[:need].view(queries, rows)
 
 
 @dataclass(frozen=True)
@@ -201,6 +223,7 @@ class TorchFlatIndex:
         self.dtype = _DTYPES[resolve_index_dtype(dtype, device)]
         self._chunk = max(1, cpu_chunk_rows)
         self._score_bytes = max(1, score_bytes)
+        self._buffers = ScoreBuffers()
         self.dim = int(vectors.shape[1])
         self._n = int(vectors.shape[0])
         self.device = device
@@ -256,8 +279,13 @@ class TorchFlatIndex:
             # queries on an H200, benchmarks/gpu_search_path.py); on the CPU one pass over 2^18 rows is as fast
             select = grouped_topk if shard.device.type == "cuda" else block_topk
             for lo in range(0, shard.shape[0], step):
+                rows = shard[lo : lo + step]
+                if shard.device.type == "cpu":  # into this thread's buffer (a GPU's caching allocator reuses its own)
+                    scores = torch.matmul(q, rows.T, out=self._buffers.scores(len(q), len(rows), self.dtype))
+                else:
+                    scores = q @ rows.T
                 # top-k in the index's dtype (its matmul's own rounding), then only k scores per query made float32
-                s, i = select(q @ shard[lo : lo + step].T, k, offset + lo)
+                s, i = select(scores, k, offset + lo)
                 best_s.append(s.float().cpu())
                 best_i.append(i.cpu())
         if len(best_s) == 1:

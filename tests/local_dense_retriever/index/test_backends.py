@@ -232,3 +232,21 @@ def test_equal_scores_come_in_id_order_whatever_the_chunking(rng):
         scores, ids = TorchFlatIndex(vectors, device=CPU, cpu_chunk_rows=chunk).search(queries, 3)
         assert ids.tolist() == [row[:3] for row in expected], chunk
         assert (scores[:, 0] == scores[:, 2]).all()
+
+
+def test_reused_score_buffers_give_every_batch_size_and_thread_its_own_answer(flat_files, rng):
+    """Each thread's score buffer is reused from batch to batch (issue 29: a fresh one per batch fragmented the heap):
+    batches of growing and shrinking sizes, chunked, and searched from several threads at once must each get the
+    answer a fresh index gives them, never rows of an earlier or a concurrent batch."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    vectors, _, _ = flat_files
+    shared = TorchFlatIndex(vectors, device=CPU, cpu_chunk_rows=700)
+    batches = [torch.from_numpy(_unit(rng, n, 32)) for n in (64, 1, 17, 64, 3, 40, 2, 64)]
+    expected = [TorchFlatIndex(vectors, device=CPU, cpu_chunk_rows=700).search(q, 5) for q in batches]
+    for _ in range(2):
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(lambda q: shared.search(q, 5), batches * 3))
+        for (scores, ids), (want_scores, want_ids) in zip(got, expected * 3, strict=True):
+            np.testing.assert_array_equal(ids, want_ids)
+            np.testing.assert_array_equal(scores, want_scores)
