@@ -38,14 +38,20 @@ _HEADER = struct.Struct("<iqqqBi")  # d, ntotal, two dummy idx_t, is_trained, me
 STAGING_BYTES = 64 << 20
 
 
+#: the largest CPU score buffer a thread keeps for reuse: glibc's largest mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on
+#: 64-bit); a larger block is always mapped and unmapped on its own, so it cannot fragment the heap
+RETAINED_SCORE_BYTES = 32 << 20
+
+
 class ScoreBuffers(threading.local):
     """Each calling thread's CPU score buffer, grown to the largest (queries x rows) step it has scored and reused.
 
     A fresh buffer per batch (64 queries x 100k rows: 25.6 MB) came from glibc's heap, whose mmap threshold rises to
     such sizes after the first one is freed; the smaller allocations that landed between them fragmented the heap and
-    a long-running server's RSS rose in steps of one buffer (benchmarks/RESULTS.md, issue 29). One buffer per thread
-    (the batcher's engine thread; each thread of the per-request mode) is never freed, so it cannot fragment the heap.
-    Its size is bounded by ``max_batch_size x min(cpu_chunk_rows, score_bytes)``.
+    a long-running server's RSS moved between levels one buffer apart (benchmarks/RESULTS.md, issue 29). One buffer
+    per thread (the batcher's engine thread; each thread of the per-request mode) is never freed, so it cannot
+    fragment the heap. Steps that need more than :data:`RETAINED_SCORE_BYTES` get a buffer of their own, as before:
+    malloc maps those apart from the heap, and a thread never holds more than that between searches.
     """
 
     buffer: torch.Tensor | None = None
@@ -53,6 +59,8 @@ class ScoreBuffers(threading.local):
     def scores(self, queries: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
         """A ``(queries, rows)`` tensor of ``dtype`` for a matmul to write into; its contents are undefined."""
         need = queries * rows
+        if need * dtype.itemsize > RETAINED_SCORE_BYTES:
+            return torch.empty((queries, rows), dtype=dtype)
         if self.buffer is None or self.buffer.dtype != dtype or self.buffer.numel() < need:
             self.buffer = None  # the old one is freed before the larger one is taken
             self.buffer = torch.empty(need, dtype=dtype)

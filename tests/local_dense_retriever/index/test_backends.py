@@ -234,12 +234,16 @@ def test_equal_scores_come_in_id_order_whatever_the_chunking(rng):
         assert (scores[:, 0] == scores[:, 2]).all()
 
 
-def test_reused_score_buffers_give_every_batch_size_and_thread_its_own_answer(flat_files, rng):
+@pytest.mark.parametrize("retained", [1 << 30, 32 * 4 * 700])  # every step reused; steps over 32 queries not kept
+def test_reused_score_buffers_give_every_batch_size_and_thread_its_own_answer(flat_files, rng, monkeypatch, retained):
     """Each thread's score buffer is reused from batch to batch (issue 29: a fresh one per batch fragmented the heap):
     batches of growing and shrinking sizes, chunked, and searched from several threads at once must each get the
     answer a fresh index gives them, never rows of an earlier or a concurrent batch."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from local_dense_retriever.index import torch_flat
+
+    monkeypatch.setattr(torch_flat, "RETAINED_SCORE_BYTES", retained)
     vectors, _, _ = flat_files
     shared = TorchFlatIndex(vectors, device=CPU, cpu_chunk_rows=700)
     batches = [torch.from_numpy(_unit(rng, n, 32)) for n in (64, 1, 17, 64, 3, 40, 2, 64)]
