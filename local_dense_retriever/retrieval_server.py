@@ -46,7 +46,7 @@ def add_model_flags(p: argparse.ArgumentParser, model: type[BaseModel], aliases:
         extra.setdefault(target, []).extend(_spellings(alias))
     for name, field in model.model_fields.items():
         default = field.get_default(call_default_factory=True)
-        help_text = f"{field.description} (default: {default})"
+        help_text = f"{field.description} (default: {default})".replace("%", "%%")  # argparse %-formats help
         flags = _spellings(name) + extra.get(name, [])
         ann = field.annotation
         if ann is bool:

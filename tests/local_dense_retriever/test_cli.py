@@ -222,3 +222,22 @@ def test_connections_reply_without_waiting_on_delayed_acks():
                 assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
     finally:
         server.close()
+
+
+def test_help_shows_descriptions_and_defaults_that_hold_a_percent_sign(capsys):
+    """argparse %-formats help text: a field described with "5%" (or a default like "90%") must print, not crash."""
+    import argparse
+
+    from pydantic import BaseModel, Field
+
+    from local_dense_retriever.retrieval_server import add_model_flags
+
+    class Knobs(BaseModel):
+        share: float = Field(default=0.05, description="at most 5% of the last batch's time")
+        label: str = Field(default="90%", description="a label")
+
+    p = argparse.ArgumentParser()
+    add_model_flags(p, Knobs)
+    p.print_help()
+    out = capsys.readouterr().out
+    assert "at most 5% of the last batch's time" in out and "(default: 90%)" in out
