@@ -83,7 +83,7 @@ def main() -> int:
     p.add_argument("server_flags", nargs="*", help="extra server flags, after --")
     args = p.parse_args()
     if args.tree is not None:
-        retriever_load.SERVER = args.tree.resolve() / "local_dense_retriever" / "retrieval_server.py"
+        retriever_load.SERVER = retriever_load.server_script(p, args.tree)
     corpus, npy, _, kind = prepare(args.passages, "auto")
     with retriever_load.serving(corpus, npy, "torch", True, args.threads, "auto", *args.server_flags) as (proc, url):
         now = datetime.now(timezone.utc)

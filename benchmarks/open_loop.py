@@ -43,13 +43,7 @@ async def poisson_load(url: str, questions: list[str], rate: float, seconds: flo
 
         async def one(i: int, due: float) -> None:
             nonlocal errors
-            body = {"queries": [questions[i % len(questions)]], "topk": 3, "return_scores": False}
-            try:
-                async with session.post(url + "/retrieve", json=body) as r:
-                    ok = r.status == 200 and len((await r.json())["result"][0]) == 3
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError):
-                ok = False
-            if ok:
+            if await retriever_load.ask_one(session, url, questions[i % len(questions)]):
                 latencies.append(time.perf_counter() - due)
             else:
                 errors += 1

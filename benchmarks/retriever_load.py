@@ -99,17 +99,31 @@ def start_server(
     return proc, url
 
 
+def server_script(parser: argparse.ArgumentParser, tree: str | Path) -> Path:
+    """The server script of source tree ``tree`` (e.g. another commit's worktree); none there is a usage error."""
+    server = Path(tree).resolve() / "local_dense_retriever" / "retrieval_server.py"
+    if not server.is_file():
+        parser.error(f"{tree}: no {server}")
+    return server
+
+
 def server_trees(parser: argparse.ArgumentParser, specs: list[str]) -> dict[str, Path]:
-    """``NAME=PATH`` source trees (e.g. two commits' worktrees) → the server script each holds; a bad one is a usage
-    error of ``parser``."""
+    """``NAME=PATH`` source trees → the server script each holds (:func:`server_script`)."""
     trees = {}
     for spec in specs:
         name, _, path = spec.partition("=")
-        server = Path(path or name).resolve() / "local_dense_retriever" / "retrieval_server.py"
-        if not server.is_file():
-            parser.error(f"{spec}: no {server}")
-        trees[name] = server
+        trees[name] = server_script(parser, path or name)
     return trees
+
+
+async def ask_one(session: aiohttp.ClientSession, url: str, question: str) -> bool:
+    """POST one single-query /retrieve; whether it came back 200 with 3 hits (any failure is False)."""
+    body = {"queries": [question], "topk": 3, "return_scores": False}
+    try:
+        async with session.post(url + "/retrieve", json=body) as r:
+            return r.status == 200 and len((await r.json())["result"][0]) == 3
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError):
+        return False
 
 
 @contextlib.contextmanager
@@ -183,14 +197,10 @@ async def closed_loop(url: str, questions: list[str], clients: int, seconds: flo
             nonlocal errors
             n = i
             while not stop:
-                body = {"queries": [questions[n % len(questions)]], "topk": 3, "return_scores": False}
+                question = questions[n % len(questions)]
                 n += clients
                 t0 = time.perf_counter()
-                try:
-                    async with session.post(url + "/retrieve", json=body) as r:
-                        ok = r.status == 200 and len((await r.json())["result"][0]) == 3
-                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError):
-                    ok = False
+                ok = await ask_one(session, url, question)
                 if counting and not stop:
                     if ok:
                         latencies.append(time.perf_counter() - t0)

@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from retriever_load import prepare, server_metrics, start_server, toy_questions  # noqa: E402
+from retriever_load import ask_one, prepare, server_metrics, start_server, toy_questions  # noqa: E402
 
 MB = 2**20
 
@@ -49,13 +49,8 @@ async def sampled_closed_loop(
             if i >= clients // 2:
                 await asyncio.sleep(stagger_s)
             while not stop:
-                body = {"queries": [questions[n % len(questions)]], "topk": 3, "return_scores": False}
+                ok = await ask_one(session, url, questions[n % len(questions)])
                 n += clients
-                try:
-                    async with session.post(url + "/retrieve", json=body) as r:
-                        ok = r.status == 200 and len((await r.json())["result"][0]) == 3
-                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError):
-                    ok = False
                 answered += ok
                 errors += not ok
 

@@ -194,7 +194,7 @@ class Batcher:
             return WaitPlan(0, 0, ended)
         arrived = self._queue.queued
         merged = min(self.max_batch_size, size + arrived)
-        return WaitPlan(min(self.max_batch_size, size), merged, ended + MERGE_WAIT_SHARE * (ended - started))
+        return WaitPlan(size, merged, ended + MERGE_WAIT_SHARE * (ended - started))  # size: at most max_batch_size
 
     async def _call(self, loop: asyncio.AbstractEventLoop, slices: list[Slice]) -> list:
         queries = [q for s in slices for q in s.req.queries[s.lo : s.hi]]
