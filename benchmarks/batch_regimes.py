@@ -82,10 +82,10 @@ def main() -> int:
     p.add_argument("--tree", type=Path, default=None, help="serve from this source tree (default: this one)")
     p.add_argument("server_flags", nargs="*", help="extra server flags, after --")
     args = p.parse_args()
-    if args.tree is not None:
-        retriever_load.SERVER = retriever_load.server_script(p, args.tree)
+    server = retriever_load.server_script(p, args.tree) if args.tree is not None else retriever_load.SERVER
     corpus, npy, _, kind = prepare(args.passages, "auto")
-    with retriever_load.serving(corpus, npy, "torch", True, args.threads, "auto", *args.server_flags) as (proc, url):
+    served = retriever_load.serving(corpus, npy, "torch", True, args.threads, "auto", *args.server_flags, server=server)
+    with served as (proc, url):
         now = datetime.now(timezone.utc)
         print(f"# batch regimes: {args.passages:,} passages ({kind} vectors), C={args.clients}, {os.cpu_count()} "
               f"CPUs, server flags {args.server_flags or 'default'}, {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip

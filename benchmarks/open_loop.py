@@ -93,8 +93,8 @@ def main() -> int:
           f"{'batch':>6} {'errors':>6}")  # fmt: skip
     for rnd in range(args.rounds):
         for name, server in trees.items():
-            retriever_load.SERVER = server
-            with retriever_load.serving(corpus, npy, "torch", True, args.threads, args.encoder_dtype) as (_, url):
+            server_args = (corpus, npy, "torch", True, args.threads, args.encoder_dtype)
+            with retriever_load.serving(*server_args, server=server) as (_, url):
                 asyncio.run(poisson_load(url, questions, args.rates[0], 3.0, seed=12345))  # warm-up
                 for j, rate in enumerate(args.rates):
                     r = asyncio.run(poisson_load(url, questions, rate, args.seconds, seed=1000 * rnd + j))

@@ -59,9 +59,8 @@ def main() -> int:
     shares: dict[str, list[float]] = {name: [] for name in trees}
     for rnd in range(args.rounds):
         for name, server in trees.items():
-            retriever_load.SERVER = server
             server_args = (corpus, npy, "torch", True, args.threads, args.encoder_dtype, *flags.get(name, []))
-            with retriever_load.serving(*server_args) as (_, url):
+            with retriever_load.serving(*server_args, server=server) as (_, url):
                 detail = httpx.get(f"{url}/health", timeout=10).json()["detail"].split(";")[0]
                 res = asyncio.run(retriever_load.closed_loop(url, questions, args.clients, args.seconds, 3.0))
                 before, after = res["metrics"]

@@ -80,12 +80,22 @@ def toy_questions(corpus: Path) -> list[str]:
 
 
 def start_server(
-    corpus: Path, index: Path, backend: str, batching: bool, threads: int, encoder_dtype: str, *extra: str
+    corpus: Path,
+    index: Path,
+    backend: str,
+    batching: bool,
+    threads: int,
+    encoder_dtype: str,
+    *extra: str,
+    server: Path = SERVER,
+    launcher: tuple[str, ...] = (),
 ) -> tuple[subprocess.Popen, str]:
+    """The server script ``server`` (default: this tree's) on a free port, once healthy. ``launcher``: arguments
+    between the interpreter and the script (e.g. ``-m memray run --native -o F``)."""
     port = free_port()
-    cmd = [sys.executable, str(SERVER), "--index_path", str(index), "--corpus_path", str(corpus), "--topk", "3",
-           "--retriever_name", "minilm", "--retriever_model", str(bundled_minilm_path()), "--backend", backend,
-           "--port", str(port), "--num_threads", str(threads), "--log_level", "WARNING",
+    cmd = [sys.executable, *launcher, str(server), "--index_path", str(index), "--corpus_path", str(corpus),
+           "--topk", "3", "--retriever_name", "minilm", "--retriever_model", str(bundled_minilm_path()),
+           "--backend", backend, "--port", str(port), "--num_threads", str(threads), "--log_level", "WARNING",
            "--max_queue", "100000", "--encoder_dtype", encoder_dtype]  # fmt: skip
     if not batching:
         cmd.append("--no_batching")

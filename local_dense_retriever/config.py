@@ -99,6 +99,15 @@ class ServerConfig(BaseModel):
         "instead of one per batch size x length, whose cache grows the heap by hundreds of MB under varied load; "
         "1 = no padding.",
     )
+    encoder_kernel_cache: int = Field(
+        default=64,
+        ge=1,
+        le=4096,
+        description="CPU encoder: most compiled kernels kept by oneDNN (and as many kernel descriptors by torch's "
+        "ideep). Each new batch shape compiles a few, about 1 MB each, so without a small bound a long run's memory "
+        "keeps growing as rare batch sizes turn up; a kernel evicted and needed again is recompiled in under a "
+        "millisecond. ONEDNN_PRIMITIVE_CACHE_CAPACITY and LRU_CACHE_CAPACITY in the environment take precedence.",
+    )
     pooling: Pooling = Field(default="auto", description="'auto' = cls for bge models, mean otherwise.")
     query_max_length: int = Field(default=256, ge=8, le=8192, description="Tokens kept per query.")
     num_threads: int = Field(default=0, ge=0, description="torch/faiss CPU threads; 0 = all cores.")

@@ -16,6 +16,7 @@ import torch
 from local_dense_retriever.batch_tokenizer import BatchTokenizer
 from local_dense_retriever.config import Precision, ServerConfig
 from local_dense_retriever.errors import EncoderError
+from local_dense_retriever.memory import bound_kernel_caches
 
 logger = logging.getLogger(__name__)
 
@@ -137,13 +138,18 @@ class HFEncoder:
         dtype: str = "auto",
         max_length: int = 256,
         shape_multiple: int = 1,
+        kernel_cache: int | None = None,
     ) -> None:
         """``shape_multiple``: on the CPU, pad each forward pass's token length (never past ``max_length``), and a row
         count above it, up to a multiple of it (rows of padding are dropped from the output), bounding the kernel
-        shapes oneDNN compiles and caches. Batches are tokenised by :class:`BatchTokenizer`."""
+        shapes oneDNN compiles and caches. ``kernel_cache``: on the CPU, the most kernels those caches keep
+        (:func:`~local_dense_retriever.memory.bound_kernel_caches`; None: torch's defaults). Batches are tokenised by
+        :class:`BatchTokenizer`."""
         from transformers import AutoModel, AutoTokenizer
 
         self.device = resolve_device(device)
+        if kernel_cache is not None and self.device.type == "cpu":
+            logger.info("CPU kernel caches: %s", bound_kernel_caches(kernel_cache))
         self.pooling = pooling
         self.max_length = max_length
         self.shape_multiple = shape_multiple if self.device.type == "cpu" else 1
@@ -157,6 +163,8 @@ class HFEncoder:
             self.tokenizer, max_length, self.shape_multiple if self.shape_multiple > 1 else None
         )
         self.dim = int(model.config.hidden_size)
+        if getattr(model, "pooler", None) is not None:
+            model.pooler = None  # unused (pooled here from last_hidden_state): a matmul and a kernel shape less
         model = model.to(device=self.device).eval()
         if dtype == "auto" and self.device.type == "cpu":
             flags = cpu_bf16_flags()
@@ -238,4 +246,5 @@ def encoder_for(config: ServerConfig, *, device: str | None = None, max_length: 
         dtype=config.requested_encoder_dtype(),
         max_length=max_length or config.query_max_length,
         shape_multiple=config.encoder_shape_multiple,
+        kernel_cache=config.encoder_kernel_cache,
     )

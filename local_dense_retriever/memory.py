@@ -50,6 +50,19 @@ def _glibc() -> tuple[ctypes.CDLL | None, bool]:
 _LIBC, _HAS_MALLINFO2 = _glibc()
 
 
+#: torch's CPU kernel caches, read once per process at its first kernel: oneDNN's compiled primitives, ideep's
+#: primitive descriptors (one entry per op and input shape each, default capacity 1024)
+KERNEL_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+
+
+def bound_kernel_caches(entries: int) -> dict[str, str]:
+    """Cap torch's CPU kernel caches at ``entries`` each, unless the environment already sets them; the capacities in
+    force. Effective only before the process's first oneDNN kernel (the first forward pass on a CPU)."""
+    for name in KERNEL_CACHE_VARIABLES:
+        os.environ.setdefault(name, str(entries))
+    return {name: os.environ[name] for name in KERNEL_CACHE_VARIABLES}
+
+
 def release_free_memory() -> bool:
     """``malloc_trim(0)``: the free pages of every arena go back to the OS (True when glibc gave any back)."""
     return bool(_LIBC.malloc_trim(0)) if _LIBC is not None else False

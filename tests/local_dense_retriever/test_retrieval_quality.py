@@ -14,6 +14,18 @@ from local_dense_retriever.index.faiss_index import FaissIndex
 from local_dense_retriever.index.torch_flat import TorchFlatIndex
 
 
+def memory_stats_available() -> bool:
+    from local_dense_retriever.memory import heap_stats
+
+    return heap_stats() is not None
+
+
+def cpu_has_bf16() -> bool:
+    from local_dense_retriever.encoder import cpu_bf16_flags
+
+    return bool(cpu_bf16_flags())
+
+
 def recall_at_k(engine: RetrievalEngine, questions: list[dict], k: int) -> float:
     hits = engine.search([q["question"] for q in questions], k)
     found = [
@@ -146,6 +158,44 @@ def test_padded_shapes_bound_the_kernels_compiled(minilm_path, toy_questions):
             assert encoder.encode(batch).shape == (len(batch), 384)
     assert all((rows % 8 == 0 or rows < 8) and length % 8 == 0 for rows, length in seen[8])
     assert len(seen[8]) <= 16 < len(seen[1]), (len(seen[8]), len(seen[1]))
+
+
+KERNEL_CACHE_PROBE = """
+import sys
+from local_dense_retriever.encoder import HFEncoder
+from local_dense_retriever.memory import heap_stats, release_free_memory
+
+cache = None if sys.argv[2] == "default" else int(sys.argv[2])
+encoder = HFEncoder(sys.argv[1], retriever_name="minilm", device="cpu", dtype="bfloat16", kernel_cache=cache)
+encoder.encode(["warm up"] * 4)
+release_free_memory()
+before = heap_stats()["in_use"]
+for rows in range(5, 45):  # 40 batch sizes: 40 input shapes, each compiled into a few new kernels
+    encoder.encode(["who wrote the first opera"] * rows)
+release_free_memory()
+print(heap_stats()["in_use"] - before)
+"""
+
+
+@pytest.mark.skipif(
+    not memory_stats_available() or not cpu_has_bf16(), reason="oneDNN bf16 kernels and glibc 2.33+ heap stats"
+)
+def test_a_bounded_kernel_cache_keeps_the_heap_flat_as_batch_shapes_vary(minilm_path, tmp_path):
+    """Every new batch shape compiles kernels that torch caches (oneDNN, ideep), 1024 of each by default: a retriever
+    that sees ever more batch sizes grows for hours. The encoder's kernel cache bound keeps that growth small."""
+    import os
+    import subprocess
+    import sys
+
+    from local_dense_retriever.memory import KERNEL_CACHE_VARIABLES
+
+    env = {k: v for k, v in os.environ.items() if k not in KERNEL_CACHE_VARIABLES}  # each run in a fresh process:
+    grown = {}  # the caches' capacities are read once per process
+    for cache in ("default", "8"):
+        out = subprocess.run([sys.executable, "-c", KERNEL_CACHE_PROBE, str(minilm_path), cache], env=env,
+                             capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
+        grown[cache] = int(out.stdout.split()[-1]) / 2**20
+    assert grown["default"] > 20 and grown["8"] < grown["default"] / 4, grown
 
 
 def test_bf16_encoder_retrieves_like_fp32(minilm_path, minilm_index, toy_questions):
