@@ -105,7 +105,7 @@ class ServerConfig(BaseModel):
         le=4096,
         description="CPU encoder: most compiled kernels kept by oneDNN (and as many kernel descriptors by torch's "
         "ideep). Each new batch shape compiles a few, about 1 MB each, so without a small bound a long run's memory "
-        "keeps growing as rare batch sizes turn up; a kernel evicted and needed again is recompiled in under a "
+        "keeps growing as rare batch sizes turn up; a kernel evicted and needed again is recompiled in about a "
         "millisecond. ONEDNN_PRIMITIVE_CACHE_CAPACITY and LRU_CACHE_CAPACITY in the environment take precedence.",
     )
     pooling: Pooling = Field(default="auto", description="'auto' = cls for bge models, mean otherwise.")
