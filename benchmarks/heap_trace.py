@@ -10,8 +10,8 @@ through malloc (and mmap) with its native and Python stack. After the run, for e
 ``--depth`` frames of the merged stack that are not the allocator's own), the bytes still allocated at the end of the
 warm-up and at the end of the load: the sites whose live bytes grew are printed, largest first. The server's own
 ``/metrics`` samples (RSS, the C heap in use) are printed as the soak prints them, so the trace can be set against
-the curve it explains. The tracer slows the server (about half the soak's q/s here); what grows per query grows all
-the same.
+the curve it explains. The tracer slows the server (to about 70% of the soak's q/s here); what grows per query grows
+all the same.
 """
 
 from __future__ import annotations
