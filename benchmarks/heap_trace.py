@@ -29,8 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from retriever_load import prepare, server_metrics, start_server, toy_questions  # noqa: E402
-from retriever_soak import sampled_closed_loop  # noqa: E402
+from retriever_load import prepare, start_server, toy_questions  # noqa: E402
+from retriever_soak import soak  # noqa: E402
 
 MB = 2**20
 #: frames of the allocator itself, left out of a site's name
@@ -114,6 +114,7 @@ def main() -> int:
 
     if args.capture is None:
         out = args.out or Path(tempfile.mkdtemp(prefix="heap_trace_")) / "server.bin"
+        out.parent.mkdir(parents=True, exist_ok=True)
         corpus, npy, _, kind = prepare(100_000, "auto")
         questions = toy_questions(corpus)
         launcher = ("-m", "memray", "run", "--native", "--quiet", "--force", "--output", str(out))
@@ -123,19 +124,9 @@ def main() -> int:
         print(f"# heap trace: 100,000 passages ({kind} vectors), C={args.clients}, {args.minutes:g} min, server flags "
               f"{args.server_flags or 'default'}, {os.cpu_count()} CPUs ({platform.machine()}), {now:%Y-%m-%d %H:%M} "
               f"UTC; capture {out}")  # fmt: skip
-        print(f"{'t s':>7} {'RSS MB':>8} {'in use':>8} {'q/s':>7} {'errors':>6}")
-        last = {"t_s": 0.0, "answered": 0}
-
-        async def on_sample(t_s: float, answered: int, errors: int) -> None:
-            memory = (await asyncio.to_thread(server_metrics, url))["memory_bytes"] or {}
-            qps = (answered - last["answered"]) / (t_s - last["t_s"])
-            last.update(t_s=t_s, answered=answered)
-            print(f"{t_s:7.0f} {memory.get('rss', 0) / MB:8.1f} {memory.get('in_use', 0) / MB:8.1f} {qps:7.1f} "
-                  f"{errors:6d}", flush=True)  # fmt: skip
-
         start_ms = time.time() * 1e3
         try:
-            asyncio.run(sampled_closed_loop(url, questions, args.clients, args.minutes, args.sample_s, on_sample))
+            asyncio.run(soak(url, questions, args.clients, args.minutes, args.sample_s))
         finally:
             end_ms = time.time() * 1e3
             proc.terminate()

@@ -64,6 +64,8 @@ async def sampled_closed_loop(
 
 
 async def soak(url: str, questions: list[str], clients: int, minutes: float, sample_s: float) -> list[dict]:
+    """The closed loop for ``minutes``, with a row of the server's memory and throughput every ``sample_s``."""
+    print(f"{'t s':>7} {'RSS MB':>8} {'in use':>8} {'free':>8} {'mapped':>8} {'q/s':>7} {'batch':>6} {'errors':>6}")
     samples: list[dict] = []
     last = {"t_s": 0.0, "answered": 0, "batches": 0}
 
@@ -119,7 +121,6 @@ def main() -> int:
     cpu = f"{os.cpu_count()} CPUs ({platform.machine()})"
     print(f"# retriever soak: {args.passages:,} passages ({kind} vectors), C={args.clients}, {args.minutes:g} min, "
           f"malloc_trim every {trim}, {cpu}, {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
-    print(f"{'t s':>7} {'RSS MB':>8} {'in use':>8} {'free':>8} {'mapped':>8} {'q/s':>7} {'batch':>6} {'errors':>6}")
     try:
         samples = asyncio.run(soak(url, questions, args.clients, args.minutes, args.sample_s))
     finally:

@@ -180,7 +180,7 @@ print(heap_stats()["in_use"] - before)
 @pytest.mark.skipif(
     not memory_stats_available() or not cpu_has_bf16(), reason="oneDNN bf16 kernels and glibc 2.33+ heap stats"
 )
-def test_a_bounded_kernel_cache_keeps_the_heap_flat_as_batch_shapes_vary(minilm_path, tmp_path):
+def test_a_bounded_kernel_cache_keeps_the_heap_flat_as_batch_shapes_vary(minilm_path):
     """Every new batch shape compiles kernels that torch caches (oneDNN, ideep), 1024 of each by default: a retriever
     that sees ever more batch sizes grows for hours. The encoder's kernel cache bound keeps that growth small."""
     import os
