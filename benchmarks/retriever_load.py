@@ -24,6 +24,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -89,23 +90,31 @@ def start_server(
     *extra: str,
     server: Path = SERVER,
     launcher: tuple[str, ...] = (),
+    model: Path | None = None,
+    retriever_name: str = "minilm",
 ) -> tuple[subprocess.Popen, str]:
     """The server script ``server`` (default: this tree's) on a free port, once healthy. ``launcher``: arguments
-    between the interpreter and the script (e.g. ``-m memray run --native -o F``)."""
+    between the interpreter and the script (e.g. ``-m memray run --native -o F``); ``model``: the query encoder's
+    folder (default: the bundled MiniLM). The server's stderr goes to a temporary file (a pipe nobody reads would
+    block a server that writes more than its buffer), whose end is shown if the server fails to start."""
     port = free_port()
     cmd = [sys.executable, *launcher, str(server), "--index_path", str(index), "--corpus_path", str(corpus),
-           "--topk", "3", "--retriever_name", "minilm", "--retriever_model", str(bundled_minilm_path()),
+           "--topk", "3", "--retriever_name", retriever_name, "--retriever_model", str(model or bundled_minilm_path()),
            "--backend", backend, "--port", str(port), "--num_threads", str(threads), "--log_level", "WARNING",
            "--max_queue", "100000", "--encoder_dtype", encoder_dtype]  # fmt: skip
     if not batching:
         cmd.append("--no_batching")
     cmd.extend(extra)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    stderr = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(url, proc, timeout=300, what="retrieval server")
     except RuntimeError as e:
-        raise SystemExit(f"{e}: {proc.stderr.read()[-2000:] if proc.poll() is not None else ''}") from e
+        stderr.seek(0)
+        raise SystemExit(f"{e}: {stderr.read()[-2000:]}") from e
+    finally:
+        stderr.close()  # the server keeps its own descriptor
     return proc, url
 
 

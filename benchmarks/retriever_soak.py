@@ -95,9 +95,15 @@ def verdict(samples: list[dict], warmup_s: float) -> dict:
     t = np.array([s["t_s"] for s in kept]) / 60
     rss = np.array([s["rss_mb"] for s in kept])
     slope = float(np.polyfit(t, rss, 1)[0])
+    # RSS swings by tens of MB between malloc trims, so one sample against another can mislead: also the mean of
+    # each whole 10-minute window after the warm-up
+    window = ((t - t[0]) // 10).astype(int)
+    means = [float(rss[window == w].mean()) for w in range(int(window.max()) + 1) if (window == w).sum() > 1]
+    if means and (t[-1] - t[0]) % 10 < 5:
+        means = means[:-1]  # a last window under half full
     return {"first_mb": float(rss[0]), "last_mb": float(rss[-1]), "max_mb": float(rss.max()),
             "growth_pct": float(100 * (rss[-1] - rss[0]) / rss[0]), "slope_mb_per_min": slope,
-            "mean_qps": float(np.mean([s["qps"] for s in kept]))}  # fmt: skip
+            "ten_minute_means_mb": means, "mean_qps": float(np.mean([s["qps"] for s in kept]))}  # fmt: skip
 
 
 def main() -> int:
@@ -119,8 +125,9 @@ def main() -> int:
     now = datetime.now(timezone.utc)
     trim = f"{args.malloc_trim_s:g} s" if args.malloc_trim_s is not None else "server default"
     cpu = f"{os.cpu_count()} CPUs ({platform.machine()})"
+    malloc_env = "".join(f", {k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_"))
     print(f"# retriever soak: {args.passages:,} passages ({kind} vectors), C={args.clients}, {args.minutes:g} min, "
-          f"malloc_trim every {trim}, {cpu}, {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
+          f"malloc_trim every {trim}{malloc_env}, {cpu}, {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
     try:
         samples = asyncio.run(soak(url, questions, args.clients, args.minutes, args.sample_s))
     finally:
@@ -131,6 +138,7 @@ def main() -> int:
         print(f"# after {args.warmup_min:g} min warm-up: RSS {result['first_mb']:.1f} -> {result['last_mb']:.1f} MB "
               f"({result['growth_pct']:+.2f}%), max {result['max_mb']:.1f} MB, fitted slope "
               f"{result['slope_mb_per_min']:+.2f} MB/min, {result['mean_qps']:.0f} q/s")  # fmt: skip
+        print("# 10-minute means of RSS: " + " -> ".join(f"{m:.1f}" for m in result["ten_minute_means_mb"]) + " MB")
     if args.json:
         args.json.write_text(json.dumps({"samples": samples, "verdict": result}, indent=2))
     return 0

@@ -1,0 +1,257 @@
+"""The retrieval server on a GPU under many concurrent single-query clients: batched against per-request, and what
+bounds it when the encoder and the scan are fast.
+
+    python benchmarks/gpu_server_load.py --tokenizer DIR --json out.json                       # on a CUDA machine
+    python benchmarks/gpu_server_load.py --tokenizer DIR --device cpu --clients 16 --seconds 2 \\
+        --passages 2000 --encoders minilm --load_procs 2                                        # a dry run anywhere
+
+The server is the real CLI (``retrieval_server.py``, torch flat backend, its defaults otherwise: float16 encoder and
+index on CUDA, micro-batches of up to 256 queries). ``DIR`` holds all-MiniLM-L6-v2's tokenizer and ``config.json``;
+where its weights are missing (no model hub is reachable on a lent GPU machine) the encoders are built with seeded
+random weights of the model's exact shape, as in ``gpu_search_path.py``: "minilm" (6 layers, width 384) and "e5"
+(e5-base-v2's BERT-base shape, width 768, the ``query: `` prefix). Their speed is the real models', their rankings
+are meaningless; every answer still carries 3 hits, which the load generator checks.
+
+The corpus is the toy corpus of ``--passages`` rows with random unit passage vectors of the encoder's width. The load
+comes from ``--load_procs`` processes sharing the C clients, so that the clients are not the bound on a many-core
+host; each process reports the answers completed inside one common measured window. Per point: q/s, p50/p99,
+failed requests, the batcher's mean batch, the server's CPU per query and its split (compute = encoding and search,
+on the engine's thread and torch's threads; other = HTTP, validation, batching, serialisation), the server's CPU in
+cores, and the cores the load generator used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import platform
+import shutil
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from retriever_load import ask_one, cpu_split, server_metrics, start_server, toy_questions  # noqa: E402
+
+from local_dense_retriever.toy.corpus import generate_toy_dataset  # noqa: E402
+
+WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+
+
+def encoder_folder(name: str, tokenizer: Path, work: Path) -> Path:
+    """The folder of encoder ``name``: the MiniLM folder itself when it holds weights, else a copy of its shape (or
+    e5-base-v2's) with seeded random weights, beside its tokenizer files."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    if name == "minilm" and any((tokenizer / w).is_file() for w in WEIGHTS):
+        return tokenizer
+    folder = work / f"{name}-shaped"
+    if (folder / "config.json").is_file():
+        return folder
+    torch.manual_seed(0)
+    if name == "minilm":
+        config = BertConfig.from_pretrained(tokenizer)
+    else:  # e5-base-v2 is BERT-base
+        config = BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                            intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2)  # fmt: skip
+    BertModel(config).save_pretrained(folder)
+    for f in TOKENIZER_FILES:
+        if (tokenizer / f).is_file():
+            shutil.copy(tokenizer / f, folder / f)
+    return folder
+
+
+def random_vectors(path: Path, rows: int, dim: int) -> Path:
+    """``rows`` seeded random unit vectors of width ``dim`` as a float32 .npy (written once)."""
+    if not path.is_file():
+        rng = np.random.default_rng(0)
+        out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, dim))
+        for start in range(0, rows, 262_144):
+            v = rng.standard_normal((min(262_144, rows - start), dim), dtype=np.float32)
+            out[start : start + len(v)] = v / np.linalg.norm(v, axis=1, keepdims=True)
+        out.flush()
+        del out
+    return path
+
+
+def load_process(url: str, questions: list[str], first: int, clients: int, stride: int, window: tuple) -> dict:
+    """One load process: ``clients`` closed-loop clients (client i asks questions first+i, first+i+stride, ...) until
+    ``window[1]`` (time.monotonic(), shared by all processes on Linux); answers and failures are counted when they
+    complete inside ``window``. Returns the latencies (s), the failures, and this process's CPU seconds."""
+    import aiohttp
+
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    start, end = window
+    latencies: list[float] = []
+    errors = 0
+
+    async def run() -> None:
+        nonlocal errors
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
+
+            async def client(i: int) -> None:
+                nonlocal errors
+                n = first + i
+                while (t0 := time.monotonic()) < end:
+                    ok = await ask_one(session, url, questions[n % len(questions)])
+                    n += stride
+                    t1 = time.monotonic()
+                    if start <= t1 < end:
+                        if ok:
+                            latencies.append(t1 - t0)
+                        else:
+                            errors += 1
+
+            await asyncio.gather(*(client(i) for i in range(clients)))
+
+    cpu0 = time.process_time()
+    asyncio.run(run())
+    return {"latencies": latencies, "errors": errors, "cpu_s": time.process_time() - cpu0}
+
+
+def measure(url: str, questions: list[str], clients: int, procs: int, warmup: float, seconds: float, pool) -> dict:
+    """C clients spread over ``procs`` processes of ``pool``; counts and the server's /metrics over the window."""
+    procs = min(procs, clients)
+    share = [clients // procs + (i < clients % procs) for i in range(procs)]
+    t_start = time.monotonic() + 1.0 + warmup  # the processes are already up: a second to start their loops
+    window = (t_start, t_start + seconds)
+    firsts = np.cumsum([0, *share[:-1]])
+    jobs = [
+        pool.apply_async(load_process, (url, questions, int(first), n, clients, window))
+        for first, n in zip(firsts, share, strict=True)
+    ]
+    time.sleep(max(0.0, window[0] - time.monotonic()))
+    before = server_metrics(url)
+    time.sleep(max(0.0, window[1] - time.monotonic()))
+    after = server_metrics(url)
+    results = [j.get(timeout=300) for j in jobs]
+    lat = np.concatenate([np.asarray(r["latencies"]) for r in results]) * 1000
+    batches = after["batches_total"] - before["batches_total"]
+    split = cpu_split(before["cpu_seconds"], after["cpu_seconds"])
+    return {
+        "qps": lat.size / seconds,
+        "p50_ms": float(np.percentile(lat, 50)) if lat.size else float("nan"),
+        "p99_ms": float(np.percentile(lat, 99)) if lat.size else float("nan"),
+        "errors": sum(r["errors"] for r in results),
+        "completed": int(lat.size),
+        "mean_batch": (after["queries_total"] - before["queries_total"]) / max(batches, 1),
+        "cpu": split,
+        "server_cores": split["process"] / seconds,
+        "client_cores": sum(r["cpu_s"] for r in results) / (seconds + warmup + 1.0),
+    }
+
+
+def server_mode(spec: str) -> tuple[str, bool, list[str]]:
+    """``batched``, ``per-request`` or ``LABEL=MODE FLAGS...`` → (label, batching, extra server flags)."""
+    label, _, rest = spec.rpartition("=")
+    mode, *flags = rest.split()
+    if mode not in ("batched", "per-request"):
+        raise argparse.ArgumentTypeError(f"{spec!r}: the mode must be batched or per-request")
+    return label or mode, mode == "batched", flags
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokenizer", type=Path, required=True, help="all-MiniLM-L6-v2's folder (config + tokenizer)")
+    p.add_argument("--encoders", nargs="+", choices=["minilm", "e5"], default=["minilm", "e5"])
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        type=server_mode,
+        default=[server_mode("batched"), server_mode("per-request")],
+        help="server modes: 'batched', 'per-request', or 'LABEL=batched|per-request FLAGS...' for a server with "
+        "extra flags, e.g. 'threads-1=per-request --unbatched_threads 1'",
+    )
+    p.add_argument("--clients", type=int, nargs="+", default=[64, 256, 1024])
+    p.add_argument("--passages", type=int, default=100_000)
+    p.add_argument("--seconds", type=float, default=8.0, help="measured seconds per point")
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds of load before each measured window")
+    p.add_argument("--load_procs", type=int, default=8, help="load generator processes")
+    p.add_argument("--threads", type=int, default=4, help="the server's torch CPU threads")
+    p.add_argument("--device", default="auto", help="the server's --device")
+    p.add_argument("--work", type=Path, default=Path("/tmp/gpu_server_load"), help="encoders, corpus, vectors")
+    p.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    args = p.parse_args()
+    if not (args.tokenizer / "config.json").is_file():
+        p.error(f"{args.tokenizer}: no config.json (want all-MiniLM-L6-v2's folder)")
+    args.work.mkdir(parents=True, exist_ok=True)
+
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    now = datetime.now(timezone.utc)
+    print(
+        f"# gpu server load: {gpu}, {os.cpu_count()} host CPUs ({platform.machine()}), torch {torch.__version__}, "
+        f"{args.passages:,} toy passages, {args.load_procs} load processes, {now:%Y-%m-%d %H:%M} UTC",
+        flush=True,
+    )
+    t0 = time.perf_counter()
+    ds = generate_toy_dataset(args.work / f"toy-{args.passages}", args.passages, seed=0, progress=False)
+    questions = toy_questions(ds.corpus_path)
+    folders = {name: encoder_folder(name, args.tokenizer, args.work) for name in args.encoders}
+    print(f"# corpus and encoders ready in {time.perf_counter() - t0:.1f} s", flush=True)
+    width = max(12, *(len(m[0]) for m in args.modes))
+    print(f"{'encoder':7} {'mode':{width}} {'C':>5} {'q/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} {'batch':>6} "
+          f"{'cpu/q ms':>8} {'compute':>7} {'other':>6} {'server cores':>12} {'client cores':>12}")  # fmt: skip
+    rows = []
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(args.load_procs) as pool:
+        pool.map(time.sleep, [0.0] * args.load_procs)  # start the processes before the first point
+        for name, folder in folders.items():
+            dim = json.loads((folder / "config.json").read_text())["hidden_size"]
+            npy = random_vectors(args.work / f"random_{args.passages}_{dim}.npy", args.passages, dim)
+            for mode, batching, flags in args.modes:
+                t_start = time.perf_counter()
+                proc, url = start_server(ds.corpus_path, npy, "torch", batching, args.threads, "auto",
+                                         "--device", args.device, *flags, model=folder,
+                                         retriever_name="e5" if name == "e5" else "minilm")  # fmt: skip
+                try:
+                    import urllib.request
+
+                    health = json.loads(urllib.request.urlopen(url + "/health", timeout=10).read())
+                    shown = f" ({' '.join(flags)})" if flags else ""
+                    print(f"# {name} {mode} server{shown}, healthy {time.perf_counter() - t_start:.1f} s after its "
+                          f"launch: {health.get('detail')}", flush=True)  # fmt: skip
+                    for c in args.clients:
+                        res = measure(url, questions, c, args.load_procs, args.warmup, args.seconds, pool)
+                        res["rss_mb"] = psutil.Process(proc.pid).memory_info().rss / 2**20
+                        row = {"encoder": name, "mode": mode, "batching": batching, "flags": flags, "clients": c, **res}
+                        rows.append(row)
+                        s = res["cpu"]
+                        print(f"{name:7} {mode:{width}} {c:>5} {res['qps']:>8.1f} {res['p50_ms']:>8.1f} "
+                              f"{res['p99_ms']:>8.1f} {res['errors']:>6} {res['mean_batch']:>6.1f} "
+                              f"{1000 * s['process'] / max(res['completed'], 1):>8.2f} {s['compute_share']:>7.1%} "
+                              f"{s['other_share']:>6.1%} {res['server_cores']:>12.2f} "
+                              f"{res['client_cores']:>12.2f}", flush=True)  # fmt: skip
+                finally:
+                    proc.terminate()
+                    proc.wait(30)
+    for name in folders:
+        ref = {r["clients"]: r["qps"] for r in rows if r["encoder"] == name and r["mode"] == "per-request"}
+        for r in rows:
+            if r["encoder"] == name and r["mode"] == "batched" and ref.get(r["clients"]):
+                print(f"{name} batched/per-request at C={r['clients']}: {r['qps'] / ref[r['clients']]:.1f}x")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
