@@ -97,9 +97,9 @@ class ServiceState:
                 metrics=self.metrics,
             )
         else:
-            self.runner = DirectRunner(
-                engine.search, threads=c.unbatched_threads, max_queue=c.max_queue, metrics=self.metrics
-            )
+            threads = c.unbatched_threads or (1 if engine.encodes_on_gpu else 40)
+            self.runner = DirectRunner(engine.search, threads=threads, max_queue=c.max_queue, metrics=self.metrics)
+            logger.info("per-request mode: %d thread%s", threads, "" if threads == 1 else "s")
         self.runner.start()
         self.metrics.cpu_seconds = engine.clock.snapshot
         self.engine = engine

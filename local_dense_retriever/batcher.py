@@ -279,6 +279,7 @@ class DirectRunner:
         self.max_queue = max_queue
         self._metrics = metrics
         self._inflight = 0
+        self.threads = threads
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="retriever-request")
         metrics.queue_depth = lambda: self._inflight
 

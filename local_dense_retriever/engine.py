@@ -65,6 +65,12 @@ class RetrievalEngine:
                 for row_s, row_i in zip(scores, ids, strict=True)
             ]
 
+    @property
+    def encodes_on_gpu(self) -> bool:
+        """Whether the query encoder runs on a GPU."""
+        encoder = getattr(self.backend, "encoder", None)
+        return encoder is not None and getattr(encoder, "device", None) is not None and encoder.device.type == "cuda"
+
     def page(self, url: str) -> dict | None:
         """``POST /access``: the pages file's page of ``url``, else the page joined from the corpus rows with that
         url, else None."""

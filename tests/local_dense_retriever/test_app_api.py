@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import platform
 import threading
 import time
 
 import httpx
 import pytest
+import torch
 
-from local_dense_retriever.app import create_app
+from local_dense_retriever.app import ServiceState, create_app
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.engine import RetrievalEngine
 from verl_search.protocol import RetrieveResponse
@@ -246,6 +248,23 @@ def test_health_is_503_while_loading_and_after_a_failed_load(engine):
         assert r.status_code == 503 and r.json()["status"] == "failed"
         assert "FileNotFoundError" in r.json()["detail"] and "e5_Flat.index" not in r.json()["detail"]
     assert isinstance(failures[0], FileNotFoundError)
+
+
+@pytest.mark.parametrize(
+    ("device", "flag", "threads"), [("cpu", None, 40), ("cuda", None, 1), ("cuda", 6, 6), ("cpu", 3, 3)]
+)
+def test_the_per_request_pool_defaults_by_the_encoders_device(animal_corpus, make_hash_engine, device, flag, threads):
+    """40 threads on a CPU; on a GPU one (concurrent single-query passes only contend there); the flag wins."""
+    engine = make_hash_engine(animal_corpus)
+    engine.backend.encoder.device = torch.device(device)  # no GPU here: the runner only reads where encoding runs
+    config = ServerConfig(batching=False, **({} if flag is None else {"unbatched_threads": flag}))
+    state = ServiceState(config)
+    state.set_ready(engine)
+    try:
+        assert engine.encodes_on_gpu is (device == "cuda")
+        assert state.runner.threads == threads
+    finally:
+        asyncio.run(state.runner.stop())
 
 
 def test_unbatched_reference_mode_serves_the_same_results(engine):
