@@ -65,7 +65,8 @@ async def sampled_closed_loop(
 
 async def soak(url: str, questions: list[str], clients: int, minutes: float, sample_s: float) -> list[dict]:
     """The closed loop for ``minutes``, with a row of the server's memory and throughput every ``sample_s``."""
-    print(f"{'t s':>7} {'RSS MB':>8} {'in use':>8} {'free':>8} {'mapped':>8} {'q/s':>7} {'batch':>6} {'errors':>6}")
+    print(f"{'t s':>7} {'RSS MB':>8} {'anon':>8} {'file':>7} {'in use':>8} {'free':>8} {'mapped':>8} {'q/s':>7} "
+          f"{'batch':>6} {'errors':>6}")  # fmt: skip
     samples: list[dict] = []
     last = {"t_s": 0.0, "answered": 0, "batches": 0}
 
@@ -79,7 +80,8 @@ async def soak(url: str, questions: list[str], clients: int, minutes: float, sam
                   **{f"{k}_mb": v / MB for k, v in memory.items()}}  # fmt: skip
         last.update(t_s=t_s, answered=answered, batches=metrics["batches_total"])
         samples.append(sample)
-        print(f"{t_s:7.0f} {sample.get('rss_mb', float('nan')):8.1f} {sample.get('in_use_mb', 0):8.1f} "
+        print(f"{t_s:7.0f} {sample.get('rss_mb', float('nan')):8.1f} {sample.get('rss_anon_mb', float('nan')):8.1f} "
+              f"{sample.get('rss_file_mb', float('nan')):7.1f} {sample.get('in_use_mb', 0):8.1f} "
               f"{sample.get('free_mb', 0):8.1f} {sample.get('mapped_mb', 0):8.1f} {sample['qps']:7.1f} "
               f"{sample['mean_batch'] or 0:6.1f} {errors:6d}", flush=True)  # fmt: skip
 
@@ -87,13 +89,14 @@ async def soak(url: str, questions: list[str], clients: int, minutes: float, sam
     return samples
 
 
-def verdict(samples: list[dict], warmup_s: float) -> dict:
-    """RSS after the warm-up: first, last, max, and the slope of a least-squares line (MB per minute)."""
-    kept = [s for s in samples if s["t_s"] >= warmup_s and "rss_mb" in s]
+def verdict(samples: list[dict], warmup_s: float, key: str = "rss_mb") -> dict:
+    """``key`` (RSS by default) after the warm-up: first, last, max, the slope of a least-squares line (MB per
+    minute) and the means of whole 10-minute windows."""
+    kept = [s for s in samples if s["t_s"] >= warmup_s and key in s]
     if len(kept) < 2:
         return {}
     t = np.array([s["t_s"] for s in kept]) / 60
-    rss = np.array([s["rss_mb"] for s in kept])
+    rss = np.array([s[key] for s in kept])
     slope = float(np.polyfit(t, rss, 1)[0])
     # RSS swings by tens of MB between malloc trims, so one sample against another can mislead: also the mean of
     # each whole 10-minute window after the warm-up
@@ -134,13 +137,18 @@ def main() -> int:
         proc.terminate()
         proc.wait(30)
     result = verdict(samples, args.warmup_min * 60)
-    if result:
-        print(f"# after {args.warmup_min:g} min warm-up: RSS {result['first_mb']:.1f} -> {result['last_mb']:.1f} MB "
-              f"({result['growth_pct']:+.2f}%), max {result['max_mb']:.1f} MB, fitted slope "
-              f"{result['slope_mb_per_min']:+.2f} MB/min, {result['mean_qps']:.0f} q/s")  # fmt: skip
-        print("# 10-minute means of RSS: " + " -> ".join(f"{m:.1f}" for m in result["ten_minute_means_mb"]) + " MB")
+    # the process's own memory alone (a leak shows here), without the mapped files' pages (libraries, weights, the
+    # corpus), which grow as more of those files is read
+    anon = verdict(samples, args.warmup_min * 60, key="rss_anon_mb")
+    for name, v in (("RSS", result), ("RSS anonymous", anon)):
+        if v:
+            print(f"# after {args.warmup_min:g} min warm-up: {name} {v['first_mb']:.1f} -> {v['last_mb']:.1f} MB "
+                  f"({v['growth_pct']:+.2f}%), max {v['max_mb']:.1f} MB, fitted slope {v['slope_mb_per_min']:+.2f} "
+                  f"MB/min, {v['mean_qps']:.0f} q/s; 10-minute means: "
+                  + (" -> ".join(f"{m:.1f}" for m in v["ten_minute_means_mb"]) + " MB" if v["ten_minute_means_mb"]
+                     else "none (under 10 minutes)"))  # fmt: skip
     if args.json:
-        args.json.write_text(json.dumps({"samples": samples, "verdict": result}, indent=2))
+        args.json.write_text(json.dumps({"samples": samples, "verdict": result, "verdict_anon": anon}, indent=2))
     return 0
 
 

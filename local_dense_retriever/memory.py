@@ -70,12 +70,31 @@ def release_free_memory() -> bool:
 
 def heap_stats() -> dict[str, int] | None:
     """Bytes of the C heap: ``in_use`` (allocated), ``free`` (held by malloc, not in use), ``mapped`` (large blocks
-    mapped on their own), and the process's ``rss``; None without glibc 2.33+. Growth of ``in_use`` is a leak;
-    growth of ``free`` is retention the next trim returns."""
+    mapped on their own), and the process's ``rss``, split where Linux says so into ``rss_anon`` (memory of its own:
+    the heap, tensors) and ``rss_file`` (pages of mapped files: libraries, weights, a memory-mapped corpus or index,
+    which the kernel can drop and read again); None without glibc 2.33+. Growth of ``in_use`` is a leak; growth of
+    ``free`` is retention the next trim returns; ``rss_file`` grows as more of the mapped files is read, up to their
+    size."""
     if not _HAS_MALLINFO2:
         return None
     info = _LIBC.mallinfo2()
-    return {"in_use": info.uordblks, "free": info.fordblks, "mapped": info.hblkhd, "rss": resident_bytes()}
+    stats = {"in_use": info.uordblks, "free": info.fordblks, "mapped": info.hblkhd, "rss": resident_bytes()}
+    return stats | resident_split()
+
+
+def resident_split() -> dict[str, int]:
+    """``rss_anon`` and ``rss_file`` (bytes) from ``/proc/self/status``; empty where the kernel gives neither."""
+    fields = {"RssAnon:": "rss_anon", "RssFile:": "rss_file"}
+    out = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:  # "RssAnon:\t  573004 kB"
+                parts = line.split()
+                if parts and parts[0] in fields:
+                    out[fields[parts[0]]] = int(parts[1]) * 1024
+    except OSError:
+        return {}
+    return out
 
 
 def resident_bytes() -> int:

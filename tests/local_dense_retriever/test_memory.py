@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import mmap
 import platform
 
 import pytest
@@ -30,6 +31,24 @@ def test_freed_heap_memory_goes_back_to_the_os_on_a_trim():
     assert freed["rss"] - trimmed["rss"] > 40 * 2**20  # the holes' pages left the process
     assert abs(trimmed["in_use"] - freed["in_use"]) < 8 * 2**20  # nothing in use was touched
     del blocks
+
+
+@glibc
+def test_resident_memory_is_split_into_the_processs_own_and_mapped_files(tmp_path):
+    """A soak tells a leak (``rss_anon`` growing) from a corpus being read (``rss_file`` growing, up to its size)."""
+    path = tmp_path / "mapped.bin"
+    path.write_bytes(b"x" * (48 * 2**20))
+    before = memory.heap_stats()
+    own = bytearray(96 * 2**20)
+    for i in range(0, len(own), 4096):  # fault every page in
+        own[i] = 1
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        assert sum(m[i] for i in range(0, len(m), 4096)) == ord("x") * (len(m) // 4096)
+        after = memory.heap_stats()
+    assert after["rss_anon"] - before["rss_anon"] > 80 * 2**20
+    assert after["rss_file"] - before["rss_file"] > 36 * 2**20
+    assert abs(after["rss_anon"] + after["rss_file"] - after["rss"]) < 16 * 2**20  # and little else (shared memory)
+    del own
 
 
 def test_the_periodic_trim_runs_until_cancelled(monkeypatch):
