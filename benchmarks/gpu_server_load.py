@@ -17,7 +17,8 @@ comes from ``--load_procs`` processes sharing the C clients, so that the clients
 host; each process reports the answers completed inside one common measured window. Per point: q/s, p50/p99,
 failed requests, the batcher's mean batch, the server's CPU per query and its split (compute = encoding and search,
 on the engine's thread and torch's threads; other = HTTP, validation, batching, serialisation), the server's CPU in
-cores, and the cores the load generator used.
+cores, and the cores the load generator used. Last, per encoder, the engine alone in this process (no HTTP, no
+batcher) at the batched server's mean batch: the ceiling the server is measured against.
 """
 
 from __future__ import annotations
@@ -40,7 +41,14 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from retriever_load import ask_one, cpu_split, server_metrics, start_server, toy_questions  # noqa: E402
+from retriever_load import (  # noqa: E402
+    ask_one,
+    bare_engine_qps,
+    cpu_split,
+    server_metrics,
+    start_server,
+    toy_questions,
+)
 
 from local_dense_retriever.toy.corpus import generate_toy_dataset  # noqa: E402
 
@@ -187,6 +195,12 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=4, help="the server's torch CPU threads")
     p.add_argument("--device", default="auto", help="the server's --device")
     p.add_argument("--work", type=Path, default=Path("/tmp/gpu_server_load"), help="encoders, corpus, vectors")
+    p.add_argument(
+        "--no_engine_alone",
+        dest="engine_alone",
+        action="store_false",
+        help="skip the engine alone in this process at the batcher's mean batch (the server's ceiling)",
+    )
     p.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = p.parse_args()
     if not (args.tokenizer / "config.json").is_file():
@@ -243,13 +257,29 @@ def main() -> int:
                 finally:
                     proc.terminate()
                     proc.wait(30)
+    ceilings = []
+    for name, folder in folders.items():  # the ceiling: the engine alone in this process at the batcher's mean batch
+        batched = [r for r in rows if r["encoder"] == name and r["batching"] and not r["flags"]]
+        if not batched or not args.engine_alone:
+            continue
+        top = max(batched, key=lambda r: r["qps"])
+        batch = max(1, round(top["mean_batch"]))
+        dim = json.loads((folder / "config.json").read_text())["hidden_size"]
+        npy = args.work / f"random_{args.passages}_{dim}.npy"
+        alone = bare_engine_qps(ds.corpus_path, npy, args.threads, "auto", batch, questions, model=folder,
+                                retriever_name="e5" if name == "e5" else "minilm", device=args.device)  # fmt: skip
+        ceilings.append({"encoder": name, "engine_alone": alone, "batch": batch})
+        print(f"# {name}: the engine alone (this process, no HTTP, no batcher) at the batcher's mean batch {batch}: "
+              f"encoder {alone['encode']:.0f} q/s, encoder + search + corpus lookup {alone['engine']:.0f} q/s; the "
+              f"server's best batched point ({top['qps']:.0f} q/s at C={top['clients']}) is "
+              f"{top['qps'] / alone['engine']:.0%} of it", flush=True)  # fmt: skip
     for name in folders:
         ref = {r["clients"]: r["qps"] for r in rows if r["encoder"] == name and r["mode"] == "per-request"}
         for r in rows:
             if r["encoder"] == name and r["mode"] == "batched" and ref.get(r["clients"]):
                 print(f"{name} batched/per-request at C={r['clients']}: {r['qps'] / ref[r['clients']]:.1f}x")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        args.json.write_text(json.dumps(rows + ceilings, indent=2))
     return 0
 
 

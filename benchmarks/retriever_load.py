@@ -162,29 +162,44 @@ def server_metrics(url: str) -> dict:
     return json.loads(urllib.request.urlopen(url + "/metrics", timeout=10).read())
 
 
-def bare_engine_qps(corpus: Path, npy: Path, threads: int, dtype: str, batch: int, questions: list[str]) -> dict:
+def bare_engine_qps(
+    corpus: Path,
+    npy: Path,
+    threads: int,
+    dtype: str,
+    batch: int,
+    questions: list[str],
+    *,
+    model: Path | None = None,
+    retriever_name: str = "minilm",
+    device: str = "auto",
+) -> dict:
     """Queries/s of the server's engine called directly in this process (no HTTP, no batcher) with batches of
-    ``batch`` toy questions: the encoder alone, and encoder + flat search + corpus lookup (the server's ceiling)."""
+    ``batch`` toy questions: the encoder alone, and encoder + flat search + corpus lookup (the server's ceiling).
+    ``model``: the encoder's folder (default: the bundled MiniLM)."""
     import torch
 
     from local_dense_retriever.config import ServerConfig
     from local_dense_retriever.engine import load_engine
 
     torch.set_num_threads(threads)
-    config = ServerConfig(index_path=str(npy), corpus_path=str(corpus), retriever_name="minilm", topk=3,
-                          retriever_model=str(bundled_minilm_path()), backend="torch", num_threads=threads,
-                          encoder_dtype=dtype)  # fmt: skip
+    config = ServerConfig(index_path=str(npy), corpus_path=str(corpus), retriever_name=retriever_name, topk=3,
+                          retriever_model=str(model or bundled_minilm_path()), backend="torch", num_threads=threads,
+                          encoder_dtype=dtype, device=device)  # fmt: skip
     engine = load_engine(config, progress=False)
     encoder = engine.backend.encoder
+    sync = torch.cuda.synchronize if encoder.device.type == "cuda" else (lambda: None)
     batches = [[questions[(i * batch + j) % len(questions)] for j in range(batch)] for i in range(64)]
     out = {}
     for name, call in (("encode", lambda b: encoder.encode(b)), ("engine", lambda b: engine.search(b, 3))):
         for b in batches[:3]:
             call(b)  # warm-up
+        sync()
         done, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < 5:
             call(batches[done % len(batches)])
             done += 1
+        sync()
         out[name] = done * batch / (time.perf_counter() - t0)
     return out
 
