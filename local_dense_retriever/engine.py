@@ -68,8 +68,8 @@ class RetrievalEngine:
     @property
     def encodes_on_gpu(self) -> bool:
         """Whether the query encoder runs on a GPU."""
-        encoder = getattr(self.backend, "encoder", None)
-        return encoder is not None and getattr(encoder, "device", None) is not None and encoder.device.type == "cuda"
+        device = getattr(getattr(self.backend, "encoder", None), "device", None)  # BM25 has no encoder
+        return device is not None and device.type == "cuda"
 
     def page(self, url: str) -> dict | None:
         """``POST /access``: the pages file's page of ``url``, else the page joined from the corpus rows with that
