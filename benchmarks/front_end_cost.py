@@ -1,5 +1,6 @@
-"""The server's own cost per request, with the engine's taken out: the front end (HTTP, body guard, validation,
-batching, serialisation) in front of an engine that answers at once.
+"""The server's own CPU per request, with the engine's cost taken out (a search backend that answers at once).
+
+The front end is HTTP, the body guard, validation, batching and serialisation, in front of that instant engine.
 
     python benchmarks/front_end_cost.py                                  # this tree, C = 64
     python benchmarks/front_end_cost.py before=/tmp/before main=. --rounds 3 --clients 64 256

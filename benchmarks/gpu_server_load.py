@@ -1,5 +1,6 @@
-"""The retrieval server on a GPU under many concurrent single-query clients: batched against per-request, and what
-bounds it when the encoder and the scan are fast.
+"""The retrieval server on a GPU under many concurrent single-query clients: batched against per-request.
+
+What bounds the server when the encoder and the scan are fast.
 
     python benchmarks/gpu_server_load.py --tokenizer DIR --json out.json                       # on a CUDA machine
     python benchmarks/gpu_server_load.py --tokenizer DIR --device cpu --clients 16 --seconds 2 \\
@@ -31,6 +32,7 @@ import os
 import platform
 import shutil
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -194,7 +196,9 @@ def main() -> int:
     p.add_argument("--load_procs", type=int, default=8, help="load generator processes")
     p.add_argument("--threads", type=int, default=4, help="the server's torch CPU threads")
     p.add_argument("--device", default="auto", help="the server's --device")
-    p.add_argument("--work", type=Path, default=Path("/tmp/gpu_server_load"), help="encoders, corpus, vectors")
+    p.add_argument(
+        "--work", type=Path, default=Path(tempfile.gettempdir()) / "gpu_server_load", help="encoders, corpus, vectors"
+    )
     p.add_argument(
         "--no_engine_alone",
         dest="engine_alone",
