@@ -29,11 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from retriever_load import closed_loop, cpu_split, server_trees, toy_questions  # noqa: E402
-
 HERE = Path(__file__).resolve()
+# nothing of local_dense_retriever is imported at module level: the child serving another tree must import that
+# tree's package, so the parent's imports (retriever_load, which loads this tree's) happen in main()
 
 
 def serve(tree: Path, corpus: Path, port: int) -> None:
@@ -41,6 +39,7 @@ def serve(tree: Path, corpus: Path, port: int) -> None:
     sys.path.insert(0, str(tree))
     import uvicorn
 
+    import local_dense_retriever
     from local_dense_retriever.app import create_app
     from local_dense_retriever.config import ServerConfig
     from local_dense_retriever.corpus_store import CorpusStore
@@ -63,6 +62,8 @@ def serve(tree: Path, corpus: Path, port: int) -> None:
         def describe(self) -> str:
             return "instant search (no encoder, no index)"
 
+    if not Path(local_dense_retriever.__file__).resolve().is_relative_to(tree.resolve()):
+        raise SystemExit(f"serving {local_dense_retriever.__file__}, not the tree {tree}")
     store = CorpusStore(corpus, progress=False)
     config = ServerConfig(corpus_path=str(corpus), index_path=str(corpus), topk=3, max_queue=100_000)
     app = create_app(config, engine=RetrievalEngine(InstantSearch(len(store)), store))
@@ -80,7 +81,6 @@ def serve(tree: Path, corpus: Path, port: int) -> None:
 
 
 def start(tree: Path, corpus: Path) -> tuple[subprocess.Popen, str]:
-    sys.path.insert(0, str(HERE.parent.parent))
     from verl_search.testing.background_server import free_port, wait_until_healthy
 
     port = free_port()
@@ -106,7 +106,9 @@ def main() -> int:
         serve(args.serve, args.corpus, args.port)
         return 0
 
-    sys.path.insert(0, str(HERE.parent.parent))
+    sys.path.insert(0, str(HERE.parent))
+    from retriever_load import closed_loop, cpu_split, server_trees, toy_questions  # puts this tree on the path
+
     from local_dense_retriever.config import default_cache_dir
     from local_dense_retriever.toy.corpus import generate_toy_dataset
 
