@@ -87,11 +87,18 @@ def bandwidths(device: torch.device, nbytes: int) -> tuple[float, float]:
 
 def e5_base_shaped(folder: Path, tokenizer: Path) -> Path:
     """A BERT-base encoder with e5-base-v2's configuration and seeded random weights, beside the tokenizer files."""
-    from transformers import BertConfig, BertModel
+    from transformers import BertConfig
 
-    torch.manual_seed(0)
     config = BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                         intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2)  # fmt: skip
+    return random_bert(folder, tokenizer, config)
+
+
+def random_bert(folder: Path, tokenizer: Path, config) -> Path:
+    """A BERT encoder of ``config`` with seeded random weights saved in ``folder``, beside ``tokenizer``'s files."""
+    from transformers import BertModel
+
+    torch.manual_seed(0)
     BertModel(config).save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         if (tokenizer / name).is_file():

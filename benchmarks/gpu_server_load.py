@@ -30,7 +30,6 @@ import json
 import multiprocessing
 import os
 import platform
-import shutil
 import sys
 import tempfile
 import time
@@ -43,6 +42,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpu_search_path import e5_base_shaped, random_bert  # noqa: E402
 from retriever_load import (  # noqa: E402
     ask_one,
     bare_engine_qps,
@@ -55,31 +55,21 @@ from retriever_load import (  # noqa: E402
 from local_dense_retriever.toy.corpus import generate_toy_dataset  # noqa: E402
 
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 
 
 def encoder_folder(name: str, tokenizer: Path, work: Path) -> Path:
     """The folder of encoder ``name``: the MiniLM folder itself when it holds weights, else a copy of its shape (or
     e5-base-v2's) with seeded random weights, beside its tokenizer files."""
-    import torch
-    from transformers import BertConfig, BertModel
+    from transformers import BertConfig
 
     if name == "minilm" and any((tokenizer / w).is_file() for w in WEIGHTS):
         return tokenizer
     folder = work / f"{name}-shaped"
     if (folder / "config.json").is_file():
         return folder
-    torch.manual_seed(0)
     if name == "minilm":
-        config = BertConfig.from_pretrained(tokenizer)
-    else:  # e5-base-v2 is BERT-base
-        config = BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                            intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2)  # fmt: skip
-    BertModel(config).save_pretrained(folder)
-    for f in TOKENIZER_FILES:
-        if (tokenizer / f).is_file():
-            shutil.copy(tokenizer / f, folder / f)
-    return folder
+        return random_bert(folder, tokenizer, BertConfig.from_pretrained(tokenizer))
+    return e5_base_shaped(folder, tokenizer)
 
 
 def random_vectors(path: Path, rows: int, dim: int) -> Path:
