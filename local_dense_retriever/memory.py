@@ -78,29 +78,23 @@ def heap_stats() -> dict[str, int] | None:
     if not _HAS_MALLINFO2:
         return None
     info = _LIBC.mallinfo2()
-    stats = {"in_use": info.uordblks, "free": info.fordblks, "mapped": info.hblkhd, "rss": resident_bytes()}
-    return stats | resident_split()
+    return {"in_use": info.uordblks, "free": info.fordblks, "mapped": info.hblkhd, **resident_memory()}
 
 
-def resident_split() -> dict[str, int]:
-    """``rss_anon`` and ``rss_file`` (bytes) from ``/proc/self/status``; empty where the kernel gives neither."""
-    fields = {"RssAnon:": "rss_anon", "RssFile:": "rss_file"}
+#: /proc/self/status lines read by resident_memory, and their keys
+_RESIDENT_FIELDS = {"VmRSS:": "rss", "RssAnon:": "rss_anon", "RssFile:": "rss_file"}
+
+
+def resident_memory() -> dict[str, int]:
+    """The process's resident set ``rss`` and its parts ``rss_anon`` and ``rss_file``, in bytes, from one read of
+    ``/proc/self/status`` (lines like ``RssAnon:\t  573004 kB``)."""
     out = {}
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:  # "RssAnon:\t  573004 kB"
-                parts = line.split()
-                if parts and parts[0] in fields:
-                    out[fields[parts[0]]] = int(parts[1]) * 1024
-    except OSError:
-        return {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            parts = line.split()
+            if parts and parts[0] in _RESIDENT_FIELDS:
+                out[_RESIDENT_FIELDS[parts[0]]] = int(parts[1]) * 1024
     return out
-
-
-def resident_bytes() -> int:
-    """The process's resident set (``VmRSS``), in bytes."""
-    with open(f"/proc/{os.getpid()}/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 async def release_free_memory_every(interval_s: float) -> None:
