@@ -17,12 +17,16 @@ from local_dense_retriever.batch_tokenizer import BatchTokenizer
 from local_dense_retriever.config import Precision, ServerConfig
 from local_dense_retriever.errors import EncoderError
 from local_dense_retriever.memory import bound_kernel_caches
+from local_dense_retriever.packed_encoder import PackedEncoder, token_groups, unsupported_reason
 
 logger = logging.getLogger(__name__)
 
 BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
 #: texts per forward pass when a large CPU batch is split by length (bf16 on AMX prefers larger matmuls)
 CPU_SUB_BATCH = {torch.float32: 32, torch.bfloat16: 64, torch.float16: 64}
+#: most real tokens per forward pass of a packed encoder (a 64-query batch of rollout questions is one pass; long
+#: passages go 13-16 at a time: larger passes ran 20-25% slower on these CPUs, their activations out of cache)
+PACKED_TOKENS = 2048
 
 
 class Encoder(Protocol):
@@ -174,6 +178,14 @@ class HFEncoder:
         else:
             self.dtype = resolve_encoder_dtype(dtype, self.device)
         self.model = model.to(dtype=self.dtype)
+        self.packed: PackedEncoder | None = None
+        if self.device.type == "cpu":
+            reason = unsupported_reason(self.model)
+            if reason is None and self.tokenizer.padding_side != "right":  # a pass is cut to its rows' columns
+                reason = f"the tokenizer pads on the {self.tokenizer.padding_side}"
+            if reason is None:
+                self.packed = PackedEncoder(self.model, token_multiple=self.shape_multiple)
+            logger.info("encoder forward: %s", "packed (real tokens only)" if reason is None else f"padded ({reason})")
 
     def _cached_probe(self, model, model_name_or_path: str | Path, flags: list[str]) -> dict[str, float]:
         """The probe's timings, measured once per model, CPU, torch version and thread count on this machine."""
@@ -207,10 +219,16 @@ class HFEncoder:
     def encode(self, texts: list[str], *, is_query: bool = True) -> torch.Tensor:
         """L2-normalised embeddings, float32, shape ``(len(texts), dim)``, on ``self.device``.
 
-        Large CPU batches run as length-sorted sub-batches (less padding: ~15% faster for short queries, fp32).
+        On a CPU a BERT-family model runs packed (:mod:`~local_dense_retriever.packed_encoder`: no matmul on
+        padding), in length-sorted passes of at most ``PACKED_TOKENS`` tokens; other models run padded, large CPU
+        batches as length-sorted sub-batches (less padding).
         """
+        if not texts:
+            return torch.empty(0, self.dim, device=self.device)
         prefix = self.query_prefix if is_query else self.passage_prefix
         texts = [prefix + t for t in texts]
+        if self.packed is not None:
+            return self._encode_packed(texts)
         parts = -(-len(texts) // CPU_SUB_BATCH[self.dtype])
         if self.device.type != "cpu" or parts <= 1:
             return self._encode(texts)
@@ -225,13 +243,36 @@ class HFEncoder:
         if m > 1 and n > m:  # a few shapes, each compiled once (ServerConfig.encoder_shape_multiple); fewer rows
             texts = texts + [""] * (-n % m)  # than m are left as they are (m - 1 shapes; a lone query is not m rows)
         batch = {name: t.to(self.device) for name, t in self._tokenize(texts).items()}
-        out = self.model(**batch).last_hidden_state.float()  # pool and normalise in float32 whatever the model dtype
+        out = self.model(**batch).last_hidden_state
+        return self._pool(out, batch["attention_mask"])[:n]
+
+    def _encode_packed(self, texts: list[str]) -> torch.Tensor:
+        """Tokenised once; rows sorted by length, each pass cut to its longest row (rounded up to the shape multiple);
+        the packed encoder rounds its token count, so no rows of padding are added."""
+        batch = self._tokenize(texts)
+        mask = batch["attention_mask"]
+        lengths = mask.sum(1)
+        order = torch.argsort(lengths, stable=True)
+        full, m = mask.shape[1], self.shape_multiple
+        out = torch.empty(len(texts), self.dim)
+        start = 0
+        for stop in token_groups(lengths[order].tolist(), PACKED_TOKENS):
+            rows = order[start:stop]
+            width = min(-(-int(lengths[rows[-1]]) // m) * m, full)  # padding is on the right (checked at start)
+            part = {name: t[rows, :width] for name, t in batch.items()}
+            out[rows] = self._pool(self.packed(**part), part["attention_mask"])
+            start = stop
+        return out
+
+    def _pool(self, states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Pooled and normalised in float32 whatever the model's dtype."""
+        states = states.float()
         if self.pooling == "cls":
-            emb = out[:, 0]
+            emb = states[:, 0]
         else:
-            mask = batch["attention_mask"].unsqueeze(-1).to(out.dtype)
-            emb = (out * mask).sum(1) / mask.sum(1).clamp(min=1)
-        return torch.nn.functional.normalize(emb[:n], dim=-1)
+            mask = attention_mask.unsqueeze(-1).to(states.dtype)
+            emb = (states * mask).sum(1) / mask.sum(1).clamp(min=1)
+        return torch.nn.functional.normalize(emb, dim=-1)
 
 
 def encoder_for(config: ServerConfig, *, device: str | None = None, max_length: int | None = None) -> HFEncoder:

@@ -138,26 +138,34 @@ def test_large_batches_encode_like_single_texts(minilm_path, toy_questions, dtyp
 
 
 def test_padded_shapes_bound_the_kernels_compiled(minilm_path, toy_questions):
-    """With shape_multiple 8 the model sees a handful of input shapes whatever the batch sizes and lengths (oneDNN
+    """With shape_multiple 8 the matmuls see a handful of row counts whatever the batch sizes and lengths (oneDNN
     compiles and caches a kernel per shape: one per batch size x length grew the heap by hundreds of MB), and the
-    padding rows never reach the caller."""
+    padding never reaches the caller. The packed encoder rounds its token count (``token_rows``); the padded one its
+    rows and length."""
     from local_dense_retriever.encoder import HFEncoder
 
     rng = np.random.default_rng(0)
     questions = [q["question"] for q in toy_questions]
     batches = [list(rng.choice(questions, size=int(n))) for n in rng.integers(1, 33, size=40)]
-    seen: dict[int, set] = {}
-    for multiple in (1, 8):
-        encoder = HFEncoder(
-            minilm_path, retriever_name="minilm", device="cpu", dtype="float32", shape_multiple=multiple
-        )
-        shapes = seen.setdefault(multiple, set())
-        encoder.model.register_forward_pre_hook(lambda _m, _a, kw, s=shapes: s.add(tuple(kw["input_ids"].shape)),
-                                                with_kwargs=True)  # fmt: skip
-        for batch in batches:
-            assert encoder.encode(batch).shape == (len(batch), 384)
-    assert all((rows % 8 == 0 or rows < 8) and length % 8 == 0 for rows, length in seen[8])
-    assert len(seen[8]) <= 16 < len(seen[1]), (len(seen[8]), len(seen[1]))
+    alone = None
+    for packed in (True, False):
+        seen: dict[int, set] = {}
+        for multiple in (1, 8):
+            encoder = HFEncoder(
+                minilm_path, retriever_name="minilm", device="cpu", dtype="float32", shape_multiple=multiple
+            )
+            if not packed:
+                encoder.packed = None
+            assert encoder.packed is not None or not packed
+            shapes = seen.setdefault(multiple, set())
+            first = encoder.model.encoder.layer[0].intermediate.dense  # a matmul of both forwards
+            first.register_forward_pre_hook(lambda _m, args, s=shapes: s.add(args[0].shape[:-1].numel()))
+            vectors = [encoder.encode(batch) for batch in batches]
+            assert [v.shape for v in vectors] == [(len(b), 384) for b in batches]
+            alone = vectors if alone is None else alone
+            for v, a in zip(vectors, alone, strict=True):  # the same vectors, packed or not, rounded or not
+                torch.testing.assert_close(v, a, atol=1e-5, rtol=1e-4)
+        assert len(seen[8]) <= 24 < len(seen[1]), (packed, len(seen[8]), len(seen[1]))
 
 
 KERNEL_CACHE_PROBE = """
