@@ -84,6 +84,8 @@ class PackedEncoder:
         mask = attention_mask.bool()
         real = mask.reshape(-1).nonzero().squeeze(1)  # padded position of each real token, row-major
         tokens = real.numel()
+        if not tokens:  # nothing but padding (no tokenizer makes such a batch; kept to the invariant)
+            return self.model.embeddings.word_embeddings.weight.new_zeros(batch, length, self.model.config.hidden_size)
         rows = token_rows(tokens, self.token_multiple)
         gather = torch.cat([real, real[:1].expand(rows - tokens)]) if rows > tokens else real  # extra rows: copies
         embedded = self.model.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)

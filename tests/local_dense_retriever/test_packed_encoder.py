@@ -160,3 +160,12 @@ def test_packed_passes_encode_like_the_padded_model(minilm_path):
             packed.encode(texts, is_query=is_query), padded.encode(texts, is_query=is_query), atol=1e-5, rtol=1e-4
         )
     assert packed.encode([]).shape == (0, 384)
+
+
+def test_a_batch_of_padding_only_gives_zeros():
+    from transformers import AutoModel
+
+    model = AutoModel.from_config(tiny_config("bert")).eval()
+    ids = torch.ones(2, 5, dtype=torch.long)
+    out = PackedEncoder(model, token_multiple=4)(input_ids=ids, attention_mask=torch.zeros_like(ids))
+    assert out.shape == (2, 5, 32) and not out.any()
