@@ -143,12 +143,14 @@ class HFEncoder:
         max_length: int = 256,
         shape_multiple: int = 1,
         kernel_cache: int | None = None,
+        packed: bool = True,
     ) -> None:
         """``shape_multiple``: on the CPU, pad each forward pass's token length (never past ``max_length``), and a row
         count above it, up to a multiple of it (rows of padding are dropped from the output), bounding the kernel
-        shapes oneDNN compiles and caches. ``kernel_cache``: on the CPU, the most kernels those caches keep
-        (:func:`~local_dense_retriever.memory.bound_kernel_caches`; None: torch's defaults). Batches are tokenised by
-        :class:`BatchTokenizer`."""
+        shapes oneDNN compiles and caches. ``packed``: on the CPU, run a model :mod:`packed_encoder` supports on its
+        real tokens only (False: the model's own padded forward). ``kernel_cache``: on the CPU, the most kernels
+        those caches keep (:func:`~local_dense_retriever.memory.bound_kernel_caches`; None: torch's defaults).
+        Batches are tokenised by :class:`BatchTokenizer`."""
         from transformers import AutoModel, AutoTokenizer
 
         self.device = resolve_device(device)
@@ -180,7 +182,7 @@ class HFEncoder:
         self.model = model.to(dtype=self.dtype)
         self.packed: PackedEncoder | None = None
         if self.device.type == "cpu":
-            reason = unsupported_reason(self.model)
+            reason = unsupported_reason(self.model) if packed else "turned off (--no_encoder_packed)"
             if reason is None and self.tokenizer.padding_side != "right":  # a pass is cut to its rows' columns
                 reason = f"the tokenizer pads on the {self.tokenizer.padding_side}"
             if reason is None:
@@ -288,4 +290,5 @@ def encoder_for(config: ServerConfig, *, device: str | None = None, max_length: 
         max_length=max_length or config.query_max_length,
         shape_multiple=config.encoder_shape_multiple,
         kernel_cache=config.encoder_kernel_cache,
+        packed=config.encoder_packed,
     )

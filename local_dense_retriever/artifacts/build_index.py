@@ -148,6 +148,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="'auto' = float16 on CUDA, bfloat16 on CPUs with bf16 instructions if measured faster, else float32",
     )
+    p.add_argument(
+        "--encoder_packed",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="CPU: run a BERT-family encoder on real tokens only (the server's --encoder_packed)",
+    )
+    p.add_argument("--no_encoder_packed", dest="encoder_packed", action="store_false", help="the model's own forward")
     return p.parse_args(argv)
 
 
@@ -165,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             pooling=args.pooling,
             fp16=args.fp16,
             encoder_dtype=args.encoder_dtype,
+            encoder_packed=args.encoder_packed,
         )
         encoder = encoder_for(config, device=args.device, max_length=args.max_length)
         n = build_flat_index(

@@ -169,3 +169,21 @@ def test_a_batch_of_padding_only_gives_zeros():
     ids = torch.ones(2, 5, dtype=torch.long)
     out = PackedEncoder(model, token_multiple=4)(input_ids=ids, attention_mask=torch.zeros_like(ids))
     assert out.shape == (2, 5, 32) and not out.any()
+
+
+def test_no_encoder_packed_runs_the_models_own_forward(minilm_path, tmp_path):
+    """The server's and the index builder's flag reaches the encoder they make; packed is the default."""
+    from local_dense_retriever.encoder import encoder_for
+    from local_dense_retriever.retrieval_server import config_from_args
+
+    base = ["--retriever_model", str(minilm_path), "--encoder_dtype", "float32", "--device", "cpu"]
+    on, _ = config_from_args(base)
+    off, _ = config_from_args([*base, "--no_encoder_packed"])
+    assert (on.encoder_packed, off.encoder_packed) == (True, False)
+    packed, padded = encoder_for(on), encoder_for(off)
+    assert packed.packed is not None and padded.packed is None
+    torch.testing.assert_close(packed.encode(TEXTS), padded.encode(TEXTS), atol=1e-5, rtol=1e-4)
+    from local_dense_retriever.artifacts.build_index import parse_args
+
+    corpus = ["--corpus_path", str(tmp_path / "c.jsonl"), "--output", str(tmp_path / "i")]
+    assert parse_args(corpus).encoder_packed and not parse_args([*corpus, "--no_encoder_packed"]).encoder_packed
