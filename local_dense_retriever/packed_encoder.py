@@ -1,11 +1,11 @@
 """A BERT-family encoder run on a batch's real tokens only: the padding is never multiplied through its layers.
 
 A batch of queries is padded to its longest one, and on a CPU the padded positions cost the same matmuls as the real
-ones: a 64-query batch of rollout-sized questions (11-21 tokens) is 23-40% padding. Here the projections, the output
-layers and the feed-forward layers run on the real tokens packed into one ``(tokens, hidden)`` matrix; only the
-attention (a small share of the work at query lengths) sees the padded ``(batch, heads, length, length)`` layout,
-scattered into and gathered out of. The layers' own modules compute everything but the attention, so their
-activation, LayerNorm and weights are the model's.
+ones: 64 toy questions (11-21 tokens) were 22% padding in length-sorted sub-batches of 32, 33% in one batch of 64
+(``benchmarks/packed_encoder.py``). Here the projections, the output layers and the feed-forward layers run on the
+real tokens packed into one ``(tokens, hidden)`` matrix; only the attention (a small share of the work at query
+lengths) sees the padded ``(batch, heads, length, length)`` layout, scattered into and gathered out of. The layers'
+own modules compute everything but the attention, so their activation, LayerNorm and weights are the model's.
 
 Invariant: ``PackedEncoder(model)(input_ids=..., attention_mask=..., token_type_ids=...)`` returns the model's
 ``last_hidden_state`` at every position whose mask is 1, to float rounding, and zeros elsewhere. Models it does not
@@ -108,7 +108,7 @@ class PackedEncoder:
 
 def token_groups(sorted_lengths: list[int], budget: int) -> list[int]:
     """Where each pass over rows sorted by length ends: consecutive rows whose tokens add up to at most ``budget``
-    (a longer row alone), so that no pass's activations outgrow the CPU's caches."""
+    (a longer row alone); passes of ~10,000 tokens ran 15-27% slower than ~2,000 (``benchmarks/packed_encoder.py``)."""
     ends: list[int] = []
     total = 0
     for i, n in enumerate(sorted_lengths):
