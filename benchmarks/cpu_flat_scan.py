@@ -1,11 +1,20 @@
-"""The flat scan of a query batch on the CPU: its matmul in float32 and bfloat16, and the top-k after it.
+"""The flat scan of a query batch on the CPU: its matmul in float32 and bfloat16, and the search with a bf16 pre-scan.
 
     python benchmarks/cpu_flat_scan.py [--rows 100000] [--dim 384] [--batch 64] [--k 3]
+    python benchmarks/cpu_flat_scan.py --search [--vectors minilm] [--rounds 5] [--rows 2000000]
 
-Random unit vectors (the scan's cost does not depend on their values), the number of threads the server uses. Each
-figure is the mean of 20 calls after a warm-up: ``matmul`` writes the (batch, rows) scores into one kept buffer as
-``TorchFlatIndex`` does; ``topk`` is ``torch.topk`` over those float32 scores. On a CPU with AMX the bf16 matmul is the
-measure of what a bf16 copy of the index would save (its scores are rounded: near-ties can swap).
+Without ``--search``: seeded random unit vectors (the matmul's cost does not depend on their values); each figure is
+the mean of 20 calls after a warm-up: ``matmul`` writes the (batch, rows) scores into one kept buffer as
+``TorchFlatIndex`` does; ``topk`` is ``torch.topk`` over those scores.
+
+``--search``: ``TorchFlatIndex.search`` over ``--rows`` random unit vectors with ``--questions`` random unit
+questions, or with ``--vectors minilm`` over the cached MiniLM index of the 100k-passage toy corpus
+(``retriever_load.py`` says how it is built) with the toy questions encoded by the bundled MiniLM in float32, whose
+scores crowd as a real encoder's do. It is timed both ways, alternated ``--rounds`` times (median ms per batch of
+``--batch`` questions): ``--index_prefilter off`` (the float32 scan) and ``bfloat16`` (the pre-scan, float32
+re-scoring, crowded queries scanned again). Also: how many rows lie within the pre-scan's margin of each question's
+k-th score (what the pre-scan must keep), how many questions were crowded, and whether every answer equals the float32
+scan's.
 """
 
 from __future__ import annotations
@@ -13,11 +22,20 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import sys
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
+import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from local_dense_retriever.index.prefilter import EXTRA_ROWS, score_error  # noqa: E402
+from local_dense_retriever.index.torch_flat import TorchFlatIndex  # noqa: E402
 
 
 def mean_ms(call, repeats: int = 20) -> float:
@@ -28,28 +46,88 @@ def mean_ms(call, repeats: int = 20) -> float:
     return (time.perf_counter() - t0) / repeats * 1e3
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", type=int, default=100_000)
-    p.add_argument("--dim", type=int, default=384)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--k", type=int, default=3)
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
+def raw_matmuls(args: argparse.Namespace) -> None:
     gen = torch.Generator().manual_seed(0)
     index = torch.nn.functional.normalize(torch.randn(args.rows, args.dim, generator=gen), dim=-1)
     queries = torch.nn.functional.normalize(torch.randn(args.batch, args.dim, generator=gen), dim=-1)
-    now = datetime.now(timezone.utc)
-    print(f"# flat scan: {args.batch} queries x {args.rows:,} x {args.dim}, {args.threads} threads, {os.cpu_count()} "
-          f"CPUs ({platform.processor() or platform.machine()}), {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
     scores = torch.empty(args.batch, args.rows)
     fp32 = mean_ms(lambda: torch.matmul(queries, index.T, out=scores))
     topk = mean_ms(lambda: torch.topk(scores, args.k, dim=1))
     index_bf16, queries_bf16 = index.bfloat16(), queries.bfloat16()
     scores_bf16 = torch.empty(args.batch, args.rows, dtype=torch.bfloat16)
     bf16 = mean_ms(lambda: torch.matmul(queries_bf16, index_bf16.T, out=scores_bf16))
-    print(f"matmul float32 {fp32:.1f} ms, bfloat16 {bf16:.1f} ms ({fp32 / bf16:.2f}x); top-{args.k} {topk:.1f} ms")
+    topk_pre = mean_ms(lambda: torch.topk(scores_bf16, args.k + EXTRA_ROWS, dim=1))
+    print(f"matmul float32 {fp32:.1f} ms, bfloat16 {bf16:.1f} ms ({fp32 / bf16:.2f}x); top-{args.k} of float32 "
+          f"{topk:.1f} ms; top-{args.k + EXTRA_ROWS} of bf16 {topk_pre:.1f} ms")  # fmt: skip
+
+
+def search_both_ways(args: argparse.Namespace) -> None:
+    if args.vectors == "minilm":
+        from retriever_load import prepare, toy_questions
+
+        from local_dense_retriever.encoder import HFEncoder, bundled_minilm_path
+
+        corpus, npy, _, kind = prepare(100_000, "minilm")
+        vectors = np.load(npy, mmap_mode="r")
+        questions = toy_questions(corpus)[: args.questions]
+        encoder = HFEncoder(bundled_minilm_path(), device="cpu", dtype="float32")
+        queries = torch.cat([encoder.encode(questions[i : i + 64]) for i in range(0, len(questions), 64)])
+    else:
+        gen, kind = torch.Generator().manual_seed(0), "random unit"
+        vectors = torch.nn.functional.normalize(torch.randn(args.rows, args.dim, generator=gen), dim=-1).numpy()
+        queries = torch.nn.functional.normalize(torch.randn(args.questions, args.dim, generator=gen), dim=-1)
+    batches = [queries[i : i + args.batch] for i in range(0, len(queries) - args.batch + 1, args.batch)]
+    plain = TorchFlatIndex(vectors, device=torch.device("cpu"), prefilter="off")
+    pre = TorchFlatIndex(vectors, device=torch.device("cpu"), prefilter="bfloat16")
+    print(f"# {len(vectors):,} x {vectors.shape[1]} {kind} vectors, {len(queries)} questions in batches of "
+          f"{args.batch}, top-{args.k}")  # fmt: skip
+
+    scores = torch.cat([q @ torch.from_numpy(np.asarray(vectors)).T for q in queries.split(256)])
+    kth = torch.topk(scores, args.k, dim=1).values[:, -1]
+    margin = 2 * score_error(vectors.shape[1]) * torch.linalg.vector_norm(queries, dim=1)
+    within = (scores >= (kth - margin)[:, None]).sum(dim=1).float()
+    q = torch.quantile(within, torch.tensor([0.5, 0.9, 0.99, 1.0])).tolist()
+    print(f"rows within the margin ({margin.max():.4f}) of the k-th score: median {q[0]:.0f}, p90 {q[1]:.0f}, "
+          f"p99 {q[2]:.0f}, max {q[3]:.0f} (kept per block: {args.k + EXTRA_ROWS})")  # fmt: skip
+
+    same = all(np.array_equal(plain.search(b, args.k)[1], pre.search(b, args.k)[1]) for b in batches)
+    pre.crowded_queries = 0
+    times: dict[str, list[float]] = {"float32 scan": [], "bf16 pre-scan": []}
+    for _ in range(args.rounds):
+        for name, index in (("float32 scan", plain), ("bf16 pre-scan", pre)):
+            t0 = time.perf_counter()
+            for b in batches:
+                index.search(b, args.k)
+            times[name].append((time.perf_counter() - t0) / len(batches) * 1e3)
+    base = statistics.median(times["float32 scan"])
+    for name, ms in times.items():
+        m = statistics.median(ms)
+        print(f"{name:14s} {m:6.1f} ms a batch (rounds {', '.join(f'{x:.1f}' for x in ms)})  {base / m:.2f}x")
+    crowded = pre.crowded_queries / (args.rounds * len(batches) * args.batch)
+    print(f"same ids as the float32 scan: {same}; crowded questions {crowded:.1%}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--search", action="store_true", help="TorchFlatIndex.search with and without the pre-scan")
+    p.add_argument("--vectors", choices=["random", "minilm"], default="random", help="for --search")
+    p.add_argument("--rows", type=int, default=100_000)
+    p.add_argument("--dim", type=int, default=384)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--k", type=int, default=3)
+    p.add_argument("--questions", type=int, default=2048)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    now, cpu = datetime.now(timezone.utc), platform.processor() or platform.machine()
+    print(f"# flat scan: batch {args.batch}, {args.threads} threads, {os.cpu_count()} CPUs ({cpu}), "
+          f"torch {torch.__version__}, {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
+    if args.search:
+        search_both_ways(args)
+    else:
+        print(f"# {args.rows:,} x {args.dim} random unit vectors")
+        raw_matmuls(args)
     return 0
 
 

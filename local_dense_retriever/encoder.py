@@ -15,6 +15,7 @@ import torch
 
 from local_dense_retriever.batch_tokenizer import BatchTokenizer
 from local_dense_retriever.config import Precision, ServerConfig
+from local_dense_retriever.cpu_features import cpu_has_amx
 from local_dense_retriever.errors import EncoderError
 from local_dense_retriever.memory import bound_kernel_caches
 from local_dense_retriever.packed_encoder import PackedEncoder, token_groups, unsupported_reason
@@ -66,15 +67,6 @@ def resolve_device(device: str) -> torch.device:
     if device == "cuda" and not torch.cuda.is_available():
         raise EncoderError("--device cuda was asked for but torch sees no CUDA GPU")
     return torch.device(device)
-
-
-def cpu_has_amx() -> bool:
-    """True on CPUs with AMX tiles (bf16 matmuls there run ~2x faster than fp32)."""
-    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    try:
-        return bool(probe()) if probe is not None else False
-    except RuntimeError:
-        return False
 
 
 #: CPU flags of hardware bf16 matmuls (AVX-512 BF16 on Intel Cooper Lake+ and AMD Zen 4+; AMX on Sapphire Rapids+)

@@ -71,6 +71,12 @@ class RetrievalEngine:
         device = getattr(getattr(self.backend, "encoder", None), "device", None)  # BM25 has no encoder
         return device is not None and device.type == "cuda"
 
+    def prefilter_fallbacks(self) -> int:
+        """Queries the index's bf16 pre-scan left to its float32 scan, their scores too crowded to bound
+        (``index.prefilter``); 0 where there is no pre-scan."""
+        index = getattr(self.backend, "index", None)  # BM25 has no vector index
+        return int(getattr(index, "crowded_queries", 0))
+
     def page(self, url: str) -> dict | None:
         """``POST /access``: the pages file's page of ``url``, else the page joined from the corpus rows with that
         url, else None."""
@@ -175,6 +181,7 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
                         device=device,
                         dtype=config.index_dtype,
                         score_bytes=config.score_buffer_bytes,
+                        prefilter=config.index_prefilter,
                     )
                 else:
                     from local_dense_retriever.index.faiss_index import FaissIndex

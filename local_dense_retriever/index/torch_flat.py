@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from local_dense_retriever.cpu_features import cpu_has_amx
 from local_dense_retriever.index.base import IndexLoadError
+from local_dense_retriever.index.prefilter import bf16_copy, prefiltered_topk
 from local_dense_retriever.index.topk import block_topk, grouped_topk, merge_topk
 
 logger = logging.getLogger(__name__)
@@ -54,17 +56,17 @@ class ScoreBuffers(threading.local):
     malloc maps those apart from the heap, and a thread never holds more than that between searches.
     """
 
-    buffer: torch.Tensor | None = None
+    buffer: torch.Tensor | None = None  # bytes, viewed as each step's dtype
 
     def scores(self, queries: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
         """A ``(queries, rows)`` tensor of ``dtype`` for a matmul to write into; its contents are undefined."""
-        need = queries * rows
-        if need * dtype.itemsize > RETAINED_SCORE_BYTES:
+        need = queries * rows * dtype.itemsize
+        if need > RETAINED_SCORE_BYTES:
             return torch.empty((queries, rows), dtype=dtype)
-        if self.buffer is None or self.buffer.dtype != dtype or self.buffer.numel() < need:
+        if self.buffer is None or self.buffer.numel() < need:
             self.buffer = None  # the old one is freed before the larger one is taken
-            self.buffer = torch.empty(need, dtype=dtype)
-        return self.buffer[:need].view(queries, rows)
+            self.buffer = torch.empty(need, dtype=torch.uint8)
+        return self.buffer[:need].view(dtype).view(queries, rows)
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,28 @@ def resolve_index_dtype(dtype: str, device: torch.device) -> str:
     if dtype == "auto":
         return "float16" if device.type == "cuda" else "float32"
     return dtype
+
+
+#: ``--index_prefilter`` choices: 'auto' pre-scans a float32 CPU index in bf16 on CPUs with AMX
+PREFILTERS = ("auto", "bfloat16", "off")
+#: under 'auto', smaller indexes are scanned in float32 alone (a scan of this many rows takes well under a millisecond)
+PREFILTER_MIN_ROWS = 1 << 15
+
+
+def resolve_prefilter(prefilter: str, device: torch.device, dtype: str, rows: int) -> bool:
+    """Whether a float32 index pre-scans in bfloat16 (``index.prefilter``): ``auto`` where the CPU has AMX and the
+    index has at least :data:`PREFILTER_MIN_ROWS` rows; ``bfloat16`` always, if the index is float32 on the CPU."""
+    if prefilter not in PREFILTERS:
+        raise ValueError(f"prefilter must be one of {PREFILTERS}, not {prefilter!r}")
+    applies = device.type == "cpu" and resolve_index_dtype(dtype, device) == "float32"
+    if prefilter == "bfloat16" and not applies:
+        raise IndexLoadError(
+            f"--index_prefilter bfloat16 pre-scans a float32 index on the CPU; this index is "
+            f"{resolve_index_dtype(dtype, device)} on {device.type} (use --index_prefilter off or auto)"
+        )
+    if prefilter == "auto":
+        return applies and rows >= PREFILTER_MIN_ROWS and cpu_has_amx()
+    return prefilter == "bfloat16"
 
 
 def index_source(path: Path, device: torch.device, dtype: str = "auto") -> np.ndarray | VectorFile:
@@ -223,11 +247,14 @@ class TorchFlatIndex:
         cpu_chunk_rows: int = CPU_CHUNK_ROWS,
         staging_bytes: int = STAGING_BYTES,
         score_bytes: int = SCORE_BYTES,
+        prefilter: str = "auto",
     ) -> None:
         """Shards of ``vectors``: a float32 array on the CPU is used as is (a memory map stays one); anything else
         (GPUs, another dtype) is filled step by step through ``staging_bytes`` of host memory, from a file without
         mapping it (:class:`VectorFile`). ``score_bytes`` bounds the score buffer of one step of a search
-        (:data:`SCORE_BYTES`)."""
+        (:data:`SCORE_BYTES`). ``prefilter`` (:func:`resolve_prefilter`): a float32 CPU index also keeps a bfloat16
+        copy (half its size again) that every search scans first, scoring in float32 only the rows that can be in
+        the top k; the answers stay float32's."""
         self.dtype = _DTYPES[resolve_index_dtype(dtype, device)]
         self._chunk = max(1, cpu_chunk_rows)
         self._score_bytes = max(1, score_bytes)
@@ -251,20 +278,34 @@ class TorchFlatIndex:
                 for a, block in _steps(vectors, lo, hi, staging_bytes, pin=dev.type == "cuda"):
                     part[a - lo : a - lo + len(block)].copy_(torch.from_numpy(block))
             self._shards.append((lo, part))
+        #: the bf16 copy of the one CPU shard and its largest row norm, when searches pre-scan it
+        self._prefilter: tuple[torch.Tensor, float] | None = None
+        if resolve_prefilter(prefilter, device, dtype, self._n):
+            self._prefilter = bf16_copy(self._shards[0][1], max(1, staging_bytes // (self.dim * 4)))
+        #: queries the float32 scan answered because the bf16 pre-scan could not bound their top k (scores crowded)
+        self.crowded_queries = 0
 
     @classmethod
     def from_file(
-        cls, path: Path, *, device: torch.device, dtype: str = "auto", score_bytes: int = SCORE_BYTES
+        cls,
+        path: Path,
+        *,
+        device: torch.device,
+        dtype: str = "auto",
+        score_bytes: int = SCORE_BYTES,
+        prefilter: str = "auto",
     ) -> TorchFlatIndex:
         """The index of ``path``: memory-mapped when it stays float32 on the CPU (no copy, instant), else streamed."""
-        return cls(index_source(Path(path), device, dtype), device=device, dtype=dtype, score_bytes=score_bytes)
+        source = index_source(Path(path), device, dtype)
+        return cls(source, device=device, dtype=dtype, score_bytes=score_bytes, prefilter=prefilter)
 
     def __len__(self) -> int:
         return self._n
 
     def describe(self) -> str:
         where = f"{len(self._shards)} x {self.device.type}"
-        return f"torch flat IP, {self._n:,} x {self.dim} {str(self.dtype).removeprefix('torch.')} on {where}"
+        pre = ", bfloat16 pre-scan" if self._prefilter is not None else ""
+        return f"torch flat IP, {self._n:,} x {self.dim} {str(self.dtype).removeprefix('torch.')} on {where}{pre}"
 
     def _rows_per_step(self, shard: torch.Tensor, queries: int) -> int:
         """Rows scored per matmul: as many as keep the score buffer within ``score_bytes`` (and, on the CPU, within
@@ -278,6 +319,25 @@ class TorchFlatIndex:
     def search(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` per query, best first; equal scores by lower id (``index.topk``: any split gives the same)."""
         k = min(k, self._n)
+        if self._prefilter is not None and k > 0:
+            return self._search_prefiltered(queries, k)
+        return self._scan(queries, k)
+
+    def _search_prefiltered(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The bf16 pre-scan (``index.prefilter``), its crowded queries scanned again in float32."""
+        assert self._prefilter is not None
+        (_, shard), (copy, max_norm) = self._shards[0], self._prefilter
+        step = self._rows_per_step(shard, len(queries))
+        s, i, crowded = prefiltered_topk(queries, shard, copy, max_norm, k, step, self._buffers.scores)
+        scores, ids = s.numpy(), i.numpy().astype(np.int64)
+        if crowded.any():
+            redo = crowded.nonzero().flatten()
+            self.crowded_queries += len(redo)
+            scores[redo.numpy()], ids[redo.numpy()] = self._scan(queries[redo], k)
+        return scores, ids
+
+    def _scan(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The flat scan of every shard in the index's dtype."""
         best_s: list[torch.Tensor] = []
         best_i: list[torch.Tensor] = []
         for offset, shard in self._shards:

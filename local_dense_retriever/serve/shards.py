@@ -68,7 +68,11 @@ class ShardSearcher:
         self.total = int(vectors.shape[0])
         mine = vectors[self.lo : self.hi] if isinstance(vectors, np.ndarray) else vectors.window(self.lo, self.hi)
         self.index = TorchFlatIndex(
-            mine, device=device, dtype=config.index_dtype, score_bytes=config.score_buffer_bytes
+            mine,
+            device=device,
+            dtype=config.index_dtype,
+            score_bytes=config.score_buffer_bytes,
+            prefilter=config.index_prefilter,
         )
 
     def info(self) -> ShardInfo:

@@ -1,0 +1,135 @@
+"""A bfloat16 pre-scan that finds every row that can be in a query's float32 top-k; only those are scored in float32.
+
+On a CPU with AMX a bfloat16 matmul is 3-4x faster than a float32 one, but its scores are rounded: ranked by them
+alone, near-ties can swap. Here the rounding is bounded instead (:func:`score_error`): the pre-scan keeps, in every
+block of rows, ``k + extra`` of the best bf16 scores of each query (:func:`kept_rows`), and a row can be in the float32
+top-k only if its bf16 score is within ``2 * error`` of the k-th best bf16 score. If every score a block left out is
+below that margin, the kept rows hold the whole top-k; the rows among them within the margin are scored in float32,
+which gives the flat scan's answer. A query for which some block left out a score within the margin ("crowded":
+scores packed more tightly than bf16 can tell apart) is reported, and the caller scans it in float32.
+
+Invariant: for every query not reported crowded, the ids returned are the float32 flat scan's top-k (best score
+first, equal scores by lower id) up to float32 rounding, the same exactness as the float32 scan itself.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from local_dense_retriever.index.topk import GROUP, block_topk
+
+#: unit roundoff of bfloat16 (8 significant bits, round to nearest even) and of float32 (24 bits)
+BF16_ROUNDOFF = 2.0**-8
+FP32_ROUNDOFF = 2.0**-24
+#: rows kept per query and block beyond k: a query is crowded when more than this many rows crowd its k-th score
+EXTRA_ROWS = 64
+#: groups of columns (``index.topk.GROUP``) whose rows are kept per query and block beyond k: their maxima must
+#: reach below the margin too (the rows within it in a 100k-passage MiniLM index: median 7, at most 28)
+EXTRA_GROUPS = 32
+
+
+def score_error(dim: int) -> float:
+    """A bound ``c`` on how far a score differs from the exact inner product: ``|score - q . x| <= c |q| |x|`` for
+    the bf16 pre-scan's scores and, within ``c``, for float32's own. Terms, with ``u`` bf16's and ``g`` float32's
+    accumulated roundoff over ``dim`` terms (``dim * 2^-24 / (1 - dim * 2^-24)``):
+
+    - rounding ``q`` and ``x`` to bf16: each product moves by at most ``(2u + u^2) |q_i x_i|``;
+    - summing the exact bf16 products in float32 (AMX and AVX512-BF16 multiply bf16 exactly into float32): ``g`` of
+      the sum of magnitudes, each magnitude at most ``(1 + u)^2`` times the original;
+    - the matmul writes bf16 scores (torch has no float32 output for bf16 inputs on the CPU): ``u`` of the score;
+    - float32's own scan: ``g``.
+
+    The sums of magnitudes ``sum |q_i x_i|`` are at most ``|q| |x|`` (Cauchy-Schwarz).
+    """
+    u = BF16_ROUNDOFF
+    g = dim * FP32_ROUNDOFF / (1 - dim * FP32_ROUNDOFF)
+    accumulated = (1 + u) ** 2 * (1 + g)
+    return (2 * u + u * u) + g * (1 + u) ** 2 + u * accumulated + g
+
+
+def bf16_copy(vectors: torch.Tensor, rows_per_step: int) -> tuple[torch.Tensor, float]:
+    """``vectors`` in bfloat16 and the largest row norm, made ``rows_per_step`` rows at a time (no float32 copy of
+    the whole index is ever made; a memory-mapped index is read once)."""
+    copy = torch.empty(vectors.shape, dtype=torch.bfloat16)
+    largest = 0.0
+    for lo in range(0, len(vectors), rows_per_step):
+        block = vectors[lo : lo + rows_per_step]
+        copy[lo : lo + len(block)].copy_(block)
+        largest = max(largest, float(torch.linalg.vector_norm(block, dim=1).max()))
+    return copy, largest
+
+
+def kept_rows(
+    scores: torch.Tensor, keep: int, groups: int, group: int = GROUP
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(scores, columns, floor)``: ``keep`` of the best scores of each row of ``scores`` (queries x columns of one
+    block) and their columns, and per row a ``floor`` no score left out exceeds (-inf when none is left out).
+
+    Not a full top-k over every column (in bf16 that took as long as the matmul): the columns are cut into groups of
+    ``group``, the ``groups`` groups with the highest maxima are kept (a max per group is one pass over the scores),
+    and the top ``keep`` of their columns taken. A score left out is at most the best maximum of the groups left out or
+    the lowest score kept: the floor is the larger of the two. A last, partial group is a block of its own.
+    """
+    n_rows, n = scores.shape
+    if n <= keep:
+        return scores.float(), torch.arange(n).expand(n_rows, n), torch.full((n_rows,), -torch.inf)
+    n_groups = n // group
+    if n_groups <= groups + 1 or groups * group < keep:
+        s, i = torch.topk(scores, keep, dim=1)
+        s = s.float()
+        return s, i, s[:, -1]
+    main = n_groups * group
+    grouped = scores[:, :main].view(n_rows, n_groups, group)
+    best_max, best_group = torch.topk(grouped.amax(dim=2), groups + 1, dim=1)
+    picked = torch.gather(grouped, 1, best_group[:, :groups, None].expand(n_rows, groups, group))
+    s, at = torch.topk(picked.view(n_rows, groups * group), keep, dim=1)
+    s = s.float()
+    columns = torch.gather(best_group, 1, at // group) * group + at % group
+    floor = torch.maximum(s[:, -1], best_max[:, groups].float())
+    if main < n:
+        tail_s, tail_i, tail_floor = kept_rows(scores[:, main:], keep, groups, group)
+        s, columns = torch.cat([s, tail_s], dim=1), torch.cat([columns, tail_i + main], dim=1)
+        floor = torch.maximum(floor, tail_floor)
+    return s, columns, floor
+
+
+def prefiltered_topk(
+    queries: torch.Tensor,
+    vectors: torch.Tensor,
+    copy: torch.Tensor,
+    max_norm: float,
+    k: int,
+    rows_per_step: int,
+    scores_out,
+    extra: int = EXTRA_ROWS,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(scores, ids, crowded)``: the float32 top-``k`` of each query over ``vectors`` (float32, ``copy`` its bf16
+    twin), found through the bf16 pre-scan; ``crowded`` (bool per query) marks the queries whose answer is not
+    assured (their rows of scores and ids are to be replaced by a float32 scan). ``scores_out(queries, rows, dtype)``
+    gives the buffer each step's matmul writes into; ids are rows of ``vectors``."""
+    n, dim = vectors.shape
+    q32 = queries.float()
+    q16 = q32.to(torch.bfloat16)
+    kept_s: list[torch.Tensor] = []
+    kept_i: list[torch.Tensor] = []
+    floors: list[torch.Tensor] = []  # per block, the highest bf16 score it left out
+    for lo in range(0, n, rows_per_step):
+        rows = copy[lo : lo + rows_per_step]
+        scores = torch.matmul(q16, rows.T, out=scores_out(len(q16), len(rows), torch.bfloat16))
+        s, i, floor = kept_rows(scores, k + extra, k + EXTRA_GROUPS)
+        kept_s.append(s)
+        kept_i.append(i + lo)
+        floors.append(floor)
+    bf16_s, ids = torch.cat(kept_s, dim=1), torch.cat(kept_i, dim=1)
+    kth = torch.topk(bf16_s, k, dim=1).values[:, -1]
+    margin = 2 * score_error(dim) * torch.linalg.vector_norm(q32, dim=1) * max_norm
+    threshold = (kth - margin)[:, None]
+    crowded = (torch.stack(floors, dim=1) >= threshold).any(dim=1)
+    # only rows within the margin can be in the top k: as many per query as the query with the most has
+    width = max(k, int((bf16_s >= threshold).sum(dim=1).max()))
+    ids = torch.gather(ids, 1, torch.topk(bf16_s, width, dim=1).indices)
+    ids = torch.sort(ids, dim=1).values  # candidates in id order: block_topk breaks ties by position
+    candidates = vectors.index_select(0, ids.flatten()).view(len(q32), ids.shape[1], dim)
+    exact = torch.bmm(candidates, q32[:, :, None]).squeeze(2)
+    s, at = block_topk(exact, k)  # ranked by (score, position), and positions are in id order
+    return s, torch.gather(ids, 1, at), crowded

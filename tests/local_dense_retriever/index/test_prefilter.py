@@ -1,0 +1,162 @@
+"""The bf16 pre-scan of a float32 flat index: the float32 scan's answers, crowded queries rescanned, a proven bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from local_dense_retriever.config import ServerConfig
+from local_dense_retriever.index import torch_flat
+from local_dense_retriever.index.base import IndexLoadError
+from local_dense_retriever.index.prefilter import kept_rows, score_error
+from local_dense_retriever.index.torch_flat import TorchFlatIndex, resolve_prefilter
+
+CPU = torch.device("cpu")
+
+
+def _unit(rng, n, d):
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _pair(vectors, **kw):
+    return (
+        TorchFlatIndex(vectors, device=CPU, prefilter="off", **kw),
+        TorchFlatIndex(vectors, device=CPU, prefilter="bfloat16", **kw),
+    )
+
+
+@pytest.mark.parametrize("k", [1, 3, 10])
+def test_the_pre_scan_returns_the_float32_scans_answers(rng, k):
+    vectors = _unit(rng, 20_000, 16)
+    queries = torch.from_numpy(_unit(rng, 40, 16))
+    # two blocks, one margin for both: 12,000 rows (kept through their groups' maxima, and a partial last group) and
+    # 8,000 (few enough groups for one top-k)
+    plain, pre = _pair(vectors, cpu_chunk_rows=12_000)
+    assert "bfloat16 pre-scan" in pre.describe() and "pre-scan" not in plain.describe()
+    p_scores, p_ids = plain.search(queries, k)
+    f_scores, f_ids = pre.search(queries, k)
+    np.testing.assert_array_equal(f_ids, p_ids)
+    np.testing.assert_allclose(f_scores, p_scores, rtol=0, atol=1e-6)
+    assert f_scores.dtype == np.float32 and f_ids.dtype == np.int64
+    assert pre.crowded_queries == 0  # random unit vectors: a few rows near each k-th score, far below the rows kept
+
+
+def test_near_ties_bf16_cannot_separate_are_ranked_as_float32_ranks_them(rng):
+    """Rows that differ below bf16's resolution get one bf16 score; the float32 re-scoring orders them exactly, and
+    exact duplicates come in id order as in the float32 scan."""
+    base = _unit(rng, 1, 32)[0]
+    near = base + rng.standard_normal((20, 32)).astype(np.float32) * 1e-4  # 20 rows, scores ~1e-4 apart
+    vectors = np.concatenate([_unit(rng, 3000, 32), near, near[:5]])  # and 5 exact duplicates of near ones
+    queries = torch.from_numpy(np.stack([base, *_unit(rng, 7, 32)]))
+    plain, pre = _pair(vectors)
+    p_scores, p_ids = plain.search(queries, 8)
+    f_scores, f_ids = pre.search(queries, 8)
+    np.testing.assert_array_equal(f_ids, p_ids)
+    np.testing.assert_allclose(f_scores, p_scores, rtol=0, atol=1e-6)
+    assert len(set(f_ids[0])) == 8 and set(f_ids[0]) <= set(range(3000, 3025))
+
+
+def test_a_query_whose_scores_crowd_is_answered_by_the_float32_scan(rng):
+    """More rows within the bf16 margin of a query's k-th score than the pre-scan keeps: that query (and no other)
+    is scanned again in float32, and every answer is still the float32 scan's."""
+    base = _unit(rng, 1, 32)[0]
+    crowd = base + rng.standard_normal((400, 32)).astype(np.float32) * 1e-3  # 400 rows within ~0.003 of each other
+    vectors = np.concatenate([_unit(rng, 12_000, 32), crowd])
+    queries = torch.from_numpy(np.stack([*_unit(rng, 5, 32), base]))
+    plain, pre = _pair(vectors)
+    p_scores, p_ids = plain.search(queries, 5)
+    f_scores, f_ids = pre.search(queries, 5)
+    np.testing.assert_array_equal(f_ids, p_ids)
+    np.testing.assert_allclose(f_scores, p_scores, rtol=0, atol=1e-6)
+    assert pre.crowded_queries == 1
+    pre.search(queries[-1:], 5)
+    assert pre.crowded_queries == 2
+
+
+@pytest.mark.parametrize("columns", [100, 600, 20_000, 20_100])
+def test_kept_rows_leave_out_nothing_above_their_floor(rng, columns):
+    """Whatever is kept, every score left out is at most the floor, and what is kept is the best there is: with the
+    best scores packed into one group (the floor is the last score kept) or spread over every group (the floor is
+    the best group left out), and with ties."""
+    scores = torch.from_numpy(rng.standard_normal((6, columns)).astype(np.float32)).bfloat16()
+    scores[1, : min(columns, 300)] = 5.0  # one group full of equal best scores
+    scores[2, ::256] = 4.0 + torch.arange(len(range(0, columns, 256))) / 1000  # a high score in every group
+    scores[3] = 1.0  # all tied
+    s, cols, floor = kept_rows(scores, keep=10, groups=4)
+    assert s.shape == cols.shape and s.shape[0] == 6
+    for row in range(6):
+        left_out = torch.ones(columns, dtype=torch.bool)
+        left_out[cols[row]] = False
+        assert len(set(cols[row].tolist())) == cols.shape[1]  # no column twice
+        torch.testing.assert_close(s[row], scores[row, cols[row]].float())
+        if left_out.any():
+            assert scores[row, left_out].float().max() <= floor[row]
+        else:
+            assert floor[row] == -torch.inf
+        assert s[row].max() == scores[row].float().max()
+
+
+def test_a_querys_answer_does_not_depend_on_its_batch_mates(rng):
+    vectors = _unit(rng, 6000, 24)
+    queries = torch.from_numpy(_unit(rng, 33, 24))
+    _, pre = _pair(vectors)
+    _, together = pre.search(queries, 4)
+    alone = np.concatenate([pre.search(queries[j : j + 1], 4)[1] for j in range(len(queries))])
+    np.testing.assert_array_equal(together, alone)
+
+
+@pytest.mark.parametrize("dim", [8, 384, 1024])
+def test_the_score_error_bound_holds_for_bf16_matmuls(rng, dim):
+    """The bound the margin rests on, checked against float64 over vectors of mixed norms and signs, including
+    components at bf16's rounding midpoints' worst: it must hold for every pair, and not be loose by orders."""
+    q = rng.standard_normal((64, dim)) * rng.uniform(0.1, 10, (64, 1))
+    x = rng.standard_normal((2000, dim)) * rng.uniform(0.1, 10, (2000, 1))
+    x[:100] = np.abs(x[:100])  # same-signed products: their rounding errors add up instead of cancelling
+    q[:8] = np.abs(q[:8])
+    exact = q @ x.T
+    approx = (torch.from_numpy(q).float().bfloat16() @ torch.from_numpy(x).float().bfloat16().T).double().numpy()
+    ratio = np.abs(approx - exact) / (np.linalg.norm(q, axis=1)[:, None] * np.linalg.norm(x, axis=1)[None, :])
+    assert ratio.max() <= score_error(dim)
+    assert ratio.max() > score_error(dim) / 20
+
+
+def test_auto_turns_the_pre_scan_on_for_large_float32_indexes_on_amx_cpus(monkeypatch):
+    monkeypatch.setattr(torch_flat, "cpu_has_amx", lambda: True)
+    assert resolve_prefilter("auto", CPU, "auto", 100_000)
+    assert not resolve_prefilter("auto", CPU, "auto", 1_000)  # a small scan gains nothing worth a second copy
+    assert not resolve_prefilter("auto", CPU, "bfloat16", 100_000)  # the index itself is bf16: nothing to filter
+    assert not resolve_prefilter("off", CPU, "auto", 100_000)
+    monkeypatch.setattr(torch_flat, "cpu_has_amx", lambda: False)
+    assert not resolve_prefilter("auto", CPU, "auto", 100_000)
+    assert resolve_prefilter("bfloat16", CPU, "float32", 10)  # asked for: on, AMX or not
+
+
+def test_a_pre_scan_asked_of_an_index_that_is_not_float32_on_the_cpu_is_refused(rng):
+    with pytest.raises(IndexLoadError, match="--index_prefilter bfloat16 pre-scans a float32 index on the CPU"):
+        TorchFlatIndex(_unit(rng, 50, 8), device=CPU, dtype="bfloat16", prefilter="bfloat16")
+    with pytest.raises(IndexLoadError, match="this index is float16 on cuda"):
+        resolve_prefilter("bfloat16", torch.device("cuda"), "auto", 10)
+    with pytest.raises(ValueError, match="prefilter must be one of"):
+        resolve_prefilter("int8", CPU, "auto", 10)
+
+
+def test_the_server_flag_reaches_the_index_and_answers_stay_the_same(minilm_index, toy_dataset, minilm_path):
+    """``--index_prefilter`` as the server parses it, through the engine the server builds: same hits either way."""
+    from local_dense_retriever.engine import load_engine
+    from local_dense_retriever.retrieval_server import config_from_args
+
+    base = ["--index_path", str(minilm_index["npy"]), "--corpus_path", str(toy_dataset.corpus_path),
+            "--retriever_name", "minilm", "--retriever_model", str(minilm_path), "--device", "cpu"]  # fmt: skip
+    on, _ = config_from_args([*base, "--index_prefilter", "bfloat16"])
+    off, _ = config_from_args([*base, "--index_prefilter", "off"])
+    assert ServerConfig().index_prefilter == "auto"
+    engines = [load_engine(config, progress=False) for config in (on, off)]
+    assert "bfloat16 pre-scan" in engines[0].describe() and "pre-scan" not in engines[1].describe()
+    questions = ["who founded the city?", "which river runs past the old mill", "capital"]
+    hits = [[[doc["id"] for doc, _ in q] for q in engine.search(questions, 5)] for engine in engines]
+    assert hits[0] == hits[1]
+    assert engines[0].prefilter_fallbacks() == 0  # what /metrics reports as prefilter_fallback_queries_total
+    with pytest.raises(SystemExit):
+        config_from_args([*base, "--index_prefilter", "int8"])
