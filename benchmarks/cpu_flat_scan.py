@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from local_dense_retriever.index.prefilter import EXTRA_ROWS, score_error  # noqa: E402
+from local_dense_retriever.index.prefilter import EXTRA_ROWS, score_bounds  # noqa: E402
 from local_dense_retriever.index.torch_flat import TorchFlatIndex  # noqa: E402
 
 
@@ -84,10 +84,10 @@ def search_both_ways(args: argparse.Namespace) -> None:
 
     scores = torch.cat([q @ torch.from_numpy(np.asarray(vectors)).T for q in queries.split(256)])
     kth = torch.topk(scores, args.k, dim=1).values[:, -1]
-    margin = 2 * score_error(vectors.shape[1]) * torch.linalg.vector_norm(queries, dim=1)
+    margin = (2 * score_bounds(queries, pre._prefilter)).float()
     within = (scores >= (kth - margin)[:, None]).sum(dim=1).float()
     q = torch.quantile(within, torch.tensor([0.5, 0.9, 0.99, 1.0])).tolist()
-    print(f"rows within the margin ({margin.max():.4f}) of the k-th score: median {q[0]:.0f}, p90 {q[1]:.0f}, "
+    print(f"rows within the margin ({margin.median():.4f}) of the k-th score: median {q[0]:.0f}, p90 {q[1]:.0f}, "
           f"p99 {q[2]:.0f}, max {q[3]:.0f} (kept per block: {args.k + EXTRA_ROWS})")  # fmt: skip
 
     same = all(np.array_equal(plain.search(b, args.k)[1], pre.search(b, args.k)[1]) for b in batches)

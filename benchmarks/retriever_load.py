@@ -173,6 +173,7 @@ def bare_engine_qps(
     model: Path | None = None,
     retriever_name: str = "minilm",
     device: str = "auto",
+    index_prefilter: str = "auto",
 ) -> dict:
     """Queries/s of the server's engine called directly in this process (no HTTP, no batcher) with batches of
     ``batch`` toy questions: the encoder alone, and encoder + flat search + corpus lookup (the server's ceiling).
@@ -185,7 +186,7 @@ def bare_engine_qps(
     torch.set_num_threads(threads)
     config = ServerConfig(index_path=str(npy), corpus_path=str(corpus), retriever_name=retriever_name, topk=3,
                           retriever_model=str(model or bundled_minilm_path()), backend="torch", num_threads=threads,
-                          encoder_dtype=dtype, device=device)  # fmt: skip
+                          encoder_dtype=dtype, device=device, index_prefilter=index_prefilter)  # fmt: skip
     engine = load_engine(config, progress=False)
     encoder = engine.backend.encoder
     sync = torch.cuda.synchronize if encoder.device.type == "cuda" else (lambda: None)
@@ -275,6 +276,13 @@ def main() -> int:
         default="auto",
         help="server encoder precision ('auto': bfloat16 where the CPU has bf16 instructions and it measures faster)",
     )
+    p.add_argument(
+        "--index_prefilter",
+        choices=["auto", "bfloat16", "off"],
+        default="auto",
+        help="the torch servers' bf16 pre-scan of the index ('auto': on where the CPU has AMX); a CPU without bf16 "
+        "hardware is --encoder_dtype float32 --index_prefilter off",
+    )
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = p.parse_args()
     levels = args.clients or ([1, 64] if args.quick else [1, 16, 64, 256])
@@ -298,7 +306,8 @@ def main() -> int:
     rows = []
     for backend, batching in modes:
         index = faiss_path if backend == "faiss" else npy
-        proc, url = start_server(corpus, index, backend, batching, args.threads, args.encoder_dtype)
+        extra = ["--index_prefilter", args.index_prefilter] if backend == "torch" else []
+        proc, url = start_server(corpus, index, backend, batching, args.threads, args.encoder_dtype, *extra)
         try:
             print(f"# {backend} {'batched' if batching else 'per-request'} server: "
                   f"{httpx.get(f'{url}/health', timeout=10).json()['detail']}", flush=True)  # fmt: skip
@@ -332,7 +341,8 @@ def main() -> int:
             print(f"speed-up batched/per-request (torch) at C={r['clients']}: {r['qps'] / ref[r['clients']]:.1f}x, "
                   f"compute {r['cpu']['compute_share']:.1%} of the server's CPU")  # fmt: skip
     top = max((r for r in rows if r["backend"] == "torch" and r["mode"] == "batched"), key=lambda r: r["clients"])
-    engine_qps = bare_engine_qps(corpus, npy, args.threads, args.encoder_dtype, round(top["mean_batch"]), questions)
+    engine_qps = bare_engine_qps(corpus, npy, args.threads, args.encoder_dtype, round(top["mean_batch"]), questions,
+                                 index_prefilter=args.index_prefilter)  # fmt: skip
     print(f"# the engine alone (no server, same CPU, {args.threads} threads) at the batcher's mean batch "
           f"{round(top['mean_batch'])}: encoder {engine_qps['encode']:.0f} q/s, encoder + flat search "
           f"{engine_qps['engine']:.0f} q/s; the server at C={top['clients']} reaches "

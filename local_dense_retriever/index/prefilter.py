@@ -1,9 +1,9 @@
 """A bfloat16 pre-scan that finds every row that can be in a query's float32 top-k; only those are scored in float32.
 
 On a CPU with AMX a bfloat16 matmul is 3-4x faster than a float32 one, but its scores are rounded: ranked by them
-alone, near-ties can swap. Here the rounding is bounded instead (:func:`score_error`): the pre-scan keeps, in every
+alone, near-ties can swap. Here the rounding is bounded instead (:func:`score_bounds`): the pre-scan keeps, in every
 block of rows, ``k + extra`` of the best bf16 scores of each query (:func:`kept_rows`), and a row can be in the float32
-top-k only if its bf16 score is within ``2 * error`` of the k-th best bf16 score. If every score a block left out is
+top-k only if its bf16 score is within twice the error of the k-th best bf16 score. If every score a block left out is
 below that margin, the kept rows hold the whole top-k; the rows among them within the margin are scored in float32,
 which gives the flat scan's answer. A query for which some block left out a score within the margin ("crowded":
 scores packed more tightly than bf16 can tell apart) is reported, and the caller scans it in float32.
@@ -13,6 +13,8 @@ first, equal scores by lower id) up to float32 rounding, the same exactness as t
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -28,35 +30,55 @@ EXTRA_ROWS = 64
 EXTRA_GROUPS = 32
 
 
-def score_error(dim: int) -> float:
-    """A bound ``c`` on how far a score differs from the exact inner product: ``|score - q . x| <= c |q| |x|`` for
-    the bf16 pre-scan's scores and, within ``c``, for float32's own. Terms, with ``u`` bf16's and ``g`` float32's
-    accumulated roundoff over ``dim`` terms (``dim * 2^-24 / (1 - dim * 2^-24)``):
+@dataclass(frozen=True)
+class Bf16Copy:
+    """A float32 index's rows in bfloat16, and the two numbers its scores' error is bounded by: the largest norm of a
+    bf16 row and the largest norm of a row's rounding residual ``x - bf16(x)`` (both computed in float64)."""
 
-    - rounding ``q`` and ``x`` to bf16: each product moves by at most ``(2u + u^2) |q_i x_i|``;
-    - summing the exact bf16 products in float32 (AMX and AVX512-BF16 multiply bf16 exactly into float32): ``g`` of
-      the sum of magnitudes, each magnitude at most ``(1 + u)^2`` times the original;
-    - the matmul writes bf16 scores (torch has no float32 output for bf16 inputs on the CPU): ``u`` of the score;
-    - float32's own scan: ``g``.
+    rows: torch.Tensor
+    max_norm: float
+    max_residual: float
 
-    The sums of magnitudes ``sum |q_i x_i|`` are at most ``|q| |x|`` (Cauchy-Schwarz).
+    @classmethod
+    def of(cls, vectors: torch.Tensor, rows_per_step: int) -> Bf16Copy:
+        """The copy of ``vectors`` (float32), made ``rows_per_step`` rows at a time: no float32 copy of the whole
+        index is ever made; a memory-mapped index is read once."""
+        rows = torch.empty(vectors.shape, dtype=torch.bfloat16)
+        max_norm = max_residual = 0.0
+        for lo in range(0, len(vectors), rows_per_step):
+            block = vectors[lo : lo + rows_per_step]
+            rounded = rows[lo : lo + len(block)]
+            rounded.copy_(block)
+            exact, near = block.double(), rounded.double()
+            max_norm = max(max_norm, float(torch.linalg.vector_norm(near, dim=1).max()))
+            max_residual = max(max_residual, float(torch.linalg.vector_norm(exact - near, dim=1).max()))
+        return cls(rows, max_norm, max_residual)
+
+
+def score_bounds(queries: torch.Tensor, copy: Bf16Copy) -> torch.Tensor:
+    """Per query (float32 rows of ``queries``) a bound ``e`` (float64) such that, for every row ``x`` of the index,
+    the pre-scan's bf16 score ``t`` and the float32 re-score ``s'`` of ``q . x`` satisfy ``|t - q.x| + |s' - q.x| <=
+    e``. With ``q_b``, ``x_b`` the bf16 roundings, ``N`` the largest ``|x_b|``, ``R`` the largest ``|x - x_b|``, ``u``
+    bf16's roundoff and ``g`` float32's accumulated over ``dim`` terms (``dim * 2^-24 / (1 - dim * 2^-24)``):
+
+    - ``q . x - q_b . x_b = q . (x - x_b) + (q - q_b) . x_b``: at most ``|q| R + |q - q_b| N`` (Cauchy-Schwarz);
+    - the products of bf16 numbers are exact in float32 (AMX and AVX512-BF16 multiply so); summing them in float32:
+      ``g |q_b| N``;
+    - the matmul writes bf16 scores (torch has no float32 output for bf16 inputs on the CPU): ``u (1 + g) |q_b| N``;
+    - the float32 re-score ``s'``: ``g |q| (N + R)``;
+    - denormals flushed to zero (inputs and products below 2^-126): ``dim 2^-126 (2 + |q_b| + N)``;
+    - and float32's rounding of the threshold the bound is subtracted from: ``4 2^-24 (|q_b| N + |q| (N + R))``.
     """
-    u = BF16_ROUNDOFF
-    g = dim * FP32_ROUNDOFF / (1 - dim * FP32_ROUNDOFF)
-    accumulated = (1 + u) ** 2 * (1 + g)
-    return (2 * u + u * u) + g * (1 + u) ** 2 + u * accumulated + g
-
-
-def bf16_copy(vectors: torch.Tensor, rows_per_step: int) -> tuple[torch.Tensor, float]:
-    """``vectors`` in bfloat16 and the largest row norm, made ``rows_per_step`` rows at a time (no float32 copy of
-    the whole index is ever made; a memory-mapped index is read once)."""
-    copy = torch.empty(vectors.shape, dtype=torch.bfloat16)
-    largest = 0.0
-    for lo in range(0, len(vectors), rows_per_step):
-        block = vectors[lo : lo + rows_per_step]
-        copy[lo : lo + len(block)].copy_(block)
-        largest = max(largest, float(torch.linalg.vector_norm(block, dim=1).max()))
-    return copy, largest
+    dim = queries.shape[1]
+    u, g = BF16_ROUNDOFF, dim * FP32_ROUNDOFF / (1 - dim * FP32_ROUNDOFF)
+    q = queries.double()
+    q_b = queries.to(torch.bfloat16).double()
+    norm, norm_b = torch.linalg.vector_norm(q, dim=1), torch.linalg.vector_norm(q_b, dim=1)
+    residual = torch.linalg.vector_norm(q - q_b, dim=1)
+    n, r = copy.max_norm, copy.max_residual
+    e = norm * r + residual * n + (g + u * (1 + g)) * norm_b * n + g * norm * (n + r)
+    e += dim * 2.0**-126 * (2 + norm_b + n) + 4 * FP32_ROUNDOFF * (norm_b * n + norm * (n + r))
+    return e
 
 
 def kept_rows(
@@ -96,8 +118,7 @@ def kept_rows(
 def prefiltered_topk(
     queries: torch.Tensor,
     vectors: torch.Tensor,
-    copy: torch.Tensor,
-    max_norm: float,
+    copy: Bf16Copy,
     k: int,
     rows_per_step: int,
     scores_out,
@@ -114,7 +135,7 @@ def prefiltered_topk(
     kept_i: list[torch.Tensor] = []
     floors: list[torch.Tensor] = []  # per block, the highest bf16 score it left out
     for lo in range(0, n, rows_per_step):
-        rows = copy[lo : lo + rows_per_step]
+        rows = copy.rows[lo : lo + rows_per_step]
         scores = torch.matmul(q16, rows.T, out=scores_out(len(q16), len(rows), torch.bfloat16))
         s, i, floor = kept_rows(scores, k + extra, k + EXTRA_GROUPS)
         kept_s.append(s)
@@ -122,8 +143,7 @@ def prefiltered_topk(
         floors.append(floor)
     bf16_s, ids = torch.cat(kept_s, dim=1), torch.cat(kept_i, dim=1)
     kth = torch.topk(bf16_s, k, dim=1).values[:, -1]
-    margin = 2 * score_error(dim) * torch.linalg.vector_norm(q32, dim=1) * max_norm
-    threshold = (kth - margin)[:, None]
+    threshold = (kth.double() - 2 * score_bounds(q32, copy)).float()[:, None]
     crowded = (torch.stack(floors, dim=1) >= threshold).any(dim=1)
     # only rows within the margin can be in the top k: as many per query as the query with the most has
     width = max(k, int((bf16_s >= threshold).sum(dim=1).max()))

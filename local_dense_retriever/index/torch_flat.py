@@ -19,7 +19,7 @@ import torch
 
 from local_dense_retriever.cpu_features import cpu_has_amx
 from local_dense_retriever.index.base import IndexLoadError
-from local_dense_retriever.index.prefilter import bf16_copy, prefiltered_topk
+from local_dense_retriever.index.prefilter import Bf16Copy, prefiltered_topk
 from local_dense_retriever.index.topk import block_topk, grouped_topk, merge_topk
 
 logger = logging.getLogger(__name__)
@@ -134,6 +134,11 @@ def resolve_index_dtype(dtype: str, device: torch.device) -> str:
 PREFILTERS = ("auto", "bfloat16", "off")
 #: under 'auto', smaller indexes are scanned in float32 alone (a scan of this many rows takes well under a millisecond)
 PREFILTER_MIN_ROWS = 1 << 15
+
+
+#: the pre-scan warns once when more than this share of at least this many queries went to the float32 scan
+CROWDED_WARNING_SHARE = 0.1
+CROWDED_WARNING_AFTER = 1000
 
 
 def resolve_prefilter(prefilter: str, device: torch.device, dtype: str, rows: int) -> bool:
@@ -278,12 +283,14 @@ class TorchFlatIndex:
                 for a, block in _steps(vectors, lo, hi, staging_bytes, pin=dev.type == "cuda"):
                     part[a - lo : a - lo + len(block)].copy_(torch.from_numpy(block))
             self._shards.append((lo, part))
-        #: the bf16 copy of the one CPU shard and its largest row norm, when searches pre-scan it
-        self._prefilter: tuple[torch.Tensor, float] | None = None
+        #: the bf16 copy of the one CPU shard, when searches pre-scan it
+        self._prefilter: Bf16Copy | None = None
         if resolve_prefilter(prefilter, device, dtype, self._n):
-            self._prefilter = bf16_copy(self._shards[0][1], max(1, staging_bytes // (self.dim * 4)))
+            self._prefilter = Bf16Copy.of(self._shards[0][1], max(1, staging_bytes // (self.dim * 4)))
         #: queries the float32 scan answered because the bf16 pre-scan could not bound their top k (scores crowded)
         self.crowded_queries = 0
+        self._prefiltered_queries = 0
+        self._crowding_warned = False
 
     @classmethod
     def from_file(
@@ -326,15 +333,31 @@ class TorchFlatIndex:
     def _search_prefiltered(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The bf16 pre-scan (``index.prefilter``), its crowded queries scanned again in float32."""
         assert self._prefilter is not None
-        (_, shard), (copy, max_norm) = self._shards[0], self._prefilter
+        shard = self._shards[0][1]
         step = self._rows_per_step(shard, len(queries))
-        s, i, crowded = prefiltered_topk(queries, shard, copy, max_norm, k, step, self._buffers.scores)
+        s, i, crowded = prefiltered_topk(queries, shard, self._prefilter, k, step, self._buffers.scores)
         scores, ids = s.numpy(), i.numpy().astype(np.int64)
+        self._prefiltered_queries += len(queries)
         if crowded.any():
             redo = crowded.nonzero().flatten()
             self.crowded_queries += len(redo)
             scores[redo.numpy()], ids[redo.numpy()] = self._scan(queries[redo], k)
+            self._warn_if_crowded()
         return scores, ids
+
+    def _warn_if_crowded(self) -> None:
+        """Once, when the pre-scan has handed more than :data:`CROWDED_WARNING_SHARE` of at least
+        :data:`CROWDED_WARNING_AFTER` queries to the float32 scan: each such query costs a float32 scan on top."""
+        share = self.crowded_queries / self._prefiltered_queries
+        if self._crowding_warned or self._prefiltered_queries < CROWDED_WARNING_AFTER or share <= CROWDED_WARNING_SHARE:
+            return
+        self._crowding_warned = True
+        logger.warning(
+            "the bf16 pre-scan could not bound %.0f%% of %d queries (their scores crowd within bf16's rounding) and "
+            "scanned them again in float32; if searches are slow, try --index_prefilter off",
+            100 * share,
+            self._prefiltered_queries,
+        )
 
     def _scan(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The flat scan of every shard in the index's dtype."""

@@ -9,7 +9,7 @@ import torch
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.index import torch_flat
 from local_dense_retriever.index.base import IndexLoadError
-from local_dense_retriever.index.prefilter import kept_rows, score_error
+from local_dense_retriever.index.prefilter import Bf16Copy, kept_rows, score_bounds
 from local_dense_retriever.index.torch_flat import TorchFlatIndex, resolve_prefilter
 
 CPU = torch.device("cpu")
@@ -75,6 +75,22 @@ def test_a_query_whose_scores_crowd_is_answered_by_the_float32_scan(rng):
     assert pre.crowded_queries == 2
 
 
+def test_a_pre_scan_that_mostly_falls_back_says_so_once(rng, monkeypatch, caplog):
+    base = _unit(rng, 1, 32)[0]
+    crowd = base + rng.standard_normal((400, 32)).astype(np.float32) * 1e-3
+    _, pre = _pair(np.concatenate([_unit(rng, 2000, 32), crowd]))
+    monkeypatch.setattr(torch_flat, "CROWDED_WARNING_AFTER", 20)
+    crowded, other = torch.from_numpy(np.stack([base] * 4)), torch.from_numpy(_unit(rng, 16, 32))
+    with caplog.at_level("WARNING", logger=torch_flat.__name__):
+        pre.search(other, 5)
+        pre.search(crowded, 5)  # 4 of 20 queries: 20% crowded
+        pre.search(crowded, 5)
+    warnings = [r.getMessage() for r in caplog.records if "pre-scan could not bound" in r.getMessage()]
+    assert warnings == ["the bf16 pre-scan could not bound 20% of 20 queries (their scores crowd within bf16's "
+                        "rounding) and scanned them again in float32; if searches are slow, try --index_prefilter "
+                        "off"]  # fmt: skip
+
+
 @pytest.mark.parametrize("columns", [100, 600, 20_000, 20_100])
 def test_kept_rows_leave_out_nothing_above_their_floor(rng, columns):
     """Whatever is kept, every score left out is at most the floor, and what is kept is the best there is: with the
@@ -108,18 +124,23 @@ def test_a_querys_answer_does_not_depend_on_its_batch_mates(rng):
 
 
 @pytest.mark.parametrize("dim", [8, 384, 1024])
-def test_the_score_error_bound_holds_for_bf16_matmuls(rng, dim):
+def test_the_score_bound_holds_for_bf16_matmuls_and_float32_re_scores(rng, dim):
     """The bound the margin rests on, checked against float64 over vectors of mixed norms and signs, including
-    components at bf16's rounding midpoints' worst: it must hold for every pair, and not be loose by orders."""
+    same-signed ones (their rounding errors add up instead of cancelling): it must hold for every pair, and not be
+    loose by orders."""
     q = rng.standard_normal((64, dim)) * rng.uniform(0.1, 10, (64, 1))
     x = rng.standard_normal((2000, dim)) * rng.uniform(0.1, 10, (2000, 1))
-    x[:100] = np.abs(x[:100])  # same-signed products: their rounding errors add up instead of cancelling
+    x[:100] = np.abs(x[:100])
     q[:8] = np.abs(q[:8])
-    exact = q @ x.T
-    approx = (torch.from_numpy(q).float().bfloat16() @ torch.from_numpy(x).float().bfloat16().T).double().numpy()
-    ratio = np.abs(approx - exact) / (np.linalg.norm(q, axis=1)[:, None] * np.linalg.norm(x, axis=1)[None, :])
-    assert ratio.max() <= score_error(dim)
-    assert ratio.max() > score_error(dim) / 20
+    q32, x32 = torch.from_numpy(q).float(), torch.from_numpy(x).float()
+    copy = Bf16Copy.of(x32, rows_per_step=300)
+    exact = q32.double() @ x32.double().T  # the inner products of the float32 vectors
+    pre_scan = (q32.bfloat16() @ copy.rows.T).double()
+    re_score = (q32 @ x32.T).double()
+    error = (pre_scan - exact).abs() + (re_score - exact).abs()
+    bound = score_bounds(q32, copy)[:, None]
+    assert (error <= bound).all()
+    assert (error / bound).max() > 0.05
 
 
 def test_auto_turns_the_pre_scan_on_for_large_float32_indexes_on_amx_cpus(monkeypatch):
