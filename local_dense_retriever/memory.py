@@ -63,6 +63,25 @@ def bound_kernel_caches(entries: int) -> dict[str, str]:
     return {name: os.environ[name] for name in KERNEL_CACHE_VARIABLES}
 
 
+#: madvise advice that drops a range's pages from this process (Linux); for a file mapping they stay in the page cache
+MADV_DONTNEED = 4
+
+
+def release_mapped_pages(array) -> bool:
+    """Drop this process's pages of the read-only file mapping under ``array`` (a ``numpy.memmap`` opened with mode
+    'r'): RSS falls by what reading it mapped, the file's pages stay in the page cache (the kernel reclaims them
+    when memory is short) and fault back in when read. Anything else, or a C library without ``madvise``: False, and
+    nothing is done (on anonymous memory the advice would discard data)."""
+    import numpy as np
+
+    if _LIBC is None or not isinstance(array, np.memmap) or getattr(array, "mode", None) != "r" or not array.nbytes:
+        return False
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = array.__array_interface__["data"][0]
+    lo, hi = start - start % page, start + array.nbytes
+    return _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_DONTNEED) == 0
+
+
 def release_free_memory() -> bool:
     """``malloc_trim(0)``: the free pages of every arena go back to the OS (True when glibc gave any back)."""
     return bool(_LIBC.malloc_trim(0)) if _LIBC is not None else False

@@ -33,7 +33,7 @@ EXTRA_GROUPS = 32
 @dataclass(frozen=True)
 class Bf16Copy:
     """A float32 index's rows in bfloat16, and the two numbers its scores' error is bounded by: the largest norm of a
-    bf16 row and the largest norm of a row's rounding residual ``x - bf16(x)`` (both computed in float64)."""
+    bf16 row and the largest norm of a row's rounding residual ``x - bf16(x)``."""
 
     rows: torch.Tensor
     max_norm: float
@@ -42,17 +42,19 @@ class Bf16Copy:
     @classmethod
     def of(cls, vectors: torch.Tensor, rows_per_step: int) -> Bf16Copy:
         """The copy of ``vectors`` (float32), made ``rows_per_step`` rows at a time: no float32 copy of the whole
-        index is ever made; a memory-mapped index is read once."""
+        index is ever made. The norms are computed in float32 and raised by its worst relative error over ``dim``
+        terms (the residual ``x - bf16(x)`` itself is exact in float32: it is the low bits of ``x``)."""
         rows = torch.empty(vectors.shape, dtype=torch.bfloat16)
         max_norm = max_residual = 0.0
         for lo in range(0, len(vectors), rows_per_step):
             block = vectors[lo : lo + rows_per_step]
             rounded = rows[lo : lo + len(block)]
             rounded.copy_(block)
-            exact, near = block.double(), rounded.double()
+            near = rounded.float()
             max_norm = max(max_norm, float(torch.linalg.vector_norm(near, dim=1).max()))
-            max_residual = max(max_residual, float(torch.linalg.vector_norm(exact - near, dim=1).max()))
-        return cls(rows, max_norm, max_residual)
+            max_residual = max(max_residual, float(torch.linalg.vector_norm(block - near, dim=1).max()))
+        slack = 1 + 2 * (vectors.shape[1] + 2) * FP32_ROUNDOFF
+        return cls(rows, max_norm * slack, max_residual * slack)
 
 
 def score_bounds(queries: torch.Tensor, copy: Bf16Copy) -> torch.Tensor:

@@ -21,6 +21,7 @@ from local_dense_retriever.cpu_features import cpu_has_amx
 from local_dense_retriever.index.base import IndexLoadError
 from local_dense_retriever.index.prefilter import Bf16Copy, prefiltered_topk
 from local_dense_retriever.index.topk import block_topk, grouped_topk, merge_topk
+from local_dense_retriever.memory import release_mapped_pages
 
 logger = logging.getLogger(__name__)
 
@@ -141,9 +142,23 @@ CROWDED_WARNING_SHARE = 0.1
 CROWDED_WARNING_AFTER = 1000
 
 
-def resolve_prefilter(prefilter: str, device: torch.device, dtype: str, rows: int) -> bool:
-    """Whether a float32 index pre-scans in bfloat16 (``index.prefilter``): ``auto`` where the CPU has AMX and the
-    index has at least :data:`PREFILTER_MIN_ROWS` rows; ``bfloat16`` always, if the index is float32 on the CPU."""
+#: under 'auto', the bf16 copy may take at most this share of the machine's memory
+PREFILTER_MAX_MEMORY_SHARE = 0.25
+
+
+def physical_memory() -> int:
+    """This machine's RAM in bytes (0 where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def resolve_prefilter(prefilter: str, device: torch.device, dtype: str, shape: tuple[int, int]) -> bool:
+    """Whether a float32 index of ``shape`` pre-scans in bfloat16 (``index.prefilter``): ``auto`` where the CPU has
+    AMX (without it a bf16 matmul is slower than float32's), the index has at least :data:`PREFILTER_MIN_ROWS` rows
+    and its bf16 copy takes at most :data:`PREFILTER_MAX_MEMORY_SHARE` of the RAM; ``bfloat16`` always, if the index
+    is float32 on the CPU."""
     if prefilter not in PREFILTERS:
         raise ValueError(f"prefilter must be one of {PREFILTERS}, not {prefilter!r}")
     applies = device.type == "cpu" and resolve_index_dtype(dtype, device) == "float32"
@@ -153,7 +168,9 @@ def resolve_prefilter(prefilter: str, device: torch.device, dtype: str, rows: in
             f"{resolve_index_dtype(dtype, device)} on {device.type} (use --index_prefilter off or auto)"
         )
     if prefilter == "auto":
-        return applies and rows >= PREFILTER_MIN_ROWS and cpu_has_amx()
+        rows, dim = shape
+        fits = rows * dim * 2 <= PREFILTER_MAX_MEMORY_SHARE * physical_memory()
+        return applies and rows >= PREFILTER_MIN_ROWS and fits and cpu_has_amx()
     return prefilter == "bfloat16"
 
 
@@ -285,8 +302,10 @@ class TorchFlatIndex:
             self._shards.append((lo, part))
         #: the bf16 copy of the one CPU shard, when searches pre-scan it
         self._prefilter: Bf16Copy | None = None
-        if resolve_prefilter(prefilter, device, dtype, self._n):
+        if resolve_prefilter(prefilter, device, dtype, (self._n, self.dim)):
             self._prefilter = Bf16Copy.of(self._shards[0][1], max(1, staging_bytes // (self.dim * 4)))
+            # reading the rows mapped the whole file; searches read only their candidates' rows from it
+            release_mapped_pages(vectors)
         #: queries the float32 scan answered because the bf16 pre-scan could not bound their top k (scores crowded)
         self.crowded_queries = 0
         self._prefiltered_queries = 0

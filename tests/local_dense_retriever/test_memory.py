@@ -72,3 +72,25 @@ def test_the_periodic_trim_runs_until_cancelled(monkeypatch):
 def test_a_zero_interval_never_trims(monkeypatch):
     monkeypatch.setattr(memory, "release_free_memory", lambda: pytest.fail("trimmed"))
     asyncio.run(asyncio.wait_for(memory.release_free_memory_every(0), 1))
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or memory._LIBC is None, reason="madvise and /proc: Linux")
+def test_released_pages_of_a_mapped_index_read_back_the_same_and_nothing_else_is_touched(tmp_path):
+    """The pages a read of a memory-mapped file brought in leave the process's RSS (and read back unchanged);
+    anonymous memory, or a writable map, is never advised: there the advice would discard data."""
+    import numpy as np
+
+    data = np.arange(4_000_000, dtype=np.float32).reshape(-1, 40)  # 16 MB
+    np.save(tmp_path / "v.npy", data)
+    mapped = np.load(tmp_path / "v.npy", mmap_mode="r")
+    assert float(mapped.sum(dtype=np.float64)) == float(data.sum(dtype=np.float64))  # every page read
+    before = memory.resident_memory()["rss_file"]
+    assert memory.release_mapped_pages(mapped[10:])  # a slice: its pages, from the page holding its first row
+    assert before - memory.resident_memory()["rss_file"] > 15 << 20
+    np.testing.assert_array_equal(mapped, data)
+    anonymous = data.copy()
+    assert not memory.release_mapped_pages(anonymous)
+    writable = np.load(tmp_path / "v.npy", mmap_mode="r+")
+    assert not memory.release_mapped_pages(writable)
+    np.testing.assert_array_equal(anonymous, data)
+    np.testing.assert_array_equal(writable, data)

@@ -145,22 +145,28 @@ def test_the_score_bound_holds_for_bf16_matmuls_and_float32_re_scores(rng, dim):
 
 def test_auto_turns_the_pre_scan_on_for_large_float32_indexes_on_amx_cpus(monkeypatch):
     monkeypatch.setattr(torch_flat, "cpu_has_amx", lambda: True)
-    assert resolve_prefilter("auto", CPU, "auto", 100_000)
-    assert not resolve_prefilter("auto", CPU, "auto", 1_000)  # a small scan gains nothing worth a second copy
-    assert not resolve_prefilter("auto", CPU, "bfloat16", 100_000)  # the index itself is bf16: nothing to filter
-    assert not resolve_prefilter("off", CPU, "auto", 100_000)
+    monkeypatch.setattr(torch_flat, "physical_memory", lambda: 64 << 30)
+    large = (100_000, 384)
+    assert resolve_prefilter("auto", CPU, "auto", large)
+    assert not resolve_prefilter("auto", CPU, "auto", (1_000, 384))  # a small scan gains nothing worth a second copy
+    assert not resolve_prefilter("auto", CPU, "bfloat16", large)  # the index itself is bf16: nothing to filter
+    assert not resolve_prefilter("off", CPU, "auto", large)
+    # wiki-18 with e5 (21M x 768: a 32 GB copy) on a 64 GB machine: more than a quarter of it; on 256 GB, on
+    assert not resolve_prefilter("auto", CPU, "auto", (21_015_324, 768))
+    monkeypatch.setattr(torch_flat, "physical_memory", lambda: 256 << 30)
+    assert resolve_prefilter("auto", CPU, "auto", (21_015_324, 768))
     monkeypatch.setattr(torch_flat, "cpu_has_amx", lambda: False)
-    assert not resolve_prefilter("auto", CPU, "auto", 100_000)
-    assert resolve_prefilter("bfloat16", CPU, "float32", 10)  # asked for: on, AMX or not
+    assert not resolve_prefilter("auto", CPU, "auto", large)
+    assert resolve_prefilter("bfloat16", CPU, "float32", (10, 8))  # asked for: on, AMX or not
 
 
 def test_a_pre_scan_asked_of_an_index_that_is_not_float32_on_the_cpu_is_refused(rng):
     with pytest.raises(IndexLoadError, match="--index_prefilter bfloat16 pre-scans a float32 index on the CPU"):
         TorchFlatIndex(_unit(rng, 50, 8), device=CPU, dtype="bfloat16", prefilter="bfloat16")
     with pytest.raises(IndexLoadError, match="this index is float16 on cuda"):
-        resolve_prefilter("bfloat16", torch.device("cuda"), "auto", 10)
+        resolve_prefilter("bfloat16", torch.device("cuda"), "auto", (10, 8))
     with pytest.raises(ValueError, match="prefilter must be one of"):
-        resolve_prefilter("int8", CPU, "auto", 10)
+        resolve_prefilter("int8", CPU, "auto", (10, 8))
 
 
 def test_the_server_flag_reaches_the_index_and_answers_stay_the_same(minilm_index, toy_dataset, minilm_path):
