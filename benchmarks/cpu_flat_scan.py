@@ -5,7 +5,9 @@
 
 Without ``--search``: seeded random unit vectors (the matmul's cost does not depend on their values); each figure is
 the mean of 20 calls after a warm-up: ``matmul`` writes the (batch, rows) scores into one kept buffer as
-``TorchFlatIndex`` does; ``topk`` is ``torch.topk`` over those scores.
+``TorchFlatIndex`` does; ``topk`` is ``torch.topk`` over those scores; ``int8`` is ``torch._int_mm`` (int32 sums).
+``ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`` (or ``AVX512_CORE_VNNI``, ``AVX2``) holds oneDNN, which runs the bf16 and
+int8 matmuls, to an older CPU's instructions: a CPU with AVX512-BF16 but no AMX (or neither).
 
 ``--search``: ``TorchFlatIndex.search`` over ``--rows`` random unit vectors with ``--questions`` random unit
 questions, or with ``--vectors minilm`` over the cached MiniLM index of the 100k-passage toy corpus
@@ -57,8 +59,13 @@ def raw_matmuls(args: argparse.Namespace) -> None:
     scores_bf16 = torch.empty(args.batch, args.rows, dtype=torch.bfloat16)
     bf16 = mean_ms(lambda: torch.matmul(queries_bf16, index_bf16.T, out=scores_bf16))
     topk_pre = mean_ms(lambda: torch.topk(scores_bf16, args.k + EXTRA_ROWS, dim=1))
-    print(f"matmul float32 {fp32:.1f} ms, bfloat16 {bf16:.1f} ms ({fp32 / bf16:.2f}x); top-{args.k} of float32 "
-          f"{topk:.1f} ms; top-{args.k + EXTRA_ROWS} of bf16 {topk_pre:.1f} ms")  # fmt: skip
+    # int8 with int32 sums (oneDNN's s8 gemm; VNNI or AMX-INT8 where the CPU has them): what an int8 pre-scan would cost
+    index_i8 = torch.randint(-127, 128, (args.rows, args.dim), generator=gen, dtype=torch.int8)
+    queries_i8 = torch.randint(-127, 128, (args.batch, args.dim), generator=gen, dtype=torch.int8)
+    int8 = mean_ms(lambda: torch._int_mm(queries_i8, index_i8.T))
+    print(f"matmul float32 {fp32:.1f} ms, bfloat16 {bf16:.1f} ms ({fp32 / bf16:.2f}x), int8 {int8:.1f} ms "
+          f"({fp32 / int8:.2f}x); top-{args.k} of float32 {topk:.1f} ms; top-{args.k + EXTRA_ROWS} of bf16 "
+          f"{topk_pre:.1f} ms")  # fmt: skip
 
 
 def search_both_ways(args: argparse.Namespace) -> None:
