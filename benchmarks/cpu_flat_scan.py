@@ -14,9 +14,9 @@ questions, or with ``--vectors minilm`` over the cached MiniLM index of the 100k
 (``retriever_load.py`` says how it is built) with the toy questions encoded by the bundled MiniLM in float32, whose
 scores crowd as a real encoder's do. It is timed both ways, alternated ``--rounds`` times (median ms per batch of
 ``--batch`` questions): ``--index_prefilter off`` (the float32 scan) and ``bfloat16`` (the pre-scan, float32
-re-scoring, crowded queries scanned again). Also: how many rows lie within the pre-scan's margin of each question's
-k-th score (what the pre-scan must keep), how many questions were crowded, and whether every answer equals the float32
-scan's.
+re-scoring, more rows gathered for crowded queries). Also: how many rows lie within the pre-scan's margin of each
+question's k-th score (what the pre-scan must keep), how many questions were crowded, and whether every answer equals
+the float32 scan's. ``--shared`` makes random vectors crowd, as an encoder whose cosines sit high (e5's) does.
 """
 
 from __future__ import annotations
@@ -81,8 +81,15 @@ def search_both_ways(args: argparse.Namespace) -> None:
         queries = torch.cat([encoder.encode(questions[i : i + 64]) for i in range(0, len(questions), 64)])
     else:
         gen, kind = torch.Generator().manual_seed(0), "random unit"
-        vectors = torch.nn.functional.normalize(torch.randn(args.rows, args.dim, generator=gen), dim=-1).numpy()
-        queries = torch.nn.functional.normalize(torch.randn(args.questions, args.dim, generator=gen), dim=-1)
+        shared = torch.nn.functional.normalize(torch.randn(args.dim, generator=gen), dim=0) * args.shared
+        if args.shared:
+            kind = f"random unit (shared direction {args.shared:g}: mean cosine {args.shared**2:.2f})"
+
+        def unit(n: int) -> torch.Tensor:
+            noise = torch.nn.functional.normalize(torch.randn(n, args.dim, generator=gen), dim=-1)
+            return torch.nn.functional.normalize(shared + noise * (1 - args.shared**2) ** 0.5, dim=-1)
+
+        vectors, queries = unit(args.rows).numpy(), unit(args.questions)
     batches = [queries[i : i + args.batch] for i in range(0, len(queries) - args.batch + 1, args.batch)]
     plain = TorchFlatIndex(vectors, device=torch.device("cpu"), prefilter="off")
     pre = TorchFlatIndex(vectors, device=torch.device("cpu"), prefilter="bfloat16")
@@ -123,6 +130,12 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--questions", type=int, default=2048)
+    p.add_argument(
+        "--shared",
+        type=float,
+        default=0.0,
+        help="random vectors: weight of one direction all share (0.87: mean cosine 0.75, scores crowded as e5's are)",
+    )
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = p.parse_args()

@@ -102,7 +102,7 @@ class ServiceState:
             logger.info("per-request mode: %d thread%s", threads, "" if threads == 1 else "s")
         self.runner.start()
         self.metrics.cpu_seconds = engine.clock.snapshot
-        self.metrics.prefilter_fallbacks = engine.prefilter_fallbacks
+        self.metrics.prefilter_crowded = engine.prefilter_crowded
         self.engine = engine
         self.status, self.detail = "ready", engine.describe()
 

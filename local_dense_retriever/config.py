@@ -87,8 +87,9 @@ class ServerConfig(BaseModel):
         default="auto",
         description="torch backend, float32 index on the CPU: keep a bfloat16 copy too (half the index's size again) "
         "and scan it first, scoring in float32 only the rows whose bf16 score is within its proven rounding error "
-        "of the top k, so the answers stay float32's (a query whose scores crowd too tightly is scanned in float32); "
-        "'auto' = on for indexes of 32k rows and more on CPUs with AMX, where the bf16 scan is 3-4x faster.",
+        "of the top k, so the answers stay float32's (however tightly a query's scores crowd); "
+        "'auto' = on for indexes of 32k rows and more, whose copy takes at most a quarter of the RAM, on CPUs with "
+        "AMX, where the bf16 scan is 3-4x faster (without AMX it is slower than float32's).",
     )
     score_buffer_mb: int = Field(
         default=1024,

@@ -71,9 +71,9 @@ class RetrievalEngine:
         device = getattr(getattr(self.backend, "encoder", None), "device", None)  # BM25 has no encoder
         return device is not None and device.type == "cuda"
 
-    def prefilter_fallbacks(self) -> int:
-        """Queries the index's bf16 pre-scan left to its float32 scan, their scores too crowded to bound
-        (``index.prefilter``); 0 where there is no pre-scan."""
+    def prefilter_crowded(self) -> int:
+        """Queries whose scores crowded within the index's bf16 pre-scan margin beyond the rows it keeps, for which it
+        gathered more rows (``index.prefilter``); 0 where there is no pre-scan."""
         index = getattr(self.backend, "index", None)  # BM25 has no vector index
         return int(getattr(index, "crowded_queries", 0))
 

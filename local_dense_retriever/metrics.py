@@ -33,8 +33,8 @@ class Metrics:
         self.queue_depth: Callable[[], int] = lambda: 0
         #: the engine's CPU accounting (local_dense_retriever.cpu_time), once an engine is loaded
         self.cpu_seconds: Callable[[], dict] | None = None
-        #: queries the index's bf16 pre-scan handed to its float32 scan (scores too crowded to bound)
-        self.prefilter_fallbacks: Callable[[], int] = lambda: 0
+        #: queries whose scores crowded beyond the rows the index's bf16 pre-scan keeps (it gathered more for them)
+        self.prefilter_crowded: Callable[[], int] = lambda: 0
 
     def observe_request(self, status: int, latency_s: float, n_queries: int, error: str | None = None) -> None:
         self.requests += 1
@@ -67,6 +67,6 @@ class Metrics:
             "batch_size_histogram": {f"<={k}": v for k, v in sorted(self.batch_sizes.items())},
             "latency_ms": {**pct, "window": int(lat.size)},
             "cpu_seconds": self.cpu_seconds() if self.cpu_seconds is not None else None,
-            "prefilter_fallback_queries_total": self.prefilter_fallbacks(),
+            "prefilter_crowded_queries_total": self.prefilter_crowded(),
             "memory_bytes": heap_stats(),
         }

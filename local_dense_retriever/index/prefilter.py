@@ -5,11 +5,12 @@ alone, near-ties can swap. Here the rounding is bounded instead (:func:`score_bo
 block of rows, ``k + extra`` of the best bf16 scores of each query (:func:`kept_rows`), and a row can be in the float32
 top-k only if its bf16 score is within twice the error of the k-th best bf16 score. If every score a block left out is
 below that margin, the kept rows hold the whole top-k; the rows among them within the margin are scored in float32,
-which gives the flat scan's answer. A query for which some block left out a score within the margin ("crowded":
-scores packed more tightly than bf16 can tell apart) is reported, and the caller scans it in float32.
+which gives the flat scan's answer. For a query for which a block left out a score within the margin ("crowded":
+scores packed more tightly than bf16 can tell apart), every row of the block within it is taken from the block's
+scores while they are at hand, and scored in float32 too: nothing is scanned twice.
 
-Invariant: for every query not reported crowded, the ids returned are the float32 flat scan's top-k (best score
-first, equal scores by lower id) up to float32 rounding, the same exactness as the float32 scan itself.
+Invariant: for every query, the ids returned are the float32 flat scan's top-k (best score first, equal scores by lower
+id) up to float32 rounding, the same exactness as the float32 scan itself.
 """
 
 from __future__ import annotations
@@ -125,33 +126,59 @@ def prefiltered_topk(
     rows_per_step: int,
     scores_out,
     extra: int = EXTRA_ROWS,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """``(scores, ids, crowded)``: the float32 top-``k`` of each query over ``vectors`` (float32, ``copy`` its bf16
-    twin), found through the bf16 pre-scan; ``crowded`` (bool per query) marks the queries whose answer is not
-    assured (their rows of scores and ids are to be replaced by a float32 scan). ``scores_out(queries, rows, dtype)``
-    gives the buffer each step's matmul writes into; ids are rows of ``vectors``."""
+    twin), found through the bf16 pre-scan, and how many queries were crowded (a block left out a row within their
+    margin: every such row of the block is taken from its scores while they are at hand, so no query is scanned
+    twice). ``scores_out(queries, rows, dtype)`` gives the buffer each step's matmul writes into; ids are rows of
+    ``vectors``."""
     n, dim = vectors.shape
     q32 = queries.float()
     q16 = q32.to(torch.bfloat16)
+    margin = 2 * score_bounds(q32, copy)
     kept_s: list[torch.Tensor] = []
     kept_i: list[torch.Tensor] = []
-    floors: list[torch.Tensor] = []  # per block, the highest bf16 score it left out
+    #: crowded query -> (bf16 scores, ids) of every row a block left out within the threshold known then
+    more: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
     for lo in range(0, n, rows_per_step):
         rows = copy.rows[lo : lo + rows_per_step]
         scores = torch.matmul(q16, rows.T, out=scores_out(len(q16), len(rows), torch.bfloat16))
         s, i, floor = kept_rows(scores, k + extra, k + EXTRA_GROUPS)
         kept_s.append(s)
         kept_i.append(i + lo)
-        floors.append(floor)
+        # the k-th score kept so far is at most the final one: its threshold takes in every row the final one does
+        threshold = _threshold(torch.cat(kept_s, dim=1), k, margin)
+        for q in ((floor >= threshold) & (floor > -torch.inf)).nonzero().flatten().tolist():
+            cols = (scores[q] >= threshold[q]).nonzero().flatten()
+            more.setdefault(q, []).append((scores[q, cols].float(), cols + lo))
     bf16_s, ids = torch.cat(kept_s, dim=1), torch.cat(kept_i, dim=1)
-    kth = torch.topk(bf16_s, k, dim=1).values[:, -1]
-    threshold = (kth.double() - 2 * score_bounds(q32, copy)).float()[:, None]
-    crowded = (torch.stack(floors, dim=1) >= threshold).any(dim=1)
+    threshold = _threshold(bf16_s, k, margin)
     # only rows within the margin can be in the top k: as many per query as the query with the most has
-    width = max(k, int((bf16_s >= threshold).sum(dim=1).max()))
-    ids = torch.gather(ids, 1, torch.topk(bf16_s, width, dim=1).indices)
-    ids = torch.sort(ids, dim=1).values  # candidates in id order: block_topk breaks ties by position
-    candidates = vectors.index_select(0, ids.flatten()).view(len(q32), ids.shape[1], dim)
-    exact = torch.bmm(candidates, q32[:, :, None]).squeeze(2)
-    s, at = block_topk(exact, k)  # ranked by (score, position), and positions are in id order
-    return s, torch.gather(ids, 1, at), crowded
+    width = max(k, int((bf16_s >= threshold[:, None]).sum(dim=1).max()))
+    candidates = torch.sort(torch.gather(ids, 1, torch.topk(bf16_s, width, dim=1).indices), dim=1).values
+    s, i = _rescored(q32, vectors, candidates, k)
+    for q, parts in more.items():
+        near = torch.cat([bf16_s[q], *(p[0] for p in parts)])
+        rows = torch.cat([ids[q], *(p[1] for p in parts)])[near >= threshold[q]]
+        s[q], i[q] = (t[0] for t in _rescored(q32[q : q + 1], vectors, torch.unique(rows)[None], k))
+    return s, i, len(more)
+
+
+def _threshold(bf16_scores: torch.Tensor, k: int, margin: torch.Tensor) -> torch.Tensor:
+    """Per query, the lowest bf16 score a row of the float32 top ``k`` can have: the ``k``-th best of
+    ``bf16_scores`` less ``margin`` (-inf while fewer than ``k`` are known)."""
+    if bf16_scores.shape[1] < k:
+        return torch.full((len(bf16_scores),), -torch.inf)
+    kth = torch.topk(bf16_scores, k, dim=1).values[:, -1]
+    return (kth.double() - margin).float()
+
+
+def _rescored(queries: torch.Tensor, vectors: torch.Tensor, ids: torch.Tensor, k: int):
+    """The float32 top-``k`` of each query over its candidate rows ``ids`` (ascending per query: ``block_topk``
+    breaks ties by position, so equal scores come by lower id)."""
+    rows = vectors.index_select(0, ids.flatten()).view(*ids.shape, vectors.shape[1])
+    # one reduction per row, the same for every row: a matrix-vector kernel sums tail rows in another order, so
+    # duplicate passages would differ in their last bit and lose the tie rule
+    exact = (rows * queries[:, None, :]).sum(dim=2)
+    s, at = block_topk(exact, k)
+    return s, torch.gather(ids, 1, at)

@@ -137,11 +137,6 @@ PREFILTERS = ("auto", "bfloat16", "off")
 PREFILTER_MIN_ROWS = 1 << 15
 
 
-#: the pre-scan warns once when more than this share of at least this many queries went to the float32 scan
-CROWDED_WARNING_SHARE = 0.1
-CROWDED_WARNING_AFTER = 1000
-
-
 #: under 'auto', the bf16 copy may take at most this share of the machine's memory
 PREFILTER_MAX_MEMORY_SHARE = 0.25
 
@@ -306,10 +301,8 @@ class TorchFlatIndex:
             self._prefilter = Bf16Copy.of(self._shards[0][1], max(1, staging_bytes // (self.dim * 4)))
             # reading the rows mapped the whole file; searches read only their candidates' rows from it
             release_mapped_pages(vectors)
-        #: queries the float32 scan answered because the bf16 pre-scan could not bound their top k (scores crowded)
+        #: queries whose scores crowded within the pre-scan's margin beyond the rows it keeps (``index.prefilter``)
         self.crowded_queries = 0
-        self._prefiltered_queries = 0
-        self._crowding_warned = False
 
     @classmethod
     def from_file(
@@ -350,33 +343,13 @@ class TorchFlatIndex:
         return self._scan(queries, k)
 
     def _search_prefiltered(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The bf16 pre-scan (``index.prefilter``), its crowded queries scanned again in float32."""
+        """The bf16 pre-scan (``index.prefilter``)."""
         assert self._prefilter is not None
         shard = self._shards[0][1]
         step = self._rows_per_step(shard, len(queries))
         s, i, crowded = prefiltered_topk(queries, shard, self._prefilter, k, step, self._buffers.scores)
-        scores, ids = s.numpy(), i.numpy().astype(np.int64)
-        self._prefiltered_queries += len(queries)
-        if crowded.any():
-            redo = crowded.nonzero().flatten()
-            self.crowded_queries += len(redo)
-            scores[redo.numpy()], ids[redo.numpy()] = self._scan(queries[redo], k)
-            self._warn_if_crowded()
-        return scores, ids
-
-    def _warn_if_crowded(self) -> None:
-        """Once, when the pre-scan has handed more than :data:`CROWDED_WARNING_SHARE` of at least
-        :data:`CROWDED_WARNING_AFTER` queries to the float32 scan: each such query costs a float32 scan on top."""
-        share = self.crowded_queries / self._prefiltered_queries
-        if self._crowding_warned or self._prefiltered_queries < CROWDED_WARNING_AFTER or share <= CROWDED_WARNING_SHARE:
-            return
-        self._crowding_warned = True
-        logger.warning(
-            "the bf16 pre-scan could not bound %.0f%% of %d queries (their scores crowd within bf16's rounding) and "
-            "scanned them again in float32; if searches are slow, try --index_prefilter off",
-            100 * share,
-            self._prefiltered_queries,
-        )
+        self.crowded_queries += crowded
+        return s.numpy(), i.numpy().astype(np.int64)
 
     def _scan(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The flat scan of every shard in the index's dtype."""

@@ -75,7 +75,7 @@ def test_health_metrics_and_docs(server):
     assert cpu["process"] > 0 and all(cpu[stage] >= 0 for stage in ("encode", "search", "lookup", "native_threads"))
     assert cpu["wall"]["encode"] > 0 and cpu["wall"]["search"] > 0
     assert cpu["encode"] + cpu["search"] + cpu["lookup"] <= cpu["process"]
-    assert metrics["prefilter_fallback_queries_total"] == 0  # a 50-row index is scanned in float32 alone
+    assert metrics["prefilter_crowded_queries_total"] == 0  # a 50-row index is scanned in float32 alone
     libc, version = platform.libc_ver()
     if libc == "glibc" and tuple(map(int, version.split("."))) >= (2, 33):  # the C heap: a leak (in_use) or not
         memory = metrics["memory_bytes"]

@@ -58,37 +58,26 @@ def test_near_ties_bf16_cannot_separate_are_ranked_as_float32_ranks_them(rng):
     assert len(set(f_ids[0])) == 8 and set(f_ids[0]) <= set(range(3000, 3025))
 
 
-def test_a_query_whose_scores_crowd_is_answered_by_the_float32_scan(rng):
-    """More rows within the bf16 margin of a query's k-th score than the pre-scan keeps: that query (and no other)
-    is scanned again in float32, and every answer is still the float32 scan's."""
-    base = _unit(rng, 1, 32)[0]
-    crowd = base + rng.standard_normal((400, 32)).astype(np.float32) * 1e-3  # 400 rows within ~0.003 of each other
-    vectors = np.concatenate([_unit(rng, 12_000, 32), crowd])
-    queries = torch.from_numpy(np.stack([*_unit(rng, 5, 32), base]))
-    plain, pre = _pair(vectors)
+@pytest.mark.parametrize("chunk", [None, 2_900])
+def test_a_query_whose_scores_crowd_gets_every_row_within_its_margin(rng, chunk):
+    """More rows within the bf16 margin of a query's k-th score than the pre-scan keeps: near-duplicates spread over
+    the index (so, chunked, over several blocks, the first ones met under a threshold still rising) and exact
+    duplicates (equal float32 scores: the lower ids win). Only those queries are counted crowded, and every answer
+    is the float32 scan's."""
+    base, dup = _unit(rng, 2, 32)
+    vectors = _unit(rng, 12_400, 32)
+    vectors[::31] = base + rng.standard_normal((400, 32)).astype(np.float32) * 1e-3  # 400 rows within ~0.003
+    vectors[7::41] = dup  # 303 copies of one vector
+    queries = torch.from_numpy(np.stack([*_unit(rng, 5, 32), base, dup]))
+    plain, pre = _pair(vectors, **({"cpu_chunk_rows": chunk} if chunk else {}))
     p_scores, p_ids = plain.search(queries, 5)
     f_scores, f_ids = pre.search(queries, 5)
     np.testing.assert_array_equal(f_ids, p_ids)
     np.testing.assert_allclose(f_scores, p_scores, rtol=0, atol=1e-6)
-    assert pre.crowded_queries == 1
-    pre.search(queries[-1:], 5)
+    assert f_ids[-1].tolist() == [7 + 41 * j for j in range(5)]
     assert pre.crowded_queries == 2
-
-
-def test_a_pre_scan_that_mostly_falls_back_says_so_once(rng, monkeypatch, caplog):
-    base = _unit(rng, 1, 32)[0]
-    crowd = base + rng.standard_normal((400, 32)).astype(np.float32) * 1e-3
-    _, pre = _pair(np.concatenate([_unit(rng, 2000, 32), crowd]))
-    monkeypatch.setattr(torch_flat, "CROWDED_WARNING_AFTER", 20)
-    crowded, other = torch.from_numpy(np.stack([base] * 4)), torch.from_numpy(_unit(rng, 16, 32))
-    with caplog.at_level("WARNING", logger=torch_flat.__name__):
-        pre.search(other, 5)
-        pre.search(crowded, 5)  # 4 of 20 queries: 20% crowded
-        pre.search(crowded, 5)
-    warnings = [r.getMessage() for r in caplog.records if "pre-scan could not bound" in r.getMessage()]
-    assert warnings == ["the bf16 pre-scan could not bound 20% of 20 queries (their scores crowd within bf16's "
-                        "rounding) and scanned them again in float32; if searches are slow, try --index_prefilter "
-                        "off"]  # fmt: skip
+    pre.search(queries[-1:], 5)
+    assert pre.crowded_queries == 3
 
 
 @pytest.mark.parametrize("columns", [100, 600, 20_000, 20_100])
@@ -184,6 +173,6 @@ def test_the_server_flag_reaches_the_index_and_answers_stay_the_same(minilm_inde
     questions = ["who founded the city?", "which river runs past the old mill", "capital"]
     hits = [[[doc["id"] for doc, _ in q] for q in engine.search(questions, 5)] for engine in engines]
     assert hits[0] == hits[1]
-    assert engines[0].prefilter_fallbacks() == 0  # what /metrics reports as prefilter_fallback_queries_total
+    assert engines[0].prefilter_crowded() == 0  # what /metrics reports as prefilter_crowded_queries_total
     with pytest.raises(SystemExit):
         config_from_args([*base, "--index_prefilter", "int8"])
