@@ -137,6 +137,9 @@ PREFILTERS = ("auto", "bfloat16", "off")
 PREFILTER_MIN_ROWS = 1 << 15
 
 
+#: under 'auto', the pre-scan is given up when more than this share of its first queries (at least this many) crowd
+CROWDED_GIVE_UP = 0.5
+CROWDED_TRIAL = 1024
 #: under 'auto', the bf16 copy may take at most this share of the machine's memory
 PREFILTER_MAX_MEMORY_SHARE = 0.25
 
@@ -297,12 +300,15 @@ class TorchFlatIndex:
             self._shards.append((lo, part))
         #: the bf16 copy of the one CPU shard, when searches pre-scan it
         self._prefilter: Bf16Copy | None = None
+        #: 'auto' turns the pre-scan off if most queries crowd (``_give_up_if_crowded``); 'bfloat16' never does
+        self._prefilter_auto = prefilter == "auto"
         if resolve_prefilter(prefilter, device, dtype, (self._n, self.dim)):
             self._prefilter = Bf16Copy.of(self._shards[0][1], max(1, staging_bytes // (self.dim * 4)))
             # reading the rows mapped the whole file; searches read only their candidates' rows from it
             release_mapped_pages(vectors)
         #: queries whose scores crowded within the pre-scan's margin beyond the rows it keeps (``index.prefilter``)
         self.crowded_queries = 0
+        self._prefiltered_queries = 0
 
     @classmethod
     def from_file(
@@ -338,18 +344,39 @@ class TorchFlatIndex:
     def search(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` per query, best first; equal scores by lower id (``index.topk``: any split gives the same)."""
         k = min(k, self._n)
-        if self._prefilter is not None and k > 0:
-            return self._search_prefiltered(queries, k)
+        copy = self._prefilter  # read once: another thread may turn the pre-scan off meanwhile
+        if copy is not None and k > 0:
+            return self._search_prefiltered(copy, queries, k)
         return self._scan(queries, k)
 
-    def _search_prefiltered(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _search_prefiltered(self, copy: Bf16Copy, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The bf16 pre-scan (``index.prefilter``)."""
-        assert self._prefilter is not None
         shard = self._shards[0][1]
         step = self._rows_per_step(shard, len(queries))
-        s, i, crowded = prefiltered_topk(queries, shard, self._prefilter, k, step, self._buffers.scores)
+        s, i, crowded = prefiltered_topk(queries, shard, copy, k, step, self._buffers.scores)
         self.crowded_queries += crowded
+        self._prefiltered_queries += len(queries)
+        self._give_up_if_crowded()
         return s.numpy(), i.numpy().astype(np.int64)
+
+    def _give_up_if_crowded(self) -> None:
+        """Under 'auto', once :data:`CROWDED_TRIAL` queries are in: if more than :data:`CROWDED_GIVE_UP` of them
+        crowded (an encoder whose scores sit closer than bf16 can tell apart), search in float32 from then on and free
+        the copy. Each crowded query costs a gather and a re-score of the rows within its margin; when most do, the
+        pre-scan gains nothing (0.92x with 99% crowded, `benchmarks/cpu_flat_scan.py --search --shared 0.87`)."""
+        if not self._prefilter_auto or self._prefilter is None or self._prefiltered_queries < CROWDED_TRIAL:
+            return
+        share = self.crowded_queries / self._prefiltered_queries
+        if share > CROWDED_GIVE_UP:
+            self._prefilter = None
+            logger.warning(
+                "bf16 pre-scan: %.0f%% of the first %d queries had more rows within its rounding margin than it keeps "
+                "(their scores sit too close together for bf16); searching in float32 from now on "
+                "(--index_prefilter bfloat16 keeps the pre-scan)",
+                100 * share,
+                self._prefiltered_queries,
+            )
+        self._prefilter_auto = False  # decided once
 
     def _scan(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The flat scan of every shard in the index's dtype."""

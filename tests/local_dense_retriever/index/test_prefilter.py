@@ -80,6 +80,29 @@ def test_a_query_whose_scores_crowd_gets_every_row_within_its_margin(rng, chunk)
     assert pre.crowded_queries == 3
 
 
+def test_auto_gives_the_pre_scan_up_when_most_queries_crowd_and_bfloat16_keeps_it(rng, monkeypatch, caplog):
+    """An encoder whose scores sit closer than bf16 can tell apart crowds most queries: under 'auto' the index says
+    so once and searches in float32 from then on (the same answers); asked for by name, the pre-scan stays."""
+    monkeypatch.setattr(torch_flat, "cpu_has_amx", lambda: True)
+    monkeypatch.setattr(torch_flat, "PREFILTER_MIN_ROWS", 1_000)
+    monkeypatch.setattr(torch_flat, "CROWDED_TRIAL", 40)
+    base = _unit(rng, 1, 32)[0]
+    vectors = np.concatenate([_unit(rng, 1_000, 32), base + rng.standard_normal((500, 32)).astype(np.float32) * 1e-3])
+    crowded = torch.from_numpy(np.stack([base + rng.standard_normal(32).astype(np.float32) * 1e-3 for _ in range(8)]))
+    auto = TorchFlatIndex(vectors, device=CPU)
+    named = TorchFlatIndex(vectors, device=CPU, prefilter="bfloat16")
+    plain = TorchFlatIndex(vectors, device=CPU, prefilter="off")
+    assert "pre-scan" in auto.describe()
+    with caplog.at_level("WARNING", logger=torch_flat.__name__):
+        for _ in range(6):
+            for index in (auto, named):
+                np.testing.assert_array_equal(index.search(crowded, 5)[1], plain.search(crowded, 5)[1])
+    assert "pre-scan" not in auto.describe() and "pre-scan" in named.describe()
+    assert auto.crowded_queries == 40 and named.crowded_queries == 48  # auto stopped counting when it gave up
+    said = [r.getMessage() for r in caplog.records if "bf16 pre-scan" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("bf16 pre-scan: 100% of the first 40 queries had more rows")
+
+
 @pytest.mark.parametrize("columns", [100, 600, 20_000, 20_100])
 def test_kept_rows_leave_out_nothing_above_their_floor(rng, columns):
     """Whatever is kept, every score left out is at most the floor, and what is kept is the best there is: with the
