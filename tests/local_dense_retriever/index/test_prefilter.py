@@ -199,3 +199,25 @@ def test_the_server_flag_reaches_the_index_and_answers_stay_the_same(minilm_inde
     assert engines[0].prefilter_crowded() == 0  # what /metrics reports as prefilter_crowded_queries_total
     with pytest.raises(SystemExit):
         config_from_args([*base, "--index_prefilter", "int8"])
+
+
+def test_a_fleet_shard_pre_scans_its_rows_of_the_mapped_index(tmp_path, rng):
+    """The fleet's shards hold row ranges of one memory-mapped index: each pre-scans its own range (the flag reaches
+    it through the config) and the shards' answers are those of the float32 scan."""
+    from local_dense_retriever.index.topk import merge_topk
+    from local_dense_retriever.serve.shards import ShardSearcher
+
+    vectors = _unit(rng, 6_000, 16)
+    np.save(tmp_path / "flat.npy", vectors)
+    queries = _unit(rng, 9, 16)
+    answers = {}
+    for prefilter in ("bfloat16", "off"):
+        config = ServerConfig(index_path=tmp_path / "flat.npy", corpus_path=tmp_path / "corpus.jsonl", device="cpu",
+                              index_prefilter=prefilter)  # fmt: skip
+        shards = [ShardSearcher(config, shard, 2) for shard in range(2)]
+        assert all(("pre-scan" in s.index.describe()) == (prefilter == "bfloat16") for s in shards)
+        parts = [s.search(queries, 4) for s in shards]
+        scores, ids = (np.concatenate([p[j] for p in parts], axis=1) for j in (0, 1))
+        answers[prefilter] = merge_topk(scores, ids, 4)
+    np.testing.assert_array_equal(answers["bfloat16"][1], answers["off"][1])
+    np.testing.assert_allclose(answers["bfloat16"][0], answers["off"][0], rtol=0, atol=1e-6)
