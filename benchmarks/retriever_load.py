@@ -28,6 +28,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import get_args
 
 import aiohttp
 import httpx
@@ -36,7 +37,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from local_dense_retriever.config import default_cache_dir  # noqa: E402
+from local_dense_retriever.config import Prefilter, default_cache_dir  # noqa: E402
 from local_dense_retriever.encoder import bundled_minilm_path  # noqa: E402
 from local_dense_retriever.toy.corpus import generate_toy_dataset  # noqa: E402
 from verl_search.testing.background_server import free_port, wait_until_healthy  # noqa: E402
@@ -278,7 +279,7 @@ def main() -> int:
     )
     p.add_argument(
         "--index_prefilter",
-        choices=["auto", "bfloat16", "off"],
+        choices=get_args(Prefilter),
         default="auto",
         help="the torch servers' bf16 pre-scan of the index ('auto': on where the CPU has AMX); a CPU without bf16 "
         "hardware is --encoder_dtype float32 --index_prefilter off",

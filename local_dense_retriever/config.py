@@ -12,6 +12,8 @@ Backend = Literal["auto", "torch", "faiss", "bm25"]
 Pooling = Literal["auto", "mean", "cls"]
 #: precision of the encoder and of the torch backend's vectors ('auto' resolves per device)
 Precision = Literal["auto", "float32", "float16", "bfloat16"]
+#: the torch backend's bf16 pre-scan of a float32 CPU index (local_dense_retriever.index.prefilter)
+Prefilter = Literal["auto", "bfloat16", "off"]
 
 
 def default_cache_dir() -> Path:
@@ -83,7 +85,7 @@ class ServerConfig(BaseModel):
     index_dtype: Precision = Field(
         default="auto", description="torch backend vector dtype; 'auto' = float16 on CUDA, float32 on CPU."
     )
-    index_prefilter: Literal["auto", "bfloat16", "off"] = Field(
+    index_prefilter: Prefilter = Field(
         default="auto",
         description="torch backend, float32 index on the CPU: keep a bfloat16 copy too (half the index's size again) "
         "and scan it first, scoring in float32 only the rows whose bf16 score is within its proven rounding error "

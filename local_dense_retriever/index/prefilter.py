@@ -147,12 +147,13 @@ def prefiltered_topk(
         kept_s.append(s)
         kept_i.append(i + lo)
         # the k-th score kept so far is at most the final one: its threshold takes in every row the final one does
-        threshold = _threshold(torch.cat(kept_s, dim=1), k, margin)
+        # (after the last block, it is the final one)
+        bf16_s = torch.cat(kept_s, dim=1)
+        threshold = _threshold(bf16_s, k, margin)
         for q in ((floor >= threshold) & (floor > -torch.inf)).nonzero().flatten().tolist():
             cols = (scores[q] >= threshold[q]).nonzero().flatten()
             more.setdefault(q, []).append((scores[q, cols].float(), cols + lo))
-    bf16_s, ids = torch.cat(kept_s, dim=1), torch.cat(kept_i, dim=1)
-    threshold = _threshold(bf16_s, k, margin)
+    ids = torch.cat(kept_i, dim=1)
     # only rows within the margin can be in the top k: as many per query as the query with the most has
     width = max(k, int((bf16_s >= threshold[:, None]).sum(dim=1).max()))
     candidates = torch.sort(torch.gather(ids, 1, torch.topk(bf16_s, width, dim=1).indices), dim=1).values

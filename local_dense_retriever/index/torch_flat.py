@@ -13,10 +13,12 @@ import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 import torch
 
+from local_dense_retriever.config import Prefilter
 from local_dense_retriever.cpu_features import cpu_has_amx
 from local_dense_retriever.index.base import IndexLoadError
 from local_dense_retriever.index.prefilter import Bf16Copy, prefiltered_topk
@@ -132,7 +134,7 @@ def resolve_index_dtype(dtype: str, device: torch.device) -> str:
 
 
 #: ``--index_prefilter`` choices: 'auto' pre-scans a float32 CPU index in bf16 on CPUs with AMX
-PREFILTERS = ("auto", "bfloat16", "off")
+PREFILTERS = get_args(Prefilter)
 #: under 'auto', smaller indexes are scanned in float32 alone (a scan of this many rows takes well under a millisecond)
 PREFILTER_MIN_ROWS = 1 << 15
 
