@@ -1,4 +1,5 @@
-"""The flat scan of a query batch on the CPU: its matmul in float32 and bfloat16, and the search with a bf16 pre-scan.
+"""The flat scan of a query batch on the CPU: its matmul in float32, bfloat16 and int8, and the search with a coarse
+pre-scan (bf16 or int8).
 
     python benchmarks/cpu_flat_scan.py [--rows 100000] [--dim 384] [--batch 64] [--k 3]
     python benchmarks/cpu_flat_scan.py --search [--vectors minilm] [--rounds 5] [--rows 2000000]
@@ -12,11 +13,12 @@ int8 matmuls, to an older CPU's instructions: a CPU with AVX512-BF16 but no AMX 
 ``--search``: ``TorchFlatIndex.search`` over ``--rows`` random unit vectors with ``--questions`` random unit
 questions, or with ``--vectors minilm`` over the cached MiniLM index of the 100k-passage toy corpus
 (``retriever_load.py`` says how it is built) with the toy questions encoded by the bundled MiniLM in float32, whose
-scores crowd as a real encoder's do. It is timed both ways, alternated ``--rounds`` times (median ms per batch of
-``--batch`` questions): ``--index_prefilter off`` (the float32 scan) and ``bfloat16`` (the pre-scan, float32
-re-scoring, more rows gathered for crowded queries). Also: how many rows lie within the pre-scan's margin of each
-question's k-th score (what the pre-scan must keep), how many questions were crowded, and whether every answer equals
-the float32 scan's. ``--shared`` makes random vectors crowd, as an encoder whose cosines sit high (e5's) does.
+scores crowd as a real encoder's do. It is timed every way, alternated ``--rounds`` times (median ms per batch of
+``--batch`` questions): ``--index_prefilter off`` (the float32 scan) and each of ``--prefilters`` (``bfloat16``,
+``int8``: the pre-scan, float32 re-scoring, more rows gathered for crowded queries). Also, per pre-scan: how many rows
+lie within its margin of each question's k-th score (what it must keep), how many questions were crowded, and
+whether every answer equals the float32 scan's. ``--shared`` makes random vectors crowd, as an encoder whose cosines
+sit high (e5's) does.
 """
 
 from __future__ import annotations
@@ -92,23 +94,28 @@ def search_both_ways(args: argparse.Namespace) -> None:
         vectors, queries = unit(args.rows).numpy(), unit(args.questions)
     batches = [queries[i : i + args.batch] for i in range(0, len(queries) - args.batch + 1, args.batch)]
     plain = TorchFlatIndex(vectors, device=torch.device("cpu"), prefilter="off")
-    pre = TorchFlatIndex(vectors, device=torch.device("cpu"), prefilter="bfloat16")
+    pres = {name: TorchFlatIndex(vectors, device=torch.device("cpu"), prefilter=name) for name in args.prefilters}
     print(f"# {len(vectors):,} x {vectors.shape[1]} {kind} vectors, {len(queries)} questions in batches of "
           f"{args.batch}, top-{args.k}")  # fmt: skip
 
     scores = torch.cat([q @ torch.from_numpy(np.asarray(vectors)).T for q in queries.split(256)])
     kth = torch.topk(scores, args.k, dim=1).values[:, -1]
-    margin = (2 * score_bounds(queries, pre._prefilter)).float()
-    within = (scores >= (kth - margin)[:, None]).sum(dim=1).float()
-    q = torch.quantile(within, torch.tensor([0.5, 0.9, 0.99, 1.0])).tolist()
-    print(f"rows within the margin ({margin.median():.4f}) of the k-th score: median {q[0]:.0f}, p90 {q[1]:.0f}, "
-          f"p99 {q[2]:.0f}, max {q[3]:.0f} (kept per block: {args.k + EXTRA_ROWS})")  # fmt: skip
+    for name, pre in pres.items():
+        margin = (2 * score_bounds(queries, pre._prefilter)).float()
+        within = (scores >= (kth - margin)[:, None]).sum(dim=1).float()
+        q = torch.quantile(within, torch.tensor([0.5, 0.9, 0.99, 1.0])).tolist()
+        print(f"{name}: rows within the margin ({margin.median():.4f}) of the k-th score: median {q[0]:.0f}, p90 "
+              f"{q[1]:.0f}, p99 {q[2]:.0f}, max {q[3]:.0f} (kept per block: {args.k + EXTRA_ROWS})")  # fmt: skip
 
-    same = all(np.array_equal(plain.search(b, args.k)[1], pre.search(b, args.k)[1]) for b in batches)
-    pre.crowded_queries = 0
-    times: dict[str, list[float]] = {"float32 scan": [], "bf16 pre-scan": []}
+    expected = [plain.search(b, args.k)[1] for b in batches]
+    same = {name: all(np.array_equal(e, pre.search(b, args.k)[1]) for e, b in zip(expected, batches, strict=True))
+            for name, pre in pres.items()}  # fmt: skip
+    for pre in pres.values():
+        pre.crowded_queries = 0
+    contenders = {"float32 scan": plain, **{f"{name} pre-scan": pre for name, pre in pres.items()}}
+    times: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(args.rounds):
-        for name, index in (("float32 scan", plain), ("bf16 pre-scan", pre)):
+        for name, index in contenders.items():
             t0 = time.perf_counter()
             for b in batches:
                 index.search(b, args.k)
@@ -116,14 +123,15 @@ def search_both_ways(args: argparse.Namespace) -> None:
     base = statistics.median(times["float32 scan"])
     for name, ms in times.items():
         m = statistics.median(ms)
-        print(f"{name:14s} {m:6.1f} ms a batch (rounds {', '.join(f'{x:.1f}' for x in ms)})  {base / m:.2f}x")
-    crowded = pre.crowded_queries / (args.rounds * len(batches) * args.batch)
-    print(f"same ids as the float32 scan: {same}; crowded questions {crowded:.1%}")
+        print(f"{name:16s} {m:6.1f} ms a batch (rounds {', '.join(f'{x:.1f}' for x in ms)})  {base / m:.2f}x")
+    for name, pre in pres.items():
+        crowded = pre.crowded_queries / (args.rounds * len(batches) * args.batch)
+        print(f"{name}: same ids as the float32 scan: {same[name]}; crowded questions {crowded:.1%}")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--search", action="store_true", help="TorchFlatIndex.search with and without the pre-scan")
+    p.add_argument("--search", action="store_true", help="TorchFlatIndex.search with and without the pre-scans")
     p.add_argument("--vectors", choices=["random", "minilm"], default="random", help="for --search")
     p.add_argument("--rows", type=int, default=100_000)
     p.add_argument("--dim", type=int, default=384)
@@ -137,6 +145,9 @@ def main() -> int:
         help="random vectors: weight of one direction all share (0.87: mean cosine 0.76, scores crowded as e5's are)",
     )
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument(
+        "--prefilters", nargs="+", choices=["bfloat16", "int8"], default=["bfloat16", "int8"], help="for --search"
+    )
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)

@@ -12,8 +12,8 @@ Backend = Literal["auto", "torch", "faiss", "bm25"]
 Pooling = Literal["auto", "mean", "cls"]
 #: precision of the encoder and of the torch backend's vectors ('auto' resolves per device)
 Precision = Literal["auto", "float32", "float16", "bfloat16"]
-#: the torch backend's bf16 pre-scan of a float32 CPU index (local_dense_retriever.index.prefilter)
-Prefilter = Literal["auto", "bfloat16", "off"]
+#: the torch backend's coarse pre-scan of a float32 CPU index (local_dense_retriever.index.prefilter)
+Prefilter = Literal["auto", "bfloat16", "int8", "off"]
 
 
 def default_cache_dir() -> Path:
@@ -87,11 +87,12 @@ class ServerConfig(BaseModel):
     )
     index_prefilter: Prefilter = Field(
         default="auto",
-        description="torch backend, float32 index on the CPU: keep a bfloat16 copy too (half the index's size again) "
-        "and scan it first, scoring in float32 only the rows whose bf16 score is within its proven rounding error "
-        "of the top k, so the answers stay float32's (however tightly a query's scores crowd); "
-        "'auto' = on for indexes of 32k rows and more, whose copy takes at most a quarter of the RAM, on CPUs with "
-        "AMX, where the bf16 scan is 3-4x faster (without AMX it is slower than float32's).",
+        description="torch backend, float32 index on the CPU: keep a coarse copy too (bfloat16: half the index's size "
+        "again; int8: a quarter) and scan it first, scoring in float32 only the rows whose coarse score is within "
+        "its proven rounding error of the top k, so the answers stay float32's (however tightly a query's scores "
+        "crowd); 'auto' = on for indexes of 32k rows and more, whose copy takes at most a quarter of the RAM: "
+        "bfloat16 on CPUs with AMX (3-4x the float32 matmul), int8 on CPUs with VNNI but no AMX (about 3x; their "
+        "bf16 matmul is slower than float32's), off elsewhere.",
     )
     score_buffer_mb: int = Field(
         default=1024,

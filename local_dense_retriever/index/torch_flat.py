@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from local_dense_retriever.config import Prefilter
-from local_dense_retriever.cpu_features import cpu_has_amx
+from local_dense_retriever.cpu_features import cpu_has_amx, cpu_has_vnni
 from local_dense_retriever.index.base import IndexLoadError
-from local_dense_retriever.index.prefilter import Bf16Copy, prefiltered_topk
+from local_dense_retriever.index.prefilter import Bf16Copy, CoarseCopy, Int8Copy, prefiltered_topk
 from local_dense_retriever.index.topk import block_topk, grouped_topk, merge_topk
 from local_dense_retriever.memory import release_mapped_pages
 
@@ -133,16 +133,18 @@ def resolve_index_dtype(dtype: str, device: torch.device) -> str:
     return dtype
 
 
-#: ``--index_prefilter`` choices: 'auto' pre-scans a float32 CPU index in bf16 on CPUs with AMX
+#: ``--index_prefilter`` choices: 'auto' pre-scans a float32 CPU index in bf16 on CPUs with AMX, in int8 on CPUs with
+#: VNNI and no AMX
 PREFILTERS = get_args(Prefilter)
+#: the coarse copies a pre-scan can use, by ``--index_prefilter`` name, and the bytes a copy takes per value
+COPIES: dict[str, type[Bf16Copy] | type[Int8Copy]] = {"bfloat16": Bf16Copy, "int8": Int8Copy}
+_COPY_BYTES = {"bfloat16": 2, "int8": 1}
 #: under 'auto', smaller indexes are scanned in float32 alone (a scan of this many rows takes well under a millisecond)
 PREFILTER_MIN_ROWS = 1 << 15
-
-
 #: under 'auto', the pre-scan is given up when more than this share of its first queries (at least this many) crowd
 CROWDED_GIVE_UP = 0.5
 CROWDED_TRIAL = 1024
-#: under 'auto', the bf16 copy may take at most this share of the machine's memory
+#: under 'auto', the coarse copy may take at most this share of the machine's memory
 PREFILTER_MAX_MEMORY_SHARE = 0.25
 
 
@@ -154,24 +156,37 @@ def physical_memory() -> int:
         return 0
 
 
-def resolve_prefilter(prefilter: str, device: torch.device, dtype: str, shape: tuple[int, int]) -> bool:
-    """Whether a float32 index of ``shape`` pre-scans in bfloat16 (``index.prefilter``): ``auto`` where the CPU has
-    AMX (without it a bf16 matmul is slower than float32's), the index has at least :data:`PREFILTER_MIN_ROWS` rows
-    and its bf16 copy takes at most :data:`PREFILTER_MAX_MEMORY_SHARE` of the RAM; ``bfloat16`` always, if the index
-    is float32 on the CPU."""
+def auto_prefilter_dtype() -> str | None:
+    """The coarse copy this CPU scans fastest, if any is faster than float32: bfloat16 with AMX, int8 with VNNI
+    (without AMX a bf16 matmul is slower than float32's: 0.27-0.67x, ``benchmarks/cpu_flat_scan.py``)."""
+    if cpu_has_amx():
+        return "bfloat16"
+    if cpu_has_vnni():
+        return "int8"
+    return None
+
+
+def resolve_prefilter(prefilter: str, device: torch.device, dtype: str, shape: tuple[int, int]) -> str | None:
+    """The dtype (``bfloat16`` or ``int8``) of the copy a float32 index of ``shape`` is pre-scanned in
+    (``index.prefilter``), or None: ``auto`` as :func:`auto_prefilter_dtype` says where the index has at least
+    :data:`PREFILTER_MIN_ROWS` rows and the copy takes at most :data:`PREFILTER_MAX_MEMORY_SHARE` of the RAM;
+    ``bfloat16`` and ``int8`` always, if the index is float32 on the CPU."""
     if prefilter not in PREFILTERS:
         raise ValueError(f"prefilter must be one of {PREFILTERS}, not {prefilter!r}")
     applies = device.type == "cpu" and resolve_index_dtype(dtype, device) == "float32"
-    if prefilter == "bfloat16" and not applies:
+    if prefilter in COPIES and not applies:
         raise IndexLoadError(
-            f"--index_prefilter bfloat16 pre-scans a float32 index on the CPU; this index is "
+            f"--index_prefilter {prefilter} pre-scans a float32 index on the CPU; this index is "
             f"{resolve_index_dtype(dtype, device)} on {device.type} (use --index_prefilter off or auto)"
         )
     if prefilter == "auto":
+        chosen = auto_prefilter_dtype()
+        if chosen is None or not applies:
+            return None
         rows, dim = shape
-        fits = rows * dim * 2 <= PREFILTER_MAX_MEMORY_SHARE * physical_memory()
-        return applies and rows >= PREFILTER_MIN_ROWS and fits and cpu_has_amx()
-    return prefilter == "bfloat16"
+        fits = rows * dim * _COPY_BYTES[chosen] <= PREFILTER_MAX_MEMORY_SHARE * physical_memory()
+        return chosen if rows >= PREFILTER_MIN_ROWS and fits else None
+    return prefilter if prefilter in COPIES else None
 
 
 def index_source(path: Path, device: torch.device, dtype: str = "auto") -> np.ndarray | VectorFile:
@@ -274,9 +289,9 @@ class TorchFlatIndex:
         """Shards of ``vectors``: a float32 array on the CPU is used as is (a memory map stays one); anything else
         (GPUs, another dtype) is filled step by step through ``staging_bytes`` of host memory, from a file without
         mapping it (:class:`VectorFile`). ``score_bytes`` bounds the score buffer of one step of a search
-        (:data:`SCORE_BYTES`). ``prefilter`` (:func:`resolve_prefilter`): a float32 CPU index also keeps a bfloat16
-        copy (half its size again) that every search scans first, scoring in float32 only the rows that can be in
-        the top k; the answers stay float32's."""
+        (:data:`SCORE_BYTES`). ``prefilter`` (:func:`resolve_prefilter`): a float32 CPU index also keeps a coarse
+        copy (bfloat16: half its size again; int8: a quarter) that every search scans first, scoring in float32 only
+        the rows that can be in the top k; the answers stay float32's."""
         self.dtype = _DTYPES[resolve_index_dtype(dtype, device)]
         self._chunk = max(1, cpu_chunk_rows)
         self._score_bytes = max(1, score_bytes)
@@ -300,12 +315,13 @@ class TorchFlatIndex:
                 for a, block in _steps(vectors, lo, hi, staging_bytes, pin=dev.type == "cuda"):
                     part[a - lo : a - lo + len(block)].copy_(torch.from_numpy(block))
             self._shards.append((lo, part))
-        #: the bf16 copy of the one CPU shard, when searches pre-scan it
-        self._prefilter: Bf16Copy | None = None
-        #: 'auto' turns the pre-scan off if most queries crowd (``_give_up_if_crowded``); 'bfloat16' never does
+        #: the coarse copy of the one CPU shard, when searches pre-scan it
+        self._prefilter: CoarseCopy | None = None
+        #: 'auto' turns the pre-scan off if most queries crowd (``_give_up_if_crowded``); a named dtype never does
         self._prefilter_auto = prefilter == "auto"
-        if resolve_prefilter(prefilter, device, dtype, (self._n, self.dim)):
-            self._prefilter = Bf16Copy.of(self._shards[0][1], max(1, staging_bytes // (self.dim * 4)))
+        coarse = resolve_prefilter(prefilter, device, dtype, (self._n, self.dim))
+        if coarse is not None:
+            self._prefilter = COPIES[coarse].of(self._shards[0][1], max(1, staging_bytes // (self.dim * 4)))
             # reading the rows mapped the whole file; searches read only their candidates' rows from it
             release_mapped_pages(vectors)
         #: queries whose scores crowded within the pre-scan's margin beyond the rows it keeps (``index.prefilter``)
@@ -331,7 +347,7 @@ class TorchFlatIndex:
 
     def describe(self) -> str:
         where = f"{len(self._shards)} x {self.device.type}"
-        pre = ", bfloat16 pre-scan" if self._prefilter is not None else ""
+        pre = f", {self._prefilter.name} pre-scan" if self._prefilter is not None else ""
         return f"torch flat IP, {self._n:,} x {self.dim} {str(self.dtype).removeprefix('torch.')} on {where}{pre}"
 
     def _rows_per_step(self, shard: torch.Tensor, queries: int) -> int:
@@ -351,8 +367,8 @@ class TorchFlatIndex:
             return self._search_prefiltered(copy, queries, k)
         return self._scan(queries, k)
 
-    def _search_prefiltered(self, copy: Bf16Copy, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The bf16 pre-scan (``index.prefilter``)."""
+    def _search_prefiltered(self, copy: CoarseCopy, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The coarse pre-scan (``index.prefilter``)."""
         shard = self._shards[0][1]
         step = self._rows_per_step(shard, len(queries))
         s, i, crowded = prefiltered_topk(queries, shard, copy, k, step, self._buffers.scores)
@@ -363,20 +379,23 @@ class TorchFlatIndex:
 
     def _give_up_if_crowded(self) -> None:
         """Under 'auto', once :data:`CROWDED_TRIAL` queries are in: if more than :data:`CROWDED_GIVE_UP` of them
-        crowded (an encoder whose scores sit closer than bf16 can tell apart), search in float32 from then on and free
-        the copy. Each crowded query costs a gather and a re-score of the rows within its margin; when most do, the
+        crowded (an encoder whose scores sit closer than the copy can tell apart), search in float32 from then on and
+        free the copy. Each crowded query costs a gather and a re-score of the rows within its margin; when most do, the
         pre-scan gains nothing (0.92x with 99% crowded, `benchmarks/cpu_flat_scan.py --search --shared 0.87`)."""
         if not self._prefilter_auto or self._prefilter is None or self._prefiltered_queries < CROWDED_TRIAL:
             return
         share = self.crowded_queries / self._prefiltered_queries
         if share > CROWDED_GIVE_UP:
-            self._prefilter = None
+            name, self._prefilter = self._prefilter.name, None
             logger.warning(
-                "bf16 pre-scan: %.0f%% of the first %d queries had more rows within its rounding margin than it keeps "
-                "(their scores sit too close together for bf16); searching in float32 from now on "
-                "(--index_prefilter bfloat16 keeps the pre-scan)",
+                "%s pre-scan: %.0f%% of the first %d queries had more rows within its rounding margin than it keeps "
+                "(their scores sit too close together for %s); searching in float32 from now on "
+                "(--index_prefilter %s keeps the pre-scan)",
+                name,
                 100 * share,
                 self._prefiltered_queries,
+                name,
+                name,
             )
         self._prefilter_auto = False  # decided once
 

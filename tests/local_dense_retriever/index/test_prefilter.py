@@ -1,4 +1,5 @@
-"""The bf16 pre-scan of a float32 flat index: the float32 scan's answers, crowded queries rescanned, a proven bound."""
+"""The coarse pre-scans (bf16, int8) of a float32 flat index: the float32 scan's answers, crowded queries gathered, a
+proven bound."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import torch
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.index import torch_flat
 from local_dense_retriever.index.base import IndexLoadError
-from local_dense_retriever.index.prefilter import Bf16Copy, kept_rows, score_bounds
+from local_dense_retriever.index.prefilter import Bf16Copy, Int8Copy, kept_rows, score_bounds
 from local_dense_retriever.index.torch_flat import TorchFlatIndex, resolve_prefilter
 
 CPU = torch.device("cpu")
+#: every coarse copy: each must give the float32 scan's answers
+COARSE = pytest.mark.parametrize("coarse", ["bfloat16", "int8"])
 
 
 def _unit(rng, n, d):
@@ -20,21 +23,22 @@ def _unit(rng, n, d):
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def _pair(vectors, **kw):
+def _pair(vectors, coarse, **kw):
     return (
         TorchFlatIndex(vectors, device=CPU, prefilter="off", **kw),
-        TorchFlatIndex(vectors, device=CPU, prefilter="bfloat16", **kw),
+        TorchFlatIndex(vectors, device=CPU, prefilter=coarse, **kw),
     )
 
 
+@COARSE
 @pytest.mark.parametrize("k", [1, 3, 10])
-def test_the_pre_scan_returns_the_float32_scans_answers(rng, k):
+def test_the_pre_scan_returns_the_float32_scans_answers(rng, k, coarse):
     vectors = _unit(rng, 20_000, 16)
     queries = torch.from_numpy(_unit(rng, 40, 16))
     # two blocks, one margin for both: 12,000 rows (kept through their groups' maxima, and a partial last group) and
     # 8,000 (few enough groups for one top-k)
-    plain, pre = _pair(vectors, cpu_chunk_rows=12_000)
-    assert "bfloat16 pre-scan" in pre.describe() and "pre-scan" not in plain.describe()
+    plain, pre = _pair(vectors, coarse, cpu_chunk_rows=12_000)
+    assert f"{coarse} pre-scan" in pre.describe() and "pre-scan" not in plain.describe()
     p_scores, p_ids = plain.search(queries, k)
     f_scores, f_ids = pre.search(queries, k)
     np.testing.assert_array_equal(f_ids, p_ids)
@@ -43,14 +47,15 @@ def test_the_pre_scan_returns_the_float32_scans_answers(rng, k):
     assert pre.crowded_queries == 0  # random unit vectors: a few rows near each k-th score, far below the rows kept
 
 
-def test_near_ties_bf16_cannot_separate_are_ranked_as_float32_ranks_them(rng):
-    """Rows that differ below bf16's resolution get one bf16 score; the float32 re-scoring orders them exactly, and
-    exact duplicates come in id order as in the float32 scan."""
+@COARSE
+def test_near_ties_the_copy_cannot_separate_are_ranked_as_float32_ranks_them(rng, coarse):
+    """Rows that differ below the copy's resolution get one coarse score; the float32 re-scoring orders them exactly,
+    and exact duplicates come in id order as in the float32 scan."""
     base = _unit(rng, 1, 32)[0]
     near = base + rng.standard_normal((20, 32)).astype(np.float32) * 1e-4  # 20 rows, scores ~1e-4 apart
     vectors = np.concatenate([_unit(rng, 3000, 32), near, near[:5]])  # and 5 exact duplicates of near ones
     queries = torch.from_numpy(np.stack([base, *_unit(rng, 7, 32)]))
-    plain, pre = _pair(vectors)
+    plain, pre = _pair(vectors, coarse)
     p_scores, p_ids = plain.search(queries, 8)
     f_scores, f_ids = pre.search(queries, 8)
     np.testing.assert_array_equal(f_ids, p_ids)
@@ -58,9 +63,10 @@ def test_near_ties_bf16_cannot_separate_are_ranked_as_float32_ranks_them(rng):
     assert len(set(f_ids[0])) == 8 and set(f_ids[0]) <= set(range(3000, 3025))
 
 
+@COARSE
 @pytest.mark.parametrize("chunk", [None, 2_900])
-def test_a_query_whose_scores_crowd_gets_every_row_within_its_margin(rng, chunk):
-    """More rows within the bf16 margin of a query's k-th score than the pre-scan keeps: near-duplicates spread over
+def test_a_query_whose_scores_crowd_gets_every_row_within_its_margin(rng, chunk, coarse):
+    """More rows within the coarse margin of a query's k-th score than the pre-scan keeps: near-duplicates spread over
     the index (so, chunked, over several blocks, the first ones met under a threshold still rising) and exact
     duplicates (equal float32 scores: the lower ids win). Only those queries are counted crowded, and every answer
     is the float32 scan's."""
@@ -69,7 +75,7 @@ def test_a_query_whose_scores_crowd_gets_every_row_within_its_margin(rng, chunk)
     vectors[::31] = base + rng.standard_normal((400, 32)).astype(np.float32) * 1e-3  # 400 rows within ~0.003
     vectors[7::41] = dup  # 303 copies of one vector
     queries = torch.from_numpy(np.stack([*_unit(rng, 5, 32), base, dup]))
-    plain, pre = _pair(vectors, **({"cpu_chunk_rows": chunk} if chunk else {}))
+    plain, pre = _pair(vectors, coarse, **({"cpu_chunk_rows": chunk} if chunk else {}))
     p_scores, p_ids = plain.search(queries, 5)
     f_scores, f_ids = pre.search(queries, 5)
     np.testing.assert_array_equal(f_ids, p_ids)
@@ -80,27 +86,29 @@ def test_a_query_whose_scores_crowd_gets_every_row_within_its_margin(rng, chunk)
     assert pre.crowded_queries == 3
 
 
-def test_auto_gives_the_pre_scan_up_when_most_queries_crowd_and_bfloat16_keeps_it(rng, monkeypatch, caplog):
-    """An encoder whose scores sit closer than bf16 can tell apart crowds most queries: under 'auto' the index says
-    so once and searches in float32 from then on (the same answers); asked for by name, the pre-scan stays."""
-    monkeypatch.setattr(torch_flat, "cpu_has_amx", lambda: True)
+@COARSE
+def test_auto_gives_the_pre_scan_up_when_most_queries_crowd_and_a_named_one_keeps_it(rng, monkeypatch, caplog, coarse):
+    """An encoder whose scores sit closer than the copy can tell apart crowds most queries: under 'auto' the index
+    says so once and searches in float32 from then on (the same answers); asked for by name, the pre-scan stays."""
+    monkeypatch.setattr(torch_flat, "auto_prefilter_dtype", lambda: coarse)
     monkeypatch.setattr(torch_flat, "PREFILTER_MIN_ROWS", 1_000)
     monkeypatch.setattr(torch_flat, "CROWDED_TRIAL", 40)
     base = _unit(rng, 1, 32)[0]
     vectors = np.concatenate([_unit(rng, 1_000, 32), base + rng.standard_normal((500, 32)).astype(np.float32) * 1e-3])
     crowded = torch.from_numpy(np.stack([base + rng.standard_normal(32).astype(np.float32) * 1e-3 for _ in range(8)]))
     auto = TorchFlatIndex(vectors, device=CPU)
-    named = TorchFlatIndex(vectors, device=CPU, prefilter="bfloat16")
+    named = TorchFlatIndex(vectors, device=CPU, prefilter=coarse)
     plain = TorchFlatIndex(vectors, device=CPU, prefilter="off")
-    assert "pre-scan" in auto.describe()
+    assert f"{coarse} pre-scan" in auto.describe()
     with caplog.at_level("WARNING", logger=torch_flat.__name__):
         for _ in range(6):
             for index in (auto, named):
                 np.testing.assert_array_equal(index.search(crowded, 5)[1], plain.search(crowded, 5)[1])
     assert "pre-scan" not in auto.describe() and "pre-scan" in named.describe()
     assert auto.crowded_queries == 40 and named.crowded_queries == 48  # auto stopped counting when it gave up
-    said = [r.getMessage() for r in caplog.records if "bf16 pre-scan" in r.getMessage()]
-    assert len(said) == 1 and said[0].startswith("bf16 pre-scan: 100% of the first 40 queries had more rows")
+    said = [r.getMessage() for r in caplog.records if "pre-scan" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"{coarse} pre-scan: 100% of the first 40 queries had more rows")
+    assert f"--index_prefilter {coarse} keeps the pre-scan" in said[0]
 
 
 @pytest.mark.parametrize("columns", [100, 600, 20_000, 20_100])
@@ -126,28 +134,34 @@ def test_kept_rows_leave_out_nothing_above_their_floor(rng, columns):
         assert s[row].max() == scores[row].float().max()
 
 
-def test_a_querys_answer_does_not_depend_on_its_batch_mates(rng):
+@COARSE
+def test_a_querys_answer_does_not_depend_on_its_batch_mates(rng, coarse):
     vectors = _unit(rng, 6000, 24)
     queries = torch.from_numpy(_unit(rng, 33, 24))
-    _, pre = _pair(vectors)
+    _, pre = _pair(vectors, coarse)
     _, together = pre.search(queries, 4)
     alone = np.concatenate([pre.search(queries[j : j + 1], 4)[1] for j in range(len(queries))])
     np.testing.assert_array_equal(together, alone)
 
 
+@COARSE
 @pytest.mark.parametrize("dim", [8, 384, 1024])
-def test_the_score_bound_holds_for_bf16_matmuls_and_float32_re_scores(rng, dim):
+def test_the_score_bound_holds_for_the_coarse_matmuls_and_float32_re_scores(rng, dim, coarse):
     """The bound the margin rests on, checked against float64 over vectors of mixed norms and signs, including
-    same-signed ones (their rounding errors add up instead of cancelling): it must hold for every pair, and not be
-    loose by orders."""
+    same-signed ones (their rounding errors add up instead of cancelling) and a zero query: it must hold for every
+    pair, and not be loose by orders."""
     q = rng.standard_normal((64, dim)) * rng.uniform(0.1, 10, (64, 1))
     x = rng.standard_normal((2000, dim)) * rng.uniform(0.1, 10, (2000, 1))
     x[:100] = np.abs(x[:100])
     q[:8] = np.abs(q[:8])
+    q[8] = 0
     q32, x32 = torch.from_numpy(q).float(), torch.from_numpy(x).float()
-    copy = Bf16Copy.of(x32, rows_per_step=300)
+    copy = {"bfloat16": Bf16Copy, "int8": Int8Copy}[coarse].of(x32, rows_per_step=300)
     exact = q32.double() @ x32.double().T  # the inner products of the float32 vectors
-    pre_scan = (q32.bfloat16() @ copy.rows.T).double()
+    prepared, unit = copy.prepared(q32)
+    out = lambda queries, rows, dtype: torch.empty((queries, rows), dtype=dtype)  # noqa: E731
+    # as the pre-scan compares them: bf16 scores made float32; int32 sums made float32, in units of the query's
+    pre_scan = copy.scores(prepared, 0, len(x32), out).float().double() * unit[:, None]
     re_score = (q32 @ x32.T).double()
     error = (pre_scan - exact).abs() + (re_score - exact).abs()
     bound = score_bounds(q32, copy)[:, None]
@@ -155,30 +169,39 @@ def test_the_score_bound_holds_for_bf16_matmuls_and_float32_re_scores(rng, dim):
     assert (error / bound).max() > 0.05
 
 
-def test_auto_turns_the_pre_scan_on_for_large_float32_indexes_on_amx_cpus(monkeypatch):
+def test_auto_pre_scans_large_float32_indexes_in_bf16_with_amx_and_in_int8_with_vnni(monkeypatch):
     monkeypatch.setattr(torch_flat, "cpu_has_amx", lambda: True)
+    monkeypatch.setattr(torch_flat, "cpu_has_vnni", lambda: True)  # every CPU with AMX has VNNI too
     monkeypatch.setattr(torch_flat, "physical_memory", lambda: 64 << 30)
-    large = (100_000, 384)
-    assert resolve_prefilter("auto", CPU, "auto", large)
-    assert not resolve_prefilter("auto", CPU, "auto", (1_000, 384))  # a small scan gains nothing worth a second copy
-    assert not resolve_prefilter("auto", CPU, "bfloat16", large)  # the index itself is bf16: nothing to filter
-    assert not resolve_prefilter("off", CPU, "auto", large)
-    # wiki-18 with e5 (21M x 768: a 32 GB copy) on a 64 GB machine: more than a quarter of it; on 256 GB, on
-    assert not resolve_prefilter("auto", CPU, "auto", (21_015_324, 768))
+    large, wiki18 = (100_000, 384), (21_015_324, 768)  # wiki-18 with e5
+    assert resolve_prefilter("auto", CPU, "auto", large) == "bfloat16"
+    assert resolve_prefilter("auto", CPU, "auto", (1_000, 384)) is None  # a small scan gains nothing worth a copy
+    assert resolve_prefilter("auto", CPU, "bfloat16", large) is None  # the index itself is bf16: nothing to filter
+    assert resolve_prefilter("off", CPU, "auto", large) is None
+    # wiki-18's bf16 copy (32 GB) is more than a quarter of 64 GB; on 256 GB it is on
+    assert resolve_prefilter("auto", CPU, "auto", wiki18) is None
     monkeypatch.setattr(torch_flat, "physical_memory", lambda: 256 << 30)
-    assert resolve_prefilter("auto", CPU, "auto", (21_015_324, 768))
+    assert resolve_prefilter("auto", CPU, "auto", wiki18) == "bfloat16"
+    # without AMX a bf16 matmul is slower than float32's: int8 where the CPU has VNNI (wiki-18's copy: 16 GB)
     monkeypatch.setattr(torch_flat, "cpu_has_amx", lambda: False)
-    assert not resolve_prefilter("auto", CPU, "auto", large)
-    assert resolve_prefilter("bfloat16", CPU, "float32", (10, 8))  # asked for: on, AMX or not
+    monkeypatch.setattr(torch_flat, "physical_memory", lambda: 64 << 30)
+    assert resolve_prefilter("auto", CPU, "auto", large) == "int8"
+    assert resolve_prefilter("auto", CPU, "auto", wiki18) == "int8"
+    monkeypatch.setattr(torch_flat, "cpu_has_vnni", lambda: False)
+    assert resolve_prefilter("auto", CPU, "auto", large) is None
+    for named in ("bfloat16", "int8"):  # asked for: on, whatever the CPU
+        assert resolve_prefilter(named, CPU, "float32", (10, 8)) == named
 
 
 def test_a_pre_scan_asked_of_an_index_that_is_not_float32_on_the_cpu_is_refused(rng):
     with pytest.raises(IndexLoadError, match="--index_prefilter bfloat16 pre-scans a float32 index on the CPU"):
         TorchFlatIndex(_unit(rng, 50, 8), device=CPU, dtype="bfloat16", prefilter="bfloat16")
+    with pytest.raises(IndexLoadError, match="--index_prefilter int8 pre-scans a float32 index on the CPU"):
+        TorchFlatIndex(_unit(rng, 50, 8), device=CPU, dtype="float16", prefilter="int8")
     with pytest.raises(IndexLoadError, match="this index is float16 on cuda"):
         resolve_prefilter("bfloat16", torch.device("cuda"), "auto", (10, 8))
     with pytest.raises(ValueError, match="prefilter must be one of"):
-        resolve_prefilter("int8", CPU, "auto", (10, 8))
+        resolve_prefilter("int4", CPU, "auto", (10, 8))
 
 
 def test_the_server_flag_reaches_the_index_and_answers_stay_the_same(minilm_index, toy_dataset, minilm_path):
@@ -188,17 +211,18 @@ def test_the_server_flag_reaches_the_index_and_answers_stay_the_same(minilm_inde
 
     base = ["--index_path", str(minilm_index["npy"]), "--corpus_path", str(toy_dataset.corpus_path),
             "--retriever_name", "minilm", "--retriever_model", str(minilm_path), "--device", "cpu"]  # fmt: skip
-    on, _ = config_from_args([*base, "--index_prefilter", "bfloat16"])
-    off, _ = config_from_args([*base, "--index_prefilter", "off"])
+    configs = [config_from_args([*base, "--index_prefilter", name])[0] for name in ("bfloat16", "int8", "off")]
     assert ServerConfig().index_prefilter == "auto"
-    engines = [load_engine(config, progress=False) for config in (on, off)]
-    assert "bfloat16 pre-scan" in engines[0].describe() and "pre-scan" not in engines[1].describe()
+    engines = [load_engine(config, progress=False) for config in configs]
+    assert "bfloat16 pre-scan" in engines[0].describe() and "int8 pre-scan" in engines[1].describe()
+    assert "pre-scan" not in engines[2].describe()
     questions = ["who founded the city?", "which river runs past the old mill", "capital"]
     hits = [[[doc["id"] for doc, _ in q] for q in engine.search(questions, 5)] for engine in engines]
-    assert hits[0] == hits[1]
-    assert engines[0].prefilter_crowded() == 0  # what /metrics reports as prefilter_crowded_queries_total
+    assert hits[0] == hits[1] == hits[2]
+    # what /metrics reports as prefilter_crowded_queries_total
+    assert engines[0].prefilter_crowded() == engines[1].prefilter_crowded() == 0
     with pytest.raises(SystemExit):
-        config_from_args([*base, "--index_prefilter", "int8"])
+        config_from_args([*base, "--index_prefilter", "int4"])
 
 
 def test_a_fleet_shard_pre_scans_its_rows_of_the_mapped_index(tmp_path, rng):
