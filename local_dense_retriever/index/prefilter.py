@@ -30,6 +30,9 @@ BF16_ROUNDOFF = 2.0**-8
 FP32_ROUNDOFF = 2.0**-24
 #: an int8 copy's values: symmetric, so that -128 (which has no positive twin) never appears
 INT8_LEVELS = 127
+#: the rows within its margin a crowded query gathers at most; beyond them it is scanned again in float32 (with
+#: a thousand rows or more within the margin, the gather and re-score cost more than that scan)
+CROWDED_ROWS = 1024
 #: the float64 rows an int8 copy is checked in at a time (the residuals' norms): a few such temporaries per step
 INT8_STEP_BYTES = 8 << 20
 #: rows kept per query and block beyond k: a query is crowded when more than this many rows crowd its k-th score
@@ -252,6 +255,18 @@ def kept_rows(
     return s, columns, floor
 
 
+@dataclass
+class Prescanned:
+    """What :func:`prefiltered_topk` found: the float32 top-k of each query (``scores``, ``ids``; the rows of
+    ``rescan`` are placeholders), how many queries were ``crowded``, and ``rescan``: the crowded queries with more
+    than :data:`CROWDED_ROWS` rows within their margin, which the caller scans in float32 instead."""
+
+    scores: torch.Tensor
+    ids: torch.Tensor
+    crowded: int
+    rescan: list[int]
+
+
 def prefiltered_topk(
     queries: torch.Tensor,
     vectors: torch.Tensor,
@@ -260,12 +275,13 @@ def prefiltered_topk(
     rows_per_step: int,
     scores_out: ScoresOut,
     extra: int = EXTRA_ROWS,
-) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """``(scores, ids, crowded)``: the float32 top-``k`` of each query over ``vectors`` (float32, ``copy`` its coarse
-    twin), found through the pre-scan, and how many queries were crowded (a block left out a row within their
-    margin: every such row of the block is taken from its scores while they are at hand, so no query is scanned
-    twice). ``scores_out(queries, rows, dtype)`` gives the buffer each step's matmul writes into; ids are rows of
-    ``vectors``. Scores below are in each query's coarse units until the float32 re-score."""
+) -> Prescanned:
+    """The float32 top-``k`` of each query over ``vectors`` (float32, ``copy`` its coarse twin), found through the
+    pre-scan. A crowded query (a block left out a row within its margin) gets every such row of the block from its
+    scores while they are at hand, so it is not scanned twice, up to :data:`CROWDED_ROWS` rows in all; beyond that,
+    gathering and re-scoring would cost more than a float32 scan of it, and it is left to the caller
+    (:attr:`Prescanned.rescan`). ``scores_out(queries, rows, dtype)`` gives the buffer each step's matmul writes into;
+    ids are rows of ``vectors``. Scores below are in each query's coarse units until the float32 re-score."""
     n, dim = vectors.shape
     q32 = queries.float()
     coarse, unit = copy.prepared(q32)
@@ -274,6 +290,8 @@ def prefiltered_topk(
     kept_i: list[torch.Tensor] = []
     #: crowded query -> (coarse scores, ids) of every row a block left out within the threshold known then
     more: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    gathered: dict[int, int] = {}
+    rescan: set[int] = set()
     for lo in range(0, n, rows_per_step):
         scores = copy.scores(coarse, lo, min(n, lo + rows_per_step), scores_out)
         s, i, floor = kept_rows(scores, k + extra, k + EXTRA_GROUPS)
@@ -284,7 +302,14 @@ def prefiltered_topk(
         coarse_s = torch.cat(kept_s, dim=1)
         threshold = _threshold(coarse_s, k, margin)
         for q in ((floor >= threshold) & (floor > -torch.inf)).nonzero().flatten().tolist():
+            if q in rescan:
+                continue
             cols = (scores[q] >= threshold[q]).nonzero().flatten()
+            gathered[q] = gathered.get(q, 0) + len(cols)
+            if gathered[q] > CROWDED_ROWS:
+                rescan.add(q)
+                more.pop(q, None)
+                continue
             more.setdefault(q, []).append((scores[q, cols].float(), cols + lo))
     ids = torch.cat(kept_i, dim=1)
     # only rows within the margin can be in the top k: as many per query as the query with the most has
@@ -295,7 +320,7 @@ def prefiltered_topk(
         near = torch.cat([coarse_s[q], *(p[0] for p in parts)])
         rows = torch.cat([ids[q], *(p[1] for p in parts)])[near >= threshold[q]]
         s[q], i[q] = (t[0] for t in _rescored(q32[q : q + 1], vectors, torch.unique(rows)[None], k))
-    return s, i, len(more)
+    return Prescanned(s, i, len(gathered), sorted(rescan))
 
 
 def _threshold(coarse_scores: torch.Tensor, k: int, margin: torch.Tensor) -> torch.Tensor:

@@ -371,11 +371,14 @@ class TorchFlatIndex:
         """The coarse pre-scan (``index.prefilter``)."""
         shard = self._shards[0][1]
         step = self._rows_per_step(shard, len(queries))
-        s, i, crowded = prefiltered_topk(queries, shard, copy, k, step, self._buffers.scores)
-        self.crowded_queries += crowded
+        found = prefiltered_topk(queries, shard, copy, k, step, self._buffers.scores)
+        s, i = found.scores.numpy(), found.ids.numpy().astype(np.int64)
+        if found.rescan:  # crowded beyond what gathering rows is worth: the float32 scan's own answers
+            s[found.rescan], i[found.rescan] = self._scan(queries[found.rescan], k)
+        self.crowded_queries += found.crowded
         self._prefiltered_queries += len(queries)
         self._give_up_if_crowded()
-        return s.numpy(), i.numpy().astype(np.int64)
+        return s, i
 
     def _give_up_if_crowded(self) -> None:
         """Under 'auto', once :data:`CROWDED_TRIAL` queries are in: if more than :data:`CROWDED_GIVE_UP` of them

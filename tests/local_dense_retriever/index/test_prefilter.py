@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from local_dense_retriever.config import ServerConfig
-from local_dense_retriever.index import torch_flat
+from local_dense_retriever.index import prefilter, torch_flat
 from local_dense_retriever.index.base import IndexLoadError
 from local_dense_retriever.index.prefilter import Bf16Copy, Int8Copy, kept_rows, score_bounds
 from local_dense_retriever.index.torch_flat import TorchFlatIndex, resolve_prefilter
@@ -65,23 +65,31 @@ def test_near_ties_the_copy_cannot_separate_are_ranked_as_float32_ranks_them(rng
 
 @COARSE
 @pytest.mark.parametrize("chunk", [None, 2_900])
-def test_a_query_whose_scores_crowd_gets_every_row_within_its_margin(rng, chunk, coarse):
+@pytest.mark.parametrize("most", [None, 50])
+def test_a_query_whose_scores_crowd_gets_every_row_within_its_margin(rng, monkeypatch, chunk, most, coarse):
     """More rows within the coarse margin of a query's k-th score than the pre-scan keeps: near-duplicates spread over
     the index (so, chunked, over several blocks, the first ones met under a threshold still rising) and exact
     duplicates (equal float32 scores: the lower ids win). Only those queries are counted crowded, and every answer
-    is the float32 scan's."""
+    is the float32 scan's: the rows gathered from the blocks' scores, or, beyond ``CROWDED_ROWS`` of them, the
+    query scanned again in float32."""
+    if most is not None:
+        monkeypatch.setattr(prefilter, "CROWDED_ROWS", most)
     base, dup = _unit(rng, 2, 32)
     vectors = _unit(rng, 12_400, 32)
     vectors[::31] = base + rng.standard_normal((400, 32)).astype(np.float32) * 1e-3  # 400 rows within ~0.003
     vectors[7::41] = dup  # 303 copies of one vector
     queries = torch.from_numpy(np.stack([*_unit(rng, 5, 32), base, dup]))
     plain, pre = _pair(vectors, coarse, **({"cpu_chunk_rows": chunk} if chunk else {}))
+    rescanned = []
+    scan = pre._scan
+    monkeypatch.setattr(pre, "_scan", lambda q, k: rescanned.append(len(q)) or scan(q, k))
     p_scores, p_ids = plain.search(queries, 5)
     f_scores, f_ids = pre.search(queries, 5)
     np.testing.assert_array_equal(f_ids, p_ids)
     np.testing.assert_allclose(f_scores, p_scores, rtol=0, atol=1e-6)
     assert f_ids[-1].tolist() == [7 + 41 * j for j in range(5)]
     assert pre.crowded_queries == 2
+    assert rescanned == ([] if most is None else [2])  # the two crowded queries, scanned in float32 together
     pre.search(queries[-1:], 5)
     assert pre.crowded_queries == 3
 
@@ -235,13 +243,14 @@ def test_a_fleet_shard_pre_scans_its_rows_of_the_mapped_index(tmp_path, rng):
     np.save(tmp_path / "flat.npy", vectors)
     queries = _unit(rng, 9, 16)
     answers = {}
-    for prefilter in ("bfloat16", "off"):
+    for name in ("bfloat16", "int8", "off"):
         config = ServerConfig(index_path=tmp_path / "flat.npy", corpus_path=tmp_path / "corpus.jsonl", device="cpu",
-                              index_prefilter=prefilter)  # fmt: skip
+                              index_prefilter=name)  # fmt: skip
         shards = [ShardSearcher(config, shard, 2) for shard in range(2)]
-        assert all(("pre-scan" in s.index.describe()) == (prefilter == "bfloat16") for s in shards)
+        assert all((f"{name} pre-scan" in s.index.describe()) == (name != "off") for s in shards)
         parts = [s.search(queries, 4) for s in shards]
         scores, ids = (np.concatenate([p[j] for p in parts], axis=1) for j in (0, 1))
-        answers[prefilter] = merge_topk(scores, ids, 4)
-    np.testing.assert_array_equal(answers["bfloat16"][1], answers["off"][1])
-    np.testing.assert_allclose(answers["bfloat16"][0], answers["off"][0], rtol=0, atol=1e-6)
+        answers[name] = merge_topk(scores, ids, 4)
+    for name in ("bfloat16", "int8"):
+        np.testing.assert_array_equal(answers[name][1], answers["off"][1])
+        np.testing.assert_allclose(answers[name][0], answers["off"][0], rtol=0, atol=1e-6)
