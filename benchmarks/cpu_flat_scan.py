@@ -107,26 +107,26 @@ def search_both_ways(args: argparse.Namespace) -> None:
         print(f"{name}: rows within the margin ({margin.median():.4f}) of the k-th score: median {q[0]:.0f}, p90 "
               f"{q[1]:.0f}, p99 {q[2]:.0f}, max {q[3]:.0f} (kept per block: {args.k + EXTRA_ROWS})")  # fmt: skip
 
-    expected = [plain.search(b, args.k)[1] for b in batches]
-    same = {name: all(np.array_equal(e, pre.search(b, args.k)[1]) for e, b in zip(expected, batches, strict=True))
-            for name, pre in pres.items()}  # fmt: skip
-    for pre in pres.values():
-        pre.crowded_queries = 0
     contenders = {"float32 scan": plain, **{f"{name} pre-scan": pre for name, pre in pres.items()}}
     times: dict[str, list[float]] = {name: [] for name in contenders}
+    answers: dict[str, list[np.ndarray]] = {}
     for _ in range(args.rounds):
         for name, index in contenders.items():
             t0 = time.perf_counter()
-            for b in batches:
-                index.search(b, args.k)
+            ids = [index.search(b, args.k)[1] for b in batches]
             times[name].append((time.perf_counter() - t0) / len(batches) * 1e3)
+            answers.setdefault(name, ids)
+    expected = answers["float32 scan"]
+    same = {name: all(np.array_equal(e, a) for e, a in zip(expected, answers[f"{name} pre-scan"], strict=True))
+            for name in pres}  # fmt: skip
     base = statistics.median(times["float32 scan"])
     for name, ms in times.items():
         m = statistics.median(ms)
         print(f"{name:16s} {m:6.1f} ms a batch (rounds {', '.join(f'{x:.1f}' for x in ms)})  {base / m:.2f}x")
     for name, pre in pres.items():
         crowded = pre.crowded_queries / (args.rounds * len(batches) * args.batch)
-        print(f"{name}: same ids as the float32 scan: {same[name]}; crowded questions {crowded:.1%}")
+        print(f"{name}: same ids as the float32 scan: {same[name]}; crowded questions {crowded:.1%}, (question, "
+              f"block) pairs {pre.crowded_block_share:.1%}")  # fmt: skip
 
 
 def main() -> int:

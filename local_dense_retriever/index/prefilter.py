@@ -259,12 +259,18 @@ def kept_rows(
 class Prescanned:
     """What :func:`prefiltered_topk` found: the float32 top-k of each query (``scores``, ``ids``; the rows of
     ``rescan`` are placeholders), how many queries were ``crowded``, and ``rescan``: the crowded queries with more
-    than :data:`CROWDED_ROWS` rows within their margin, which the caller scans in float32 instead."""
+    than :data:`CROWDED_ROWS` rows within their margin, which the caller scans in float32 instead.
+
+    What the crowding cost: ``crowded_blocks`` of the ``blocks`` (query, block) pairs scanned were crowded (a
+    rescanned query counts every block). Each costs about what the float32 scan of that block costs that query (a
+    pass over its scores, a gather and a re-score), so the pre-scan pays only while this share stays well below 1."""
 
     scores: torch.Tensor
     ids: torch.Tensor
     crowded: int
     rescan: list[int]
+    crowded_blocks: int
+    blocks: int
 
 
 def prefiltered_topk(
@@ -291,6 +297,7 @@ def prefiltered_topk(
     #: crowded query -> (coarse scores, ids) of every row a block left out within the threshold known then
     more: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
     gathered: dict[int, int] = {}
+    crowded_blocks: dict[int, int] = {}
     rescan: set[int] = set()
     for lo in range(0, n, rows_per_step):
         scores = copy.scores(coarse, lo, min(n, lo + rows_per_step), scores_out)
@@ -304,6 +311,7 @@ def prefiltered_topk(
         for q in ((floor >= threshold) & (floor > -torch.inf)).nonzero().flatten().tolist():
             if q in rescan:
                 continue
+            crowded_blocks[q] = crowded_blocks.get(q, 0) + 1
             cols = (scores[q] >= threshold[q]).nonzero().flatten()
             gathered[q] = gathered.get(q, 0) + len(cols)
             if gathered[q] > CROWDED_ROWS:
@@ -320,7 +328,9 @@ def prefiltered_topk(
         near = torch.cat([coarse_s[q], *(p[0] for p in parts)])
         rows = torch.cat([ids[q], *(p[1] for p in parts)])[near >= threshold[q]]
         s[q], i[q] = (t[0] for t in _rescored(q32[q : q + 1], vectors, torch.unique(rows)[None], k))
-    return Prescanned(s, i, len(gathered), sorted(rescan))
+    blocks = -(-n // rows_per_step)
+    cost = sum(blocks if q in rescan else c for q, c in crowded_blocks.items())
+    return Prescanned(s, i, len(gathered), sorted(rescan), cost, blocks * len(queries))
 
 
 def _threshold(coarse_scores: torch.Tensor, k: int, margin: torch.Tensor) -> torch.Tensor:

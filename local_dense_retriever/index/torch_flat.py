@@ -141,7 +141,8 @@ COPIES: dict[str, type[Bf16Copy] | type[Int8Copy]] = {"bfloat16": Bf16Copy, "int
 _COPY_BYTES = {"bfloat16": 2, "int8": 1}
 #: under 'auto', smaller indexes are scanned in float32 alone (a scan of this many rows takes well under a millisecond)
 PREFILTER_MIN_ROWS = 1 << 15
-#: under 'auto', the pre-scan is given up when more than this share of its first queries (at least this many) crowd
+#: under 'auto', the pre-scan is given up when more than this share of the (query, block) pairs of its first queries
+#: (at least this many) crowd: each such pair costs about a float32 scan of the block for the query
 CROWDED_GIVE_UP = 0.5
 CROWDED_TRIAL = 1024
 #: under 'auto', the coarse copy may take at most this share of the machine's memory
@@ -327,6 +328,9 @@ class TorchFlatIndex:
         #: queries whose scores crowded within the pre-scan's margin beyond the rows it keeps (``index.prefilter``)
         self.crowded_queries = 0
         self._prefiltered_queries = 0
+        #: (query, block) pairs the pre-scan scanned, and those of them that crowded (``Prescanned``)
+        self._scanned_blocks = self._crowded_blocks = 0
+        self._count_lock = threading.Lock()
 
     @classmethod
     def from_file(
@@ -349,6 +353,13 @@ class TorchFlatIndex:
         where = f"{len(self._shards)} x {self.device.type}"
         pre = f", {self._prefilter.name} pre-scan" if self._prefilter is not None else ""
         return f"torch flat IP, {self._n:,} x {self.dim} {str(self.dtype).removeprefix('torch.')} on {where}{pre}"
+
+    @property
+    def crowded_block_share(self) -> float:
+        """The share of the (query, block) pairs pre-scanned so far that crowded (what 'auto' gives the pre-scan up
+        on: :meth:`_give_up_if_crowded`); 0 before any."""
+        with self._count_lock:
+            return self._crowded_blocks / max(1, self._scanned_blocks)
 
     def _rows_per_step(self, shard: torch.Tensor, queries: int) -> int:
         """Rows scored per matmul: as many as keep the score buffer within ``score_bytes`` (and, on the CPU, within
@@ -375,32 +386,40 @@ class TorchFlatIndex:
         s, i = found.scores.numpy(), found.ids.numpy().astype(np.int64)
         if found.rescan:  # crowded beyond what gathering rows is worth: the float32 scan's own answers
             s[found.rescan], i[found.rescan] = self._scan(queries[found.rescan], k)
-        self.crowded_queries += found.crowded
-        self._prefiltered_queries += len(queries)
+        with self._count_lock:  # the per-request mode searches from many threads
+            self.crowded_queries += found.crowded
+            self._prefiltered_queries += len(queries)
+            self._crowded_blocks += found.crowded_blocks
+            self._scanned_blocks += found.blocks
         self._give_up_if_crowded()
         return s, i
 
     def _give_up_if_crowded(self) -> None:
-        """Under 'auto', once :data:`CROWDED_TRIAL` queries are in: if more than :data:`CROWDED_GIVE_UP` of them
-        crowded (an encoder whose scores sit closer than the copy can tell apart), search in float32 from then on and
-        free the copy. Each crowded query costs a gather and a re-score of the rows within its margin; when most do, the
-        pre-scan gains nothing (0.92x with 99% crowded, `benchmarks/cpu_flat_scan.py --search --shared 0.87`)."""
-        if not self._prefilter_auto or self._prefilter is None or self._prefiltered_queries < CROWDED_TRIAL:
-            return
-        share = self.crowded_queries / self._prefiltered_queries
-        if share > CROWDED_GIVE_UP:
+        """Under 'auto', once :data:`CROWDED_TRIAL` queries are in: if more than :data:`CROWDED_GIVE_UP` of their
+        (query, block) pairs crowded (an encoder whose scores sit closer than the copy can tell apart), search in
+        float32 from then on and free the copy. Each crowded pair costs a pass over the query's scores of the block, a
+        gather and a re-score, about what the float32 scan of the block costs the query; when most crowd, the
+        pre-scan gains nothing (bf16 0.87-0.92x, int8 0.48-0.57x with every query crowded in its one block,
+        `benchmarks/cpu_flat_scan.py --search --shared`). Queries crowded in a few blocks of many cost little (int8
+        over 2M random rows: 95% of queries crowded, 1.87x the float32 scan), so queries alone are not counted."""
+        with self._count_lock:
+            if not self._prefilter_auto or self._prefilter is None or self._prefiltered_queries < CROWDED_TRIAL:
+                return
+            self._prefilter_auto = False  # decided once
+            share = self._crowded_blocks / max(1, self._scanned_blocks)
+            if share <= CROWDED_GIVE_UP:
+                return
             name, self._prefilter = self._prefilter.name, None
-            logger.warning(
-                "%s pre-scan: %.0f%% of the first %d queries had more rows within its rounding margin than it keeps "
-                "(their scores sit too close together for %s); searching in float32 from now on "
-                "(--index_prefilter %s keeps the pre-scan)",
-                name,
-                100 * share,
-                self._prefiltered_queries,
-                name,
-                name,
-            )
-        self._prefilter_auto = False  # decided once
+        logger.warning(
+            "%s pre-scan: %.0f%% of the first %d queries' blocks had more rows within its rounding margin than it "
+            "keeps (their scores sit too close together for %s); searching in float32 from now on "
+            "(--index_prefilter %s keeps the pre-scan)",
+            name,
+            100 * share,
+            self._prefiltered_queries,
+            name,
+            name,
+        )
 
     def _scan(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The flat scan of every shard in the index's dtype."""

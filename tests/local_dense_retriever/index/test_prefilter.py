@@ -115,8 +115,27 @@ def test_auto_gives_the_pre_scan_up_when_most_queries_crowd_and_a_named_one_keep
     assert "pre-scan" not in auto.describe() and "pre-scan" in named.describe()
     assert auto.crowded_queries == 40 and named.crowded_queries == 48  # auto stopped counting when it gave up
     said = [r.getMessage() for r in caplog.records if "pre-scan" in r.getMessage()]
-    assert len(said) == 1 and said[0].startswith(f"{coarse} pre-scan: 100% of the first 40 queries had more rows")
+    assert len(said) == 1 and said[0].startswith(f"{coarse} pre-scan: 100% of the first 40 queries' blocks had more")
     assert f"--index_prefilter {coarse} keeps the pre-scan" in said[0]
+
+
+def test_auto_keeps_a_pre_scan_whose_queries_crowd_in_one_block_of_many(rng, monkeypatch, caplog):
+    """Every query crowds, but in one block of ten: that costs about a tenth of a float32 scan, so under 'auto' the
+    pre-scan stays (it is the share of crowded blocks that gives it up, not of crowded queries)."""
+    monkeypatch.setattr(torch_flat, "auto_prefilter_dtype", lambda: "int8")
+    monkeypatch.setattr(torch_flat, "PREFILTER_MIN_ROWS", 1_000)
+    monkeypatch.setattr(torch_flat, "CROWDED_TRIAL", 40)
+    base = _unit(rng, 1, 32)[0]
+    vectors = _unit(rng, 20_000, 32)
+    vectors[4_000:4_300] = base + rng.standard_normal((300, 32)).astype(np.float32) * 1e-3  # all in one block
+    crowded = torch.from_numpy(np.stack([base + rng.standard_normal(32).astype(np.float32) * 1e-3 for _ in range(8)]))
+    auto = TorchFlatIndex(vectors, device=CPU, cpu_chunk_rows=2_000)
+    plain = TorchFlatIndex(vectors, device=CPU, prefilter="off")
+    with caplog.at_level("WARNING", logger=torch_flat.__name__):
+        for _ in range(6):
+            np.testing.assert_array_equal(auto.search(crowded, 5)[1], plain.search(crowded, 5)[1])
+    assert auto.crowded_queries == 48 and "int8 pre-scan" in auto.describe()
+    assert not [r for r in caplog.records if "pre-scan" in r.getMessage()]
 
 
 @pytest.mark.parametrize("columns", [100, 600, 20_000, 20_100])
