@@ -15,7 +15,11 @@ instructions):
 - the ceiling: questions/s if a batch ran at the full peak, and its ratio to the one-at-a-time encoder, the most any
   batching could gain over encoding each query alone in this dtype (the server's per-request mode also pays HTTP and
   a full index scan per query, so its ratio can exceed this one; the float32 engine's own limit is in
-  ``retriever_load.py``'s last line).
+  ``retriever_load.py``'s last line);
+- where a batch-64 pass's time goes (``torch.profiler``, one pass over the questions): the share in the linear
+  layers' matmuls (``aten::addmm``/``aten::mm``) and the rate they run at as a share of the peak (their FLOPs counted
+  on the real tokens; a packed pass rounds its rows up by at most 12.5%, so the rate is a lower bound), the share in
+  attention, and the rest (GELU, layer norms, the packing's copies): what is left to gain outside the matmuls.
 """
 
 from __future__ import annotations
@@ -78,6 +82,36 @@ def flops_per_batch(encoder: HFEncoder, texts: list[str]) -> float:
     return float(layers * (linear + attention))
 
 
+#: profiler op names of the linear layers' matmuls and of the attention kernel
+LINEAR_OPS = {"aten::addmm", "aten::mm"}
+ATTENTION_OPS = {"aten::_scaled_dot_product_flash_attention_for_cpu", "aten::bmm", "aten::baddbmm"}
+
+
+def linear_flops(encoder: HFEncoder, texts: list[str]) -> float:
+    """The FLOPs of the linear layers alone for one call on ``texts`` (real tokens)."""
+    config = encoder.model.config
+    hidden, inner, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    tokens = sum(
+        len(ids) for ids in encoder.tokenizer(texts, truncation=True, max_length=encoder.max_length)["input_ids"]
+    )
+    return float(layers * 2 * tokens * (4 * hidden * hidden + 2 * hidden * inner))
+
+
+def time_shares(encoder: HFEncoder, batches: list[list[str]]) -> tuple[float, float, float]:
+    """(seconds in the linear layers' matmuls, in attention, in all ops) of one profiled pass over ``batches``: each
+    op's own time on the calling thread (its wall time: intra-op threads work inside it)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for texts in batches:
+            encoder.encode(texts)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    linear = sum(e.self_cpu_time_total for e in events if e.key in LINEAR_OPS)
+    attention = sum(e.self_cpu_time_total for e in events if e.key in ATTENTION_OPS)
+    return linear / 1e6, attention / 1e6, total / 1e6
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
@@ -110,6 +144,12 @@ def main() -> int:
               f"the peak")  # fmt: skip
         print(f"  ceiling at the full peak: {ceiling:.0f} q/s, {ceiling / alone_qps:.1f}x one at a time "
               f"(batch {BATCH} now: {batched_qps / alone_qps:.1f}x)")  # fmt: skip
+        linear, attention, total = time_shares(encoder, batches)
+        rate = sum(linear_flops(encoder, b) for b in batches) / linear / 1e9
+        rest = 1 - (linear + attention) / total
+        print(f"  batch {BATCH}'s time: linear-layer matmuls {linear / total:.0%} (at {rate:.0f} GFLOP/s, "
+              f"{rate / peak:.0%} of the peak), attention {attention / total:.0%}, the rest {rest:.0%} (GELU, layer "
+              f"norms, packing copies): without the rest, {total / (linear + attention):.2f}x")  # fmt: skip
     return 0
 
 
