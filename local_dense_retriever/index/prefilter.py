@@ -49,6 +49,7 @@ class CoarseCopy(Protocol):
     """A float32 index's rows in a coarser dtype, whose scores' error against float32's is bounded."""
 
     name: str
+    dtype: torch.dtype
     rows: torch.Tensor
 
     def prepared(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,6 +87,7 @@ class Bf16Copy:
     max_norm: float
     max_residual: float
     name = "bfloat16"
+    dtype = torch.bfloat16
 
     @classmethod
     def of(cls, vectors: torch.Tensor, rows_per_step: int) -> Bf16Copy:
@@ -148,6 +150,7 @@ class Int8Copy:
     max_norm: float
     max_residual: float
     name = "int8"
+    dtype = torch.int8
 
     @classmethod
     def of(cls, vectors: torch.Tensor, rows_per_step: int) -> Int8Copy:

@@ -136,9 +136,8 @@ def resolve_index_dtype(dtype: str, device: torch.device) -> str:
 #: ``--index_prefilter`` choices: 'auto' pre-scans a float32 CPU index in bf16 on CPUs with AMX, in int8 on CPUs with
 #: VNNI and no AMX
 PREFILTERS = get_args(Prefilter)
-#: the coarse copies a pre-scan can use, by ``--index_prefilter`` name, and the bytes a copy takes per value
-COPIES: dict[str, type[Bf16Copy] | type[Int8Copy]] = {"bfloat16": Bf16Copy, "int8": Int8Copy}
-_COPY_BYTES = {"bfloat16": 2, "int8": 1}
+#: the coarse copies a pre-scan can use, by ``--index_prefilter`` name
+COPIES: dict[str, type[Bf16Copy] | type[Int8Copy]] = {copy.name: copy for copy in (Bf16Copy, Int8Copy)}
 #: under 'auto', smaller indexes are scanned in float32 alone (a scan of this many rows takes well under a millisecond)
 PREFILTER_MIN_ROWS = 1 << 15
 #: under 'auto', the pre-scan is given up when more than this share of the (query, block) pairs of its first queries
@@ -185,7 +184,7 @@ def resolve_prefilter(prefilter: str, device: torch.device, dtype: str, shape: t
         if chosen is None or not applies:
             return None
         rows, dim = shape
-        fits = rows * dim * _COPY_BYTES[chosen] <= PREFILTER_MAX_MEMORY_SHARE * physical_memory()
+        fits = rows * dim * COPIES[chosen].dtype.itemsize <= PREFILTER_MAX_MEMORY_SHARE * physical_memory()
         return chosen if rows >= PREFILTER_MIN_ROWS and fits else None
     return prefilter if prefilter in COPIES else None
 
