@@ -101,7 +101,7 @@ def search_both_ways(args: argparse.Namespace) -> None:
     scores = torch.cat([q @ torch.from_numpy(np.asarray(vectors)).T for q in queries.split(256)])
     kth = torch.topk(scores, args.k, dim=1).values[:, -1]
     for name, pre in pres.items():
-        margin = (2 * score_bounds(queries, pre._prefilter)).float()
+        margin = (2 * score_bounds(queries, pre.coarse_copy)).float()
         within = (scores >= (kth - margin)[:, None]).sum(dim=1).float()
         q = torch.quantile(within, torch.tensor([0.5, 0.9, 0.99, 1.0])).tolist()
         print(f"{name}: rows within the margin ({margin.median():.4f}) of the k-th score: median {q[0]:.0f}, p90 "

@@ -281,8 +281,9 @@ def main() -> int:
         "--index_prefilter",
         choices=get_args(Prefilter),
         default="auto",
-        help="the torch servers' bf16 pre-scan of the index ('auto': on where the CPU has AMX); a CPU without bf16 "
-        "hardware is --encoder_dtype float32 --index_prefilter off",
+        help="the torch servers' pre-scan of the index ('auto': bfloat16 where the CPU has AMX, int8 where it has "
+        "VNNI); a CPU with VNNI but no bf16 hardware is ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI with --encoder_dtype "
+        "float32 --index_prefilter int8, one with neither --encoder_dtype float32 --index_prefilter off",
     )
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = p.parse_args()

@@ -354,6 +354,11 @@ class TorchFlatIndex:
         return f"torch flat IP, {self._n:,} x {self.dim} {str(self.dtype).removeprefix('torch.')} on {where}{pre}"
 
     @property
+    def coarse_copy(self) -> CoarseCopy | None:
+        """The copy searches pre-scan (``index.prefilter``), or None when they scan in float32 alone."""
+        return self._prefilter
+
+    @property
     def crowded_block_share(self) -> float:
         """The share of the (query, block) pairs pre-scanned so far that crowded (what 'auto' gives the pre-scan up
         on: :meth:`_give_up_if_crowded`); 0 before any."""

@@ -113,6 +113,7 @@ def test_auto_gives_the_pre_scan_up_when_most_queries_crowd_and_a_named_one_keep
             for index in (auto, named):
                 np.testing.assert_array_equal(index.search(crowded, 5)[1], plain.search(crowded, 5)[1])
     assert "pre-scan" not in auto.describe() and "pre-scan" in named.describe()
+    assert auto.coarse_copy is None and named.coarse_copy.name == coarse  # auto's copy is freed
     assert auto.crowded_queries == 40 and named.crowded_queries == 48  # auto stopped counting when it gave up
     said = [r.getMessage() for r in caplog.records if "pre-scan" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith(f"{coarse} pre-scan: 100% of the first 40 queries' blocks had more")
