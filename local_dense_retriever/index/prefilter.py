@@ -23,7 +23,7 @@ from typing import Protocol
 
 import torch
 
-from local_dense_retriever.index.topk import GROUP, block_topk
+from local_dense_retriever.index.topk import GROUP, best_groups, block_topk
 
 #: unit roundoff of bfloat16 (8 significant bits, round to nearest even) and of float32 (24 bits)
 BF16_ROUNDOFF = 2.0**-8
@@ -244,8 +244,8 @@ def kept_rows(
         s = s.float()
         return s, i, s[:, -1]
     main = n_groups * group
+    best_max, best_group = best_groups(scores, groups, group)
     grouped = scores[:, :main].view(n_rows, n_groups, group)
-    best_max, best_group = torch.topk(grouped.amax(dim=2), groups + 1, dim=1)
     picked = torch.gather(grouped, 1, best_group[:, :groups, None].expand(n_rows, groups, group))
     s, at = torch.topk(picked.view(n_rows, groups * group), keep, dim=1)
     s = s.float()

@@ -70,6 +70,16 @@ def merge_topk(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray,
 GROUP = 256
 
 
+def best_groups(scores: torch.Tensor, count: int, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(maxima, groups)``: per row of ``scores``, the ``count + 1`` highest maxima of its full groups of ``group``
+    columns (best first) and those groups' indices: the first ``count`` are the groups to keep, the last bounds every
+    score of the groups left out. One reduction over the scores and a top-k over ``n // group`` maxima."""
+    n_rows, n = scores.shape
+    n_groups = n // group
+    maxima = scores[:, : n_groups * group].reshape(n_rows, n_groups, group).amax(dim=2)
+    return torch.topk(maxima, count + 1, dim=1)
+
+
 def grouped_topk(
     scores: torch.Tensor, k: int, offset: int = 0, group: int = GROUP
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,8 +97,7 @@ def grouped_topk(
     if n_groups <= k + 1 or k == 0:
         return block_topk(scores, k, offset)
     main = n_groups * group
-    group_max = scores[:, :main].reshape(n_rows, n_groups, group).amax(dim=2)
-    best_max, best_group = torch.topk(group_max, k + 1, dim=1)
+    best_max, best_group = best_groups(scores, k, group)
     cols = (best_group[:, :k, None] * group + torch.arange(group, device=scores.device)).reshape(n_rows, k * group)
     if main < n:  # the last, partial group is always a candidate
         cols = torch.cat([cols, torch.arange(main, n, device=scores.device).expand(n_rows, -1)], dim=1)
