@@ -18,12 +18,13 @@ scores crowd as a real encoder's do. It is timed every way, alternated ``--round
 ``int8``: the pre-scan, float32 re-scoring, more rows gathered for crowded queries). Also, per pre-scan: how many rows
 lie within its margin of each question's k-th score (what it must keep), how many questions were crowded, and
 whether every answer equals the float32 scan's. ``--shared`` makes random vectors crowd, as an encoder whose cosines
-sit high (e5's) does.
+sit high (e5's) does. ``--int8_groups 32 64`` times the int8 pre-scan with each number of groups kept per block.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import statistics
@@ -38,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from local_dense_retriever.index.prefilter import EXTRA_ROWS, score_bounds  # noqa: E402
+from local_dense_retriever.index.prefilter import EXTRA_GROUPS, EXTRA_ROWS, score_bounds  # noqa: E402
 from local_dense_retriever.index.torch_flat import TorchFlatIndex  # noqa: E402
 
 
@@ -70,6 +71,17 @@ def raw_matmuls(args: argparse.Namespace) -> None:
           f"{topk_pre:.1f} ms")  # fmt: skip
 
 
+@contextlib.contextmanager
+def int8_groups(count: int | None):
+    """The int8 pre-scan keeps ``count`` groups per block beyond k while inside (None: its default)."""
+    default = EXTRA_GROUPS["int8"]
+    EXTRA_GROUPS["int8"] = default if count is None else count
+    try:
+        yield
+    finally:
+        EXTRA_GROUPS["int8"] = default
+
+
 def search_both_ways(args: argparse.Namespace) -> None:
     if args.vectors == "minilm":
         from retriever_load import prepare, toy_questions
@@ -94,7 +106,11 @@ def search_both_ways(args: argparse.Namespace) -> None:
         vectors, queries = unit(args.rows).numpy(), unit(args.questions)
     batches = [queries[i : i + args.batch] for i in range(0, len(queries) - args.batch + 1, args.batch)]
     plain = TorchFlatIndex(vectors, device=torch.device("cpu"), prefilter="off")
-    pres = {name: TorchFlatIndex(vectors, device=torch.device("cpu"), prefilter=name) for name in args.prefilters}
+    # one contender per copy; with --int8_groups, one int8 contender per number of groups kept per block
+    groups = {name: None for name in args.prefilters if name != "int8" or not args.int8_groups}
+    if "int8" in args.prefilters and args.int8_groups:
+        groups.update({f"int8/{g}": g for g in args.int8_groups})
+    pres = {name: TorchFlatIndex(vectors, device=torch.device("cpu"), prefilter=name.split("/")[0]) for name in groups}
     print(f"# {len(vectors):,} x {vectors.shape[1]} {kind} vectors, {len(queries)} questions in batches of "
           f"{args.batch}, top-{args.k}")  # fmt: skip
 
@@ -112,9 +128,10 @@ def search_both_ways(args: argparse.Namespace) -> None:
     answers: dict[str, list[np.ndarray]] = {}
     for _ in range(args.rounds):
         for name, index in contenders.items():
-            t0 = time.perf_counter()
-            ids = [index.search(b, args.k)[1] for b in batches]
-            times[name].append((time.perf_counter() - t0) / len(batches) * 1e3)
+            with int8_groups(groups.get(name.removesuffix(" pre-scan"))):
+                t0 = time.perf_counter()
+                ids = [index.search(b, args.k)[1] for b in batches]
+                times[name].append((time.perf_counter() - t0) / len(batches) * 1e3)
             answers.setdefault(name, ids)
     expected = answers["float32 scan"]
     same = {name: all(np.array_equal(e, a) for e, a in zip(expected, answers[f"{name} pre-scan"], strict=True))
@@ -147,6 +164,12 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument(
         "--prefilters", nargs="+", choices=["bfloat16", "int8"], default=["bfloat16", "int8"], help="for --search"
+    )
+    p.add_argument(
+        "--int8_groups",
+        type=int,
+        nargs="+",
+        help="for --search: time the int8 pre-scan keeping each of these numbers of groups per block beyond k",
     )
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = p.parse_args()
