@@ -41,7 +41,7 @@ EXTRA_ROWS = 64
 #: must reach below the margin too. bf16 (rows within its margin in the 100k-passage MiniLM index: median 5, at most
 #: 21; none crowded): 64 groups made its scan 10% slower. int8 (median 15, at most 89): 64 groups crowd 1.0% of the
 #: MiniLM questions instead of 10.2%, and 15% of the (query, block) pairs over 2M random rows instead of 40%, at the
-#: same speed; 96 crowd no fewer (``EXTRA_ROWS`` bounds them then)
+#: same speed; 96 crowd no fewer (``EXTRA_ROWS`` bounds them then). ``benchmarks/cpu_flat_scan.py --int8_groups``
 EXTRA_GROUPS = {"bfloat16": 32, "int8": 64}
 
 #: ``scores_out(queries, rows, dtype)``: the buffer a step's matmul writes into
