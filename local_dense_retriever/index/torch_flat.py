@@ -378,7 +378,7 @@ class TorchFlatIndex:
         """Top-``k`` per query, best first; equal scores by lower id (``index.topk``: any split gives the same)."""
         k = min(k, self._n)
         copy = self._prefilter  # read once: another thread may turn the pre-scan off meanwhile
-        if copy is not None and k > 0:
+        if copy is not None and k > 0 and len(queries):  # an empty batch: the scan gives its empty answer
             return self._search_prefiltered(copy, queries, k)
         return self._scan(queries, k)
 

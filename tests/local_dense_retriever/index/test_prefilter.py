@@ -163,6 +163,15 @@ def test_kept_rows_leave_out_nothing_above_their_floor(rng, columns):
 
 
 @COARSE
+def test_an_empty_batch_and_a_zero_query_get_answers_of_their_shape(rng, coarse):
+    plain, pre = _pair(_unit(rng, 5_000, 16), coarse)
+    scores, ids = pre.search(torch.empty(0, 16), 3)
+    assert scores.shape == ids.shape == (0, 3)
+    zero = torch.zeros(2, 16)  # every score 0: the lowest ids, as the float32 scan gives them
+    np.testing.assert_array_equal(pre.search(zero, 3)[1], plain.search(zero, 3)[1])
+
+
+@COARSE
 def test_a_querys_answer_does_not_depend_on_its_batch_mates(rng, coarse):
     vectors = _unit(rng, 6000, 24)
     queries = torch.from_numpy(_unit(rng, 33, 24))
