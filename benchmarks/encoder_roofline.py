@@ -70,31 +70,31 @@ def encode_seconds(encoder: HFEncoder, *workloads: list[list[str]], rounds: int 
     ]
 
 
+def _lengths(encoder: HFEncoder, texts: list[str]) -> list[int]:
+    """Each text's token count as the encoder tokenises it."""
+    return [len(ids) for ids in encoder.tokenizer(texts, truncation=True, max_length=encoder.max_length)["input_ids"]]
+
+
+def _linear(config, lengths: list[int]) -> float:
+    hidden, inner = config.hidden_size, config.intermediate_size
+    return float(config.num_hidden_layers * 2 * sum(lengths) * (4 * hidden**2 + 2 * hidden * inner))
+
+
+def linear_flops(encoder: HFEncoder, texts: list[str]) -> float:
+    """The FLOPs of the linear layers alone for one call on ``texts`` (real tokens)."""
+    return _linear(encoder.model.config, _lengths(encoder, texts))
+
+
 def flops_per_batch(encoder: HFEncoder, texts: list[str]) -> float:
     """The encoder's matmul FLOPs for one call on ``texts``: linear layers on the real tokens, attention padded."""
-    config = encoder.model.config
-    hidden, inner, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    lengths = [
-        len(ids) for ids in encoder.tokenizer(texts, truncation=True, max_length=encoder.max_length)["input_ids"]
-    ]
-    linear = 2 * sum(lengths) * (4 * hidden * hidden + 2 * hidden * inner)
-    attention = 2 * 2 * len(texts) * max(lengths) ** 2 * hidden
-    return float(layers * (linear + attention))
+    config, lengths = encoder.model.config, _lengths(encoder, texts)
+    attention = 2 * 2 * len(texts) * max(lengths) ** 2 * config.hidden_size
+    return _linear(config, lengths) + float(config.num_hidden_layers * attention)
 
 
 #: profiler op names of the linear layers' matmuls and of the attention kernel
 LINEAR_OPS = {"aten::addmm", "aten::mm"}
 ATTENTION_OPS = {"aten::_scaled_dot_product_flash_attention_for_cpu", "aten::bmm", "aten::baddbmm"}
-
-
-def linear_flops(encoder: HFEncoder, texts: list[str]) -> float:
-    """The FLOPs of the linear layers alone for one call on ``texts`` (real tokens)."""
-    config = encoder.model.config
-    hidden, inner, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    tokens = sum(
-        len(ids) for ids in encoder.tokenizer(texts, truncation=True, max_length=encoder.max_length)["input_ids"]
-    )
-    return float(layers * 2 * tokens * (4 * hidden * hidden + 2 * hidden * inner))
 
 
 def time_shares(encoder: HFEncoder, batches: list[list[str]]) -> tuple[float, float, float]:
