@@ -76,6 +76,16 @@ def _slack(dim: int) -> float:
     return 1 + 2 * (dim + 2) * FP32_ROUNDOFF
 
 
+def _largest_norms(
+    block: torch.Tensor, near: torch.Tensor, max_norm: float, max_residual: float
+) -> tuple[float, float]:
+    """``(max_norm, max_residual)`` raised to the largest norm of a row of ``near`` (``block``'s rows as the copy
+    holds them) and of a row's residual ``block - near``, in their dtype."""
+    norm = float(torch.linalg.vector_norm(near, dim=1).max())
+    residual = float(torch.linalg.vector_norm(block - near, dim=1).max())
+    return max(max_norm, norm), max(max_residual, residual)
+
+
 def _fp32_sum_error(dim: int) -> float:
     """float32's relative error accumulated over a sum of ``dim`` products (``dim u / (1 - dim u)``)."""
     return dim * FP32_ROUNDOFF / (1 - dim * FP32_ROUNDOFF)
@@ -103,9 +113,7 @@ class Bf16Copy:
             block = vectors[lo : lo + rows_per_step]
             rounded = rows[lo : lo + len(block)]
             rounded.copy_(block)
-            near = rounded.float()
-            max_norm = max(max_norm, float(torch.linalg.vector_norm(near, dim=1).max()))
-            max_residual = max(max_residual, float(torch.linalg.vector_norm(block - near, dim=1).max()))
+            max_norm, max_residual = _largest_norms(block, rounded.float(), max_norm, max_residual)
         slack = _slack(vectors.shape[1])
         return cls(rows, max_norm * slack, max_residual * slack)
 
@@ -172,8 +180,7 @@ class Int8Copy:
             rounded = _quantised(block, torch.tensor([[scale]]))
             rows[lo : lo + len(block)] = rounded
             near = rounded.double() * scale  # exact: an int of 8 bits times a float32
-            max_norm = max(max_norm, float(torch.linalg.vector_norm(near, dim=1).max()))
-            max_residual = max(max_residual, float(torch.linalg.vector_norm(block.double() - near, dim=1).max()))
+            max_norm, max_residual = _largest_norms(block.double(), near, max_norm, max_residual)
         return cls(rows, scale, max_norm * (1 + 2.0**-40), max_residual * (1 + 2.0**-40))
 
     def prepared(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
