@@ -33,6 +33,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("trees", nargs="+", help="NAME=PATH of a source tree holding local_dense_retriever/")
     p.add_argument("--clients", type=int, default=64)
+    p.add_argument(
+        "--group",
+        type=int,
+        default=1,
+        help="clients in groups of this many ask the same questions (a GRPO group searching its question verbatim)",
+    )
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -52,9 +58,9 @@ def main() -> int:
     corpus, npy, _, kind = retriever_load.prepare(100_000, "auto")
     questions = retriever_load.toy_questions(corpus)
     now = datetime.now(timezone.utc)
-    print(f"# retriever A/B: 100,000 passages ({kind} vectors), batched torch server, C={args.clients}, "
-          f"{args.seconds:g} s each, encoder {args.encoder_dtype}, {args.threads} threads, {os.cpu_count()} CPUs "
-          f"({platform.machine()}), {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
+    print(f"# retriever A/B: 100,000 passages ({kind} vectors), batched torch server, C={args.clients} in groups of "
+          f"{args.group} asking the same, {args.seconds:g} s each, encoder {args.encoder_dtype}, {args.threads} "
+          f"threads, {os.cpu_count()} CPUs ({platform.machine()}), {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
     results: dict[str, list[float]] = {name: [] for name in trees}
     shares: dict[str, list[float]] = {name: [] for name in trees}
     for rnd in range(args.rounds):
@@ -62,17 +68,21 @@ def main() -> int:
             server_args = (corpus, npy, "torch", True, args.threads, args.encoder_dtype, *flags.get(name, []))
             with retriever_load.serving(*server_args, server=server) as (_, url):
                 detail = httpx.get(f"{url}/health", timeout=10).json()["detail"].split(";")[0]
-                res = asyncio.run(retriever_load.closed_loop(url, questions, args.clients, args.seconds, 3.0))
+                res = asyncio.run(
+                    retriever_load.closed_loop(url, questions, args.clients, args.seconds, 3.0, group=args.group)
+                )
                 before, after = res["metrics"]
                 batches = max(after["batches_total"] - before["batches_total"], 1)
                 batch = (after["queries_total"] - before["queries_total"]) / batches
+                repeated = after.get("duplicate_queries_total", 0) - before.get("duplicate_queries_total", 0)
                 split = retriever_load.cpu_split(before["cpu_seconds"], after["cpu_seconds"])
                 results[name].append(res["qps"])
                 shares[name].append(split["compute_share"])
                 print(
                     f"round {rnd + 1} {name:>12}: {res['qps']:7.1f} q/s  p50 {res['p50_ms']:6.1f} ms  p99 "
-                    f"{res['p99_ms']:6.1f} ms  batch {batch:5.1f}  errors {res['errors']}  server CPU/query "
-                    f"{1000 * split['process'] / max(res['completed'], 1):.2f} ms, compute {split['compute_share']:.1%}"
+                    f"{res['p99_ms']:6.1f} ms  batch {batch:5.1f}  repeated {repeated / batches:4.1f}  errors "
+                    f"{res['errors']}  server CPU/query {1000 * split['process'] / max(res['completed'], 1):.2f} ms, "
+                    f"compute {split['compute_share']:.1%}"
                     f"  ({detail})",
                     flush=True,
                 )

@@ -218,9 +218,13 @@ def cpu_split(before: dict, after: dict) -> dict:
             "lookup_share": d["lookup"] / total, "other_share": other / total}  # fmt: skip
 
 
-async def closed_loop(url: str, questions: list[str], clients: int, seconds: float, warmup: float) -> dict:
+async def closed_loop(
+    url: str, questions: list[str], clients: int, seconds: float, warmup: float, *, group: int = 1
+) -> dict:
     """C clients for ``warmup + seconds``; counts, latencies, the load generator's own CPU seconds and the server's
-    /metrics are taken over the measured ``seconds`` only."""
+    /metrics are taken over the measured ``seconds`` only. ``group``: clients in groups of this many ask the same
+    questions in the same order (a GRPO group's samples searching their question verbatim: the most duplicates a
+    rollout can send); 1: every client its own."""
     latencies: list[float] = []
     errors = 0
     counting = False
@@ -228,13 +232,14 @@ async def closed_loop(url: str, questions: list[str], clients: int, seconds: flo
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        groups = -(-clients // group)
 
         async def client(i: int) -> None:
             nonlocal errors
-            n = i
+            n = i // group
             while not stop:
                 question = questions[n % len(questions)]
-                n += clients
+                n += groups
                 t0 = time.perf_counter()
                 ok = await ask_one(session, url, question)
                 if counting and not stop:

@@ -103,6 +103,7 @@ class ServiceState:
         self.runner.start()
         self.metrics.cpu_seconds = engine.clock.snapshot
         self.metrics.prefilter_crowded = engine.prefilter_crowded
+        self.metrics.duplicate_queries = lambda: engine.duplicate_queries
         self.engine = engine
         self.status, self.detail = "ready", engine.describe()
 

@@ -1,11 +1,13 @@
 """RetrievalEngine: backend + corpus → documents per query; ``load_engine`` builds one from a ServerConfig.
 
-Invariant: ``search`` is synchronous and CPU/GPU-bound; callers run it off the event loop, one batch at a time.
+Invariant: ``search`` is synchronous and CPU/GPU-bound; callers run it off the event loop, one batch at a time. A
+text that appears more than once in a batch is encoded and searched once, and every copy gets its answer.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,15 +44,28 @@ class RetrievalEngine:
     corpus_pages: CorpusPages | None = None
     #: CPU and wall time per stage (encode, search, lookup), for /metrics
     clock: StageClock = field(default_factory=StageClock)
+    #: queries answered by an identical text of their batch, searched once (/metrics ``duplicate_queries_total``)
+    duplicate_queries: int = 0
 
     def __post_init__(self) -> None:
         if len(self.backend) > len(self.corpus):
             raise IndexLoadError(
                 f"index holds {len(self.backend):,} passages but the corpus only {len(self.corpus):,} rows"
             )
+        self._count_lock = threading.Lock()  # the per-request mode searches from many threads
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
-        """Top-``k`` (document, score) per query, best first."""
+        """Top-``k`` (document, score) per query, best first. Identical texts (the samples of a GRPO group can
+        search the same one, their question verbatim for one) are searched once and share one answer list."""
+        distinct = list(dict.fromkeys(queries))
+        if len(distinct) == len(queries):
+            return self._search(queries, k)
+        with self._count_lock:
+            self.duplicate_queries += len(queries) - len(distinct)
+        answers = dict(zip(distinct, self._search(distinct, k), strict=True))
+        return [answers[q] for q in queries]
+
+    def _search(self, queries: list[str], k: int) -> list[list[Hit]]:
         if not queries:
             return []
         clock, backend = self.clock, self.backend

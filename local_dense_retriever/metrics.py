@@ -35,6 +35,8 @@ class Metrics:
         self.cpu_seconds: Callable[[], dict] | None = None
         #: queries whose scores crowded beyond the rows the index's bf16 pre-scan keeps (it gathered more for them)
         self.prefilter_crowded: Callable[[], int] = lambda: 0
+        #: queries answered by an identical text of their batch, encoded and searched once (the engine's count)
+        self.duplicate_queries: Callable[[], int] = lambda: 0
 
     def observe_request(self, status: int, latency_s: float, n_queries: int, error: str | None = None) -> None:
         self.requests += 1
@@ -68,5 +70,6 @@ class Metrics:
             "latency_ms": {**pct, "window": int(lat.size)},
             "cpu_seconds": self.cpu_seconds() if self.cpu_seconds is not None else None,
             "prefilter_crowded_queries_total": self.prefilter_crowded(),
+            "duplicate_queries_total": self.duplicate_queries(),
             "memory_bytes": heap_stats(),
         }

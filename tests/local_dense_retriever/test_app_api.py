@@ -63,6 +63,15 @@ def test_topk_null_and_return_scores_omitted(server):
     assert r.status_code == 200 and set(r.json()["result"][0][0]) == {"id", "contents", "url"}
 
 
+def test_a_repeated_query_is_answered_for_every_copy_and_counted(server):
+    before = httpx.get(f"{server.url}/metrics").json()["duplicate_queries_total"]
+    r = post(server, {"queries": ["item9", "item4", "item9"], "topk": 2, "return_scores": True})
+    result = r.json()["result"]
+    assert r.status_code == 200 and result[0] == result[2] and result[0][0]["document"]["id"] == "9"
+    assert result[1][0]["document"]["id"] == "4"
+    assert httpx.get(f"{server.url}/metrics").json()["duplicate_queries_total"] == before + 1
+
+
 def test_health_metrics_and_docs(server):
     health = httpx.get(f"{server.url}/health").json()
     assert health["status"] == "ready" and health["passages"] == 50

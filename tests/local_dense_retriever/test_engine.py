@@ -22,6 +22,25 @@ def test_dense_backends_serve_the_same_top_hit(minilm_index, toy_dataset, minilm
     assert set(engine.load_seconds) == {"corpus", "encoder", f"{backend} index", "page urls"}
 
 
+def test_identical_queries_are_encoded_once_and_each_gets_the_answer(
+    minilm_index, toy_dataset, minilm_path, toy_questions
+):
+    """A GRPO group's samples can search the same text at once: one encoding and one scan serve them all."""
+    config = ServerConfig(index_path=minilm_index["npy"], corpus_path=toy_dataset.corpus_path, retriever_name="minilm",
+                          retriever_model=str(minilm_path), device="cpu")  # fmt: skip
+    engine = load_engine(config, progress=False)
+    a, b = (q["question"] for q in toy_questions[:2])
+    alone = engine.search([a, b], 3)
+    encoder, seen = engine.backend.encoder, []
+    encode = encoder.encode
+    encoder.encode = lambda texts, **kw: seen.append(list(texts)) or encode(texts, **kw)
+    answers = engine.search([a, b, a, a], 3)
+    assert seen == [[a, b]] and engine.duplicate_queries == 2
+    assert answers == [alone[0], alone[1], alone[0], alone[0]]
+    assert [d["id"] for d, _ in engine.search([b], 3)[0]] == [d["id"] for d, _ in alone[1]]
+    assert engine.duplicate_queries == 2  # nothing repeated there
+
+
 def test_bm25_needs_only_the_corpus(animal_corpus):
     engine = load_engine(ServerConfig(corpus_path=animal_corpus, retriever_name="bm25"), progress=False)
     assert engine.search(["item23"], 1)[0][0][0]["id"] == "23"
