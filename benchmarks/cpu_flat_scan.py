@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from local_dense_retriever.index.prefilter import EXTRA_GROUPS, EXTRA_ROWS, score_bounds  # noqa: E402
+from local_dense_retriever.index.prefilter import EXTRA_ROWS, Int8Copy, score_bounds  # noqa: E402
 from local_dense_retriever.index.torch_flat import TorchFlatIndex  # noqa: E402
 
 
@@ -74,12 +74,12 @@ def raw_matmuls(args: argparse.Namespace) -> None:
 @contextlib.contextmanager
 def int8_groups(count: int | None):
     """The int8 pre-scan keeps ``count`` groups per block beyond k while inside (None: its default)."""
-    default = EXTRA_GROUPS["int8"]
-    EXTRA_GROUPS["int8"] = default if count is None else count
+    default = Int8Copy.extra_groups
+    Int8Copy.extra_groups = default if count is None else count
     try:
         yield
     finally:
-        EXTRA_GROUPS["int8"] = default
+        Int8Copy.extra_groups = default
 
 
 def search_both_ways(args: argparse.Namespace) -> None:

@@ -37,12 +37,6 @@ CROWDED_ROWS = 1024
 INT8_STEP_BYTES = 8 << 20
 #: rows kept per query and block beyond k: a query is crowded when more than this many rows crowd its k-th score
 EXTRA_ROWS = 64
-#: groups of columns (``index.topk.GROUP``) whose rows are kept per query and block beyond k, per copy: their maxima
-#: must reach below the margin too. bf16 (rows within its margin in the 100k-passage MiniLM index: median 5, at most
-#: 21; none crowded): 64 groups made its scan 10% slower. int8 (median 15, at most 89): 64 groups crowd 1.0% of the
-#: MiniLM questions instead of 10.2%, and 15% of the (query, block) pairs over 2M random rows instead of 40%, at the
-#: same speed; 96 crowd no fewer (``EXTRA_ROWS`` bounds them then). ``benchmarks/cpu_flat_scan.py --int8_groups``
-EXTRA_GROUPS = {"bfloat16": 32, "int8": 64}
 
 #: ``scores_out(queries, rows, dtype)``: the buffer a step's matmul writes into
 ScoresOut = Callable[[int, int, torch.dtype], torch.Tensor]
@@ -54,6 +48,9 @@ class CoarseCopy(Protocol):
     name: str
     dtype: torch.dtype
     rows: torch.Tensor
+    #: groups of columns (``index.topk.GROUP``) whose rows are kept per query and block beyond k: their maxima must
+    #: reach below the margin too (each copy's choice is measured where it is set)
+    extra_groups: int
 
     def prepared(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(coarse queries, unit)``: the queries (float32) in the copy's dtype, and per query the float64 ``unit``
@@ -101,6 +98,9 @@ class Bf16Copy:
     max_residual: float
     name = "bfloat16"
     dtype = torch.bfloat16
+    #: rows within its margin in the 100k-passage MiniLM index: median 5, at most 21, none crowded; 64 groups made its
+    #: scan 10% slower
+    extra_groups = 32
 
     @classmethod
     def of(cls, vectors: torch.Tensor, rows_per_step: int) -> Bf16Copy:
@@ -162,6 +162,10 @@ class Int8Copy:
     max_residual: float
     name = "int8"
     dtype = torch.int8
+    #: rows within its margin (MiniLM, 100k): median 15, at most 89. 64 groups crowd 1.0% of the MiniLM questions
+    #: instead of 10.2% at 32, and 15% of the (query, block) pairs over 2M random rows instead of 40%, at the same
+    #: speed; 96 crowd no fewer (``EXTRA_ROWS`` bounds them then). ``benchmarks/cpu_flat_scan.py --int8_groups``
+    extra_groups = 64
 
     @classmethod
     def of(cls, vectors: torch.Tensor, rows_per_step: int) -> Int8Copy:
@@ -314,7 +318,7 @@ def prefiltered_topk(
     rescan: set[int] = set()
     for lo in range(0, n, rows_per_step):
         scores = copy.scores(coarse, lo, min(n, lo + rows_per_step), scores_out)
-        s, i, floor = kept_rows(scores, k + extra, k + EXTRA_GROUPS[copy.name])
+        s, i, floor = kept_rows(scores, k + extra, k + copy.extra_groups)
         kept_s.append(s)
         kept_i.append(i + lo)
         # the k-th score kept so far is at most the final one: its threshold takes in every row the final one does
