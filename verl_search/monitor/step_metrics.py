@@ -20,6 +20,7 @@ from verl_search.tool.search_tool import (
     RESULT_TOKENS_CUT,
     RESULTS_CUT,
     ROLLOUT_WALL_S,
+    SEARCH_QUERIES,
 )
 
 #: searches per trajectory are also reported as the share of trajectories with 0, 1, 2 and this many or more
@@ -96,6 +97,10 @@ def search_step_metrics(
     kinds = sorted({k for r in rows for k in r if isinstance(k, str) and k.startswith(FAILED_PREFIX)})
     for key in kinds:
         out[f"search/failed/{key.removeprefix(FAILED_PREFIX)}"] = sum(_values(rows, key))
+    counted = [(q, c) for r in rows if (q := _number(r.get(SEARCH_QUERIES))) and (c := _number(r.get("search_cached")))
+               is not None]  # fmt: skip
+    if counted:  # from SearchTool's cache, or joined to an identical call in flight (a GRPO group's twins)
+        out["search/reused_share"] = sum(c for _, c in counted) / sum(q for q, _ in counted)
     latencies = [v for r in rows for x in _list(r.get(CALL_LATENCIES)) if (v := _number(x)) is not None]
     if latencies:
         out["search/latency_s/p50"] = _nearest_rank(latencies, 50)

@@ -66,6 +66,8 @@ TRAJECTORY_STATS = ("search_calls", "search_failures", "search_latency_s", "sear
 #: per-call detail kept beside TRAJECTORY_STATS for the per-step training metrics (verl_search.monitor): each call's
 #: latency, and failures counted by kind under ``search_failed_<kind>``
 CALL_LATENCIES = "search_call_latencies"
+#: queries a trajectory's calls carried (``search_cached`` of them were answered without a request of their own)
+SEARCH_QUERIES = "search_queries"
 FAILED_PREFIX = "search_failed_"
 #: seconds a trajectory took from its first token request to its end (recorded by the native loop)
 ROLLOUT_WALL_S = "rollout_wall_s"
@@ -88,6 +90,7 @@ def record_search(fields: dict[str, Any], outcome: SearchOutcome) -> None:
     fields["search_latency_s"] += outcome.latency_s
     fields["search_cached"] += outcome.cached
     fields.setdefault(CALL_LATENCIES, []).append(round(outcome.latency_s, 6))
+    fields[SEARCH_QUERIES] = fields.get(SEARCH_QUERIES, 0) + outcome.num_queries
     if not outcome.ok and outcome.failure:
         key = FAILED_PREFIX + outcome.failure
         fields[key] = fields.get(key, 0) + 1
