@@ -20,6 +20,7 @@ from verl_search.tool.search_tool import (
     RESULT_TOKENS_CUT,
     RESULTS_CUT,
     ROLLOUT_WALL_S,
+    SEARCH_JOINED,
     SEARCH_QUERIES,
 )
 
@@ -97,10 +98,7 @@ def search_step_metrics(
     kinds = sorted({k for r in rows for k in r if isinstance(k, str) and k.startswith(FAILED_PREFIX)})
     for key in kinds:
         out[f"search/failed/{key.removeprefix(FAILED_PREFIX)}"] = sum(_values(rows, key))
-    counted = [(q, c) for r in rows if (q := _number(r.get(SEARCH_QUERIES))) and (c := _number(r.get("search_cached")))
-               is not None]  # fmt: skip
-    if counted:  # from SearchTool's cache, or joined to an identical call in flight (a GRPO group's twins)
-        out["search/reused_share"] = sum(c for _, c in counted) / sum(q for q, _ in counted)
+    out.update(_reused(rows))
     latencies = [v for r in rows for x in _list(r.get(CALL_LATENCIES)) if (v := _number(x)) is not None]
     if latencies:
         out["search/latency_s/p50"] = _nearest_rank(latencies, 50)
@@ -109,6 +107,25 @@ def search_step_metrics(
     if shares := [s for f, _, t in kept if (s := _wait_share(f, t)) is not None]:
         out["search/wait_share"] = _mean(shares)  # trajectories run concurrently: each one's own share, averaged
     return out
+
+
+def _reused(rows: list[Mapping[str, Any]]) -> dict[str, float]:
+    """Shares of the step's queries SearchTool answered without a request of their own: from its cache (which spans
+    steps) or by joining an identical call in flight (``joined``: twins asking at the same time, a GRPO group's)."""
+    counts = [
+        (queries, cached, joined)
+        for r in rows
+        if (queries := _number(r.get(SEARCH_QUERIES)))
+        and (cached := _number(r.get("search_cached"))) is not None
+        and (joined := _number(r.get(SEARCH_JOINED))) is not None
+    ]
+    if not counts:
+        return {}
+    queries = sum(q for q, _, _ in counts)
+    return {
+        "search/reused_share": sum(c for _, c, _ in counts) / queries,
+        "search/joined_share": sum(j for _, _, j in counts) / queries,
+    }
 
 
 def _list(value: Any) -> list:

@@ -88,8 +88,11 @@ class RetrievalClient:
             await self._session.close()
 
     # ------------------------------------------------------------------ public API
-    async def search(self, queries: Sequence[str], topk: int, *, deadline: float) -> tuple[list[list[Document]], int]:
-        """Hits for each query (already normalised by the caller) and how many came from the cache or a twin call.
+    async def search(
+        self, queries: Sequence[str], topk: int, *, deadline: float
+    ) -> tuple[list[list[Document]], int, int]:
+        """Hits for each query (already normalised by the caller), how many came from the cache, and how many joined
+        an identical call in flight (a twin asking at the same time).
 
         ``deadline`` is in this loop's clock (``loop.time()``).
         """
@@ -106,11 +109,10 @@ class RetrievalClient:
             else:
                 fut = self._loop.create_future()
                 self._in_flight[key] = owned[key] = fut
-        reused = 0
+        hits = coalesced = 0
         if results or waits:
             hits = sum(1 for k in keys if k in results)
             coalesced = sum(1 for k in keys if k in waits)
-            reused = hits + coalesced
             self.stats.add(cache_hits=hits, coalesced=coalesced)
 
         if owned:
@@ -127,7 +129,7 @@ class RetrievalClient:
             except asyncio.TimeoutError as e:
                 raise self._deadline_error() from e
             results.update(zip(waits, values, strict=True))
-        return [results[k] for k in keys], reused
+        return [results[k] for k in keys], hits, coalesced
 
     # ------------------------------------------------------------------ internals
     def _deadline_error(self, cause: Exception | None = None) -> DeadlineExceeded:

@@ -45,7 +45,10 @@ class SearchOutcome:
     failure: str | None = None
     latency_s: float = 0.0
     num_queries: int = 0
+    #: queries answered without a request of their own: from the cache, or joined to an identical call in flight
     cached: int = 0
+    #: of those, the ones that joined a call in flight (twins asking at the same time)
+    joined: int = 0
     notes: list[str] = field(default_factory=list)
 
     def metrics(self) -> dict[str, Any]:
@@ -55,6 +58,7 @@ class SearchOutcome:
             "latency_s": self.latency_s,
             "num_queries": self.num_queries,
             "cached": self.cached,
+            "joined": self.joined,
             "adjusted": len(self.notes),
         }
 
@@ -66,8 +70,10 @@ TRAJECTORY_STATS = ("search_calls", "search_failures", "search_latency_s", "sear
 #: per-call detail kept beside TRAJECTORY_STATS for the per-step training metrics (verl_search.monitor): each call's
 #: latency, and failures counted by kind under ``search_failed_<kind>``
 CALL_LATENCIES = "search_call_latencies"
-#: queries a trajectory's calls carried (``search_cached`` of them were answered without a request of their own)
+#: queries a trajectory's calls carried (``search_cached`` of them were answered without a request of their own) and,
+#: of those, the ones that joined an identical call in flight
 SEARCH_QUERIES = "search_queries"
+SEARCH_JOINED = "search_joined"
 FAILED_PREFIX = "search_failed_"
 #: seconds a trajectory took from its first token request to its end (recorded by the native loop)
 ROLLOUT_WALL_S = "rollout_wall_s"
@@ -91,6 +97,7 @@ def record_search(fields: dict[str, Any], outcome: SearchOutcome) -> None:
     fields["search_cached"] += outcome.cached
     fields.setdefault(CALL_LATENCIES, []).append(round(outcome.latency_s, 6))
     fields[SEARCH_QUERIES] = fields.get(SEARCH_QUERIES, 0) + outcome.num_queries
+    fields[SEARCH_JOINED] = fields.get(SEARCH_JOINED, 0) + outcome.joined
     if not outcome.ok and outcome.failure:
         key = FAILED_PREFIX + outcome.failure
         fields[key] = fields.get(key, 0) + 1
@@ -126,9 +133,11 @@ async def run_search(config: SearchToolConfig, queries: Any) -> SearchOutcome:
         )
         num_queries = len(fitted.queries)
         client = RetrievalClient.shared(config)
-        hits, reused = await client.search(fitted.queries, config.topk, deadline=deadline)
+        hits, cached, joined = await client.search(fitted.queries, config.topk, deadline=deadline)
         text = format_results(fitted.queries, hits, max_chars=config.max_result_chars, notes=fitted.notes)
-        outcome = SearchOutcome(text=text, ok=True, num_queries=num_queries, cached=reused, notes=fitted.notes)
+        outcome = SearchOutcome(
+            text=text, ok=True, num_queries=num_queries, cached=cached + joined, joined=joined, notes=fitted.notes
+        )
     except SearchError as e:
         logger.debug("search failed (%s): %s", e.kind, e)
         outcome = SearchOutcome(text=failure_text(e, config), ok=False, failure=e.kind, num_queries=num_queries)

@@ -55,7 +55,7 @@ def test_grpo_with_search_trains_validates_checkpoints_and_resumes(
     # ... at every training step too (trainer_mode search_sync, verl_search.monitor), and they describe these rollouts
     for step in metrics.values():
         assert step["search/calls_per_traj/mean"] > 0 and step["search/latency_s/p50"] > 0
-        assert 0 <= step["search/reused_share"] <= 1
+        assert 0 <= step["search/joined_share"] <= step["search/reused_share"] <= 1
         assert 0 <= step["search/answered_share"] <= 1 and 0 <= step["search/wait_share"] <= 1
         assert step["search/alarm_steps"] >= 0
         # results verl cut or dropped (from the TransferQueue's response lengths; none dropped at these lengths)

@@ -52,16 +52,17 @@ def test_failures_are_counted_by_cause():
 
 
 def test_searches_answered_from_the_cache_or_a_twin_call_are_a_share_of_the_queries():
-    def searched(*calls: tuple[int, int]) -> dict:  # (queries, of them reused) per call
+    def searched(*calls: tuple[int, int, int]) -> dict:  # (queries, of them reused, of those joined) per call
         fields: dict = {}
-        for queries, reused in calls:
-            record_search(fields, SearchOutcome(text="x", ok=True, num_queries=queries, cached=reused))
+        for queries, reused, joined in calls:
+            record_search(fields, SearchOutcome(text="x", ok=True, num_queries=queries, cached=reused, joined=joined))
         return fields
 
-    m = search_step_metrics([searched((1, 0), (2, 1)), searched((1, 1)), searched(), {"search_calls": 0}])
-    assert m["search/reused_share"] == pytest.approx(2 / 4)
-    assert search_step_metrics([searched((1, 0))])["search/reused_share"] == 0.0
-    # rows recorded before the count of queries existed are left out of it
+    m = search_step_metrics([searched((1, 0, 0), (2, 1, 1)), searched((1, 1, 0)), searched(), {"search_calls": 0}])
+    assert m["search/reused_share"] == pytest.approx(2 / 4) and m["search/joined_share"] == pytest.approx(1 / 4)
+    m = search_step_metrics([searched((1, 0, 0))])
+    assert m["search/reused_share"] == m["search/joined_share"] == 0.0
+    # rows recorded before the counts existed are left out of them
     assert "search/reused_share" not in search_step_metrics([{"search_calls": 2, "search_cached": 1}])
 
 

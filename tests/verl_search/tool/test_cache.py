@@ -13,7 +13,7 @@ async def test_repeated_query_is_served_from_the_cache(stub, make_config):
     first, _, m1 = await tool.execute("a", {"query_list": ["Paris"]})
     second, _, m2 = await tool.execute("b", {"query_list": ["  Paris \n"]})  # same after whitespace normalisation
     assert first.text == second.text
-    assert (m1["cached"], m2["cached"]) == (0, 1)
+    assert (m1["cached"], m2["cached"]) == (0, 1) and m2["joined"] == 0  # from the cache, not a call in flight
     assert stub.state.requests == 1
     assert search_stats()["cache_hits"] == 1
 
@@ -39,6 +39,8 @@ async def test_identical_queries_in_flight_are_coalesced(stub, make_config):
     assert stub.state.requests == 1
     assert len({r.text for r, _, _ in results}) == 1
     assert search_stats()["coalesced"] == 4
+    # each call says whether it joined another: what search/joined_share adds up per training step
+    assert sorted(m["joined"] for _, _, m in results) == sorted(m["cached"] for _, _, m in results) == [0, 1, 1, 1, 1]
 
 
 async def test_failures_are_not_cached(stub, make_config):
