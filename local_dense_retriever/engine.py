@@ -45,7 +45,7 @@ class RetrievalEngine:
     #: CPU and wall time per stage (encode, search, lookup), for /metrics
     clock: StageClock = field(default_factory=StageClock)
     #: queries answered by an identical text of their batch, searched once (/metrics ``duplicate_queries_total``)
-    duplicate_queries: int = 0
+    duplicate_queries: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         if len(self.backend) > len(self.corpus):
