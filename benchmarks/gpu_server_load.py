@@ -20,12 +20,19 @@ failed requests, the batcher's mean batch, the server's CPU per query and its sp
 on the engine's thread and torch's threads; other = HTTP, validation, batching, serialisation), the server's CPU in
 cores, and the cores the load generator used. Last, per encoder, the engine alone in this process (no HTTP, no
 batcher) at the batched server's mean batch: the ceiling the server is measured against.
+
+``--servers 1 2 4`` repeats each point with that many servers on the same device (each its own process, encoder and
+copy of the index, as a fleet of several replicas per GPU would run): client i asks server i mod N, and the counts
+and CPU figures are summed over the servers. One server is bound by its single Python interpreter, not the GPU; this
+measures whether more interpreters on one GPU add throughput.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import itertools
 import json
 import multiprocessing
 import os
@@ -85,8 +92,9 @@ def random_vectors(path: Path, rows: int, dim: int) -> Path:
     return path
 
 
-def load_process(url: str, questions: list[str], first: int, clients: int, stride: int, window: tuple) -> dict:
-    """One load process: ``clients`` closed-loop clients (client i asks questions first+i, first+i+stride, ...) until
+def load_process(urls: list[str], questions: list[str], first: int, clients: int, stride: int, window: tuple) -> dict:
+    """One load process: ``clients`` closed-loop clients (client i asks server (first+i) mod len(urls) questions
+    first+i, first+i+stride, ...) until
     ``window[1]`` (time.monotonic(), shared by all processes on Linux); answers and failures are counted when they
     complete inside ``window``. Returns the latencies (s), the failures, and this process's CPU seconds."""
     import aiohttp
@@ -109,6 +117,7 @@ def load_process(url: str, questions: list[str], first: int, clients: int, strid
             async def client(i: int) -> None:
                 nonlocal errors
                 n = first + i
+                url = urls[n % len(urls)]
                 while (t0 := time.monotonic()) < end:
                     ok = await ask_one(session, url, questions[n % len(questions)])
                     n += stride
@@ -126,21 +135,34 @@ def load_process(url: str, questions: list[str], first: int, clients: int, strid
     return {"latencies": latencies, "errors": errors, "cpu_s": time.process_time() - cpu0}
 
 
-def measure(url: str, questions: list[str], clients: int, procs: int, warmup: float, seconds: float, pool) -> dict:
-    """C clients spread over ``procs`` processes of ``pool``; counts and the server's /metrics over the window."""
+def summed_metrics(urls: list[str]) -> dict:
+    """The counters of /metrics that ``measure`` reads, summed over the servers at ``urls``."""
+    snaps = [server_metrics(u) for u in urls]
+    total = {k: sum(s[k] for s in snaps) for k in ("batches_total", "queries_total")}
+    total["cpu_seconds"] = {  # the CPU seconds cpu_split reads (the stages' wall seconds are not summed)
+        k: sum(s["cpu_seconds"][k] for s in snaps) for k in ("process", "native_threads", "encode", "search", "lookup")
+    }
+    return total
+
+
+def measure(
+    urls: list[str], questions: list[str], clients: int, procs: int, warmup: float, seconds: float, pool
+) -> dict:
+    """C clients spread over ``procs`` processes of ``pool`` and over the servers at ``urls``; counts and the
+    servers' /metrics (summed) over the window."""
     procs = min(procs, clients)
     share = [clients // procs + (i < clients % procs) for i in range(procs)]
     t_start = time.monotonic() + 1.0 + warmup  # the processes are already up: a second to start their loops
     window = (t_start, t_start + seconds)
     firsts = np.cumsum([0, *share[:-1]])
     jobs = [
-        pool.apply_async(load_process, (url, questions, int(first), n, clients, window))
+        pool.apply_async(load_process, (urls, questions, int(first), n, clients, window))
         for first, n in zip(firsts, share, strict=True)
     ]
     time.sleep(max(0.0, window[0] - time.monotonic()))
-    before = server_metrics(url)
+    before = summed_metrics(urls)
     time.sleep(max(0.0, window[1] - time.monotonic()))
-    after = server_metrics(url)
+    after = summed_metrics(urls)
     results = [j.get(timeout=300) for j in jobs]
     lat = np.concatenate([np.asarray(r["latencies"]) for r in results]) * 1000
     batches = after["batches_total"] - before["batches_total"]
@@ -156,6 +178,21 @@ def measure(url: str, questions: list[str], clients: int, procs: int, warmup: fl
         "server_cores": split["process"] / seconds,
         "client_cores": sum(r["cpu_s"] for r in results) / (seconds + warmup + 1.0),
     }
+
+
+def start_servers(n: int, server_args: tuple, **kwargs) -> list[tuple]:
+    """``n`` servers (``retriever_load.start_server``'s arguments) started side by side, each once healthy; if one
+    fails, those that started are stopped before the error goes on."""
+    with concurrent.futures.ThreadPoolExecutor(n) as starter:
+        futures = [starter.submit(start_server, *server_args, **kwargs) for _ in range(n)]
+        concurrent.futures.wait(futures)
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    if failed:
+        for f in futures:
+            if f.exception() is None:
+                f.result()[0].terminate()
+        raise failed[0]
+    return [f.result() for f in futures]
 
 
 def server_mode(spec: str) -> tuple[str, bool, list[str]]:
@@ -180,6 +217,13 @@ def main() -> int:
         "extra flags, e.g. 'threads-1=per-request --unbatched_threads 1'",
     )
     p.add_argument("--clients", type=int, nargs="+", default=[64, 256, 1024])
+    p.add_argument(
+        "--servers",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="servers on the device at once, each with its own index copy (client i asks server i mod N)",
+    )
     p.add_argument("--passages", type=int, default=100_000)
     p.add_argument("--seconds", type=float, default=8.0, help="measured seconds per point")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of load before each measured window")
@@ -216,8 +260,9 @@ def main() -> int:
     folders = {name: encoder_folder(name, args.tokenizer, args.work) for name in args.encoders}
     print(f"# corpus and encoders ready in {time.perf_counter() - t0:.1f} s", flush=True)
     width = max(12, *(len(m[0]) for m in args.modes))
-    print(f"{'encoder':7} {'mode':{width}} {'C':>5} {'q/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} {'batch':>6} "
-          f"{'cpu/q ms':>8} {'compute':>7} {'other':>6} {'server cores':>12} {'client cores':>12}")  # fmt: skip
+    print(f"{'encoder':7} {'mode':{width}} {'servers':>7} {'C':>5} {'q/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'errors':>6} {'batch':>6} {'cpu/q ms':>8} {'compute':>7} {'other':>6} {'server cores':>12} "
+          f"{'client cores':>12}")  # fmt: skip
     rows = []
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(args.load_procs) as pool:
@@ -225,35 +270,41 @@ def main() -> int:
         for name, folder in folders.items():
             dim = json.loads((folder / "config.json").read_text())["hidden_size"]
             npy = random_vectors(args.work / f"random_{args.passages}_{dim}.npy", args.passages, dim)
-            for mode, batching, flags in args.modes:
+            for (mode, batching, flags), n_servers in itertools.product(args.modes, args.servers):
                 t_start = time.perf_counter()
-                proc, url = start_server(ds.corpus_path, npy, "torch", batching, args.threads, "auto",
-                                         "--device", args.device, *flags, model=folder,
-                                         retriever_name="e5" if name == "e5" else "minilm")  # fmt: skip
+                server_args = (ds.corpus_path, npy, "torch", batching, args.threads, "auto", "--device", args.device,
+                               *flags)  # fmt: skip
+                started = start_servers(n_servers, server_args, model=folder,
+                                        retriever_name="e5" if name == "e5" else "minilm")  # fmt: skip
+                procs = [proc for proc, _ in started]
+                urls = [url for _, url in started]
                 try:
                     import urllib.request
 
-                    health = json.loads(urllib.request.urlopen(url + "/health", timeout=10).read())
+                    health = json.loads(urllib.request.urlopen(urls[0] + "/health", timeout=10).read())
                     shown = f" ({' '.join(flags)})" if flags else ""
-                    print(f"# {name} {mode} server{shown}, healthy {time.perf_counter() - t_start:.1f} s after its "
-                          f"launch: {health.get('detail')}", flush=True)  # fmt: skip
+                    print(f"# {name} {mode} server{shown} x{n_servers}, healthy {time.perf_counter() - t_start:.1f} s "
+                          f"after the launch: {health.get('detail')}", flush=True)  # fmt: skip
                     for c in args.clients:
-                        res = measure(url, questions, c, args.load_procs, args.warmup, args.seconds, pool)
-                        res["rss_mb"] = psutil.Process(proc.pid).memory_info().rss / 2**20
-                        row = {"encoder": name, "mode": mode, "batching": batching, "flags": flags, "clients": c, **res}
+                        res = measure(urls, questions, c, args.load_procs, args.warmup, args.seconds, pool)
+                        res["rss_mb"] = sum(psutil.Process(proc.pid).memory_info().rss for proc in procs) / 2**20
+                        row = {"encoder": name, "mode": mode, "batching": batching, "flags": flags,
+                               "servers": n_servers, "clients": c, **res}  # fmt: skip
                         rows.append(row)
                         s = res["cpu"]
-                        print(f"{name:7} {mode:{width}} {c:>5} {res['qps']:>8.1f} {res['p50_ms']:>8.1f} "
+                        print(f"{name:7} {mode:{width}} {n_servers:>7} {c:>5} {res['qps']:>8.1f} {res['p50_ms']:>8.1f} "
                               f"{res['p99_ms']:>8.1f} {res['errors']:>6} {res['mean_batch']:>6.1f} "
                               f"{1000 * s['process'] / max(res['completed'], 1):>8.2f} {s['compute_share']:>7.1%} "
                               f"{s['other_share']:>6.1%} {res['server_cores']:>12.2f} "
                               f"{res['client_cores']:>12.2f}", flush=True)  # fmt: skip
                 finally:
-                    proc.terminate()
-                    proc.wait(30)
+                    for proc in procs:
+                        proc.terminate()
+                    for proc in procs:
+                        proc.wait(30)
     ceilings = []
     for name, folder in folders.items():  # the ceiling: the engine alone in this process at the batcher's mean batch
-        batched = [r for r in rows if r["encoder"] == name and r["batching"] and not r["flags"]]
+        batched = [r for r in rows if r["encoder"] == name and r["batching"] and not r["flags"] and r["servers"] == 1]
         if not batched or not args.engine_alone:
             continue
         top = max(batched, key=lambda r: r["qps"])
@@ -268,10 +319,20 @@ def main() -> int:
               f"server's best batched point ({top['qps']:.0f} q/s at C={top['clients']}) is "
               f"{top['qps'] / alone['engine']:.0%} of it", flush=True)  # fmt: skip
     for name in folders:
-        ref = {r["clients"]: r["qps"] for r in rows if r["encoder"] == name and r["mode"] == "per-request"}
+        ref = {r["clients"]: r["qps"] for r in rows
+               if r["encoder"] == name and r["mode"] == "per-request" and r["servers"] == 1}  # fmt: skip
+        one = {
+            r["clients"]: r["qps"]
+            for r in rows
+            if r["encoder"] == name and r["mode"] == "batched" and r["servers"] == 1
+        }
         for r in rows:
-            if r["encoder"] == name and r["mode"] == "batched" and ref.get(r["clients"]):
+            if r["encoder"] != name or r["mode"] != "batched":
+                continue
+            if r["servers"] == 1 and ref.get(r["clients"]):
                 print(f"{name} batched/per-request at C={r['clients']}: {r['qps'] / ref[r['clients']]:.1f}x")
+            if r["servers"] > 1 and one.get(r["clients"]):
+                print(f"{name} {r['servers']} servers / 1 at C={r['clients']}: {r['qps'] / one[r['clients']]:.2f}x")
     if args.json:
         args.json.write_text(json.dumps(rows + ceilings, indent=2))
     return 0
