@@ -7,6 +7,14 @@
 #   CUDA_VISIBLE_DEVICES=7 FAISS_GPU=1 bash run_scripts/launch_retriever.sh          # faiss sharded over GPU 7
 #   EMBEDDED=1 bash run_scripts/launch_retriever.sh                                  # toy corpus, for smoke tests
 #   SERVE=1 RAY_ADDRESS=auto REPLICAS=4 bash run_scripts/launch_retriever.sh         # a Ray Serve fleet, one URL
+#   DEVICE=cuda SERVERS=4 bash run_scripts/launch_retriever.sh                        # 4 servers on this GPU
+#
+# SERVERS=N starts N server processes on ports PORT..PORT+N-1, each with its own copy of the index on the same
+# devices, and prints their URLs as one comma-separated RETRIEVER_URL: the search tool sends each call to the server
+# with the fewest requests in flight. One server's Python interpreter, not the GPU, bounds its throughput on a GPU;
+# on one H200, 4 servers answered 3.2-3.6x and 8 up to 7x one server's queries/s (benchmarks/RESULTS.md). Each copy of
+# the index takes its full size in device memory (wiki-18 under e5 in float16: 32 GB). With SERVERS > 1 the log of
+# the server on port P is LOG_FILE with -P before its .log (default retriever-P.log).
 #
 # SERVE=1 deploys the same server as a Ray Serve application (python -m local_dense_retriever.serve) into the Ray
 # cluster at RAY_ADDRESS (empty: a local Ray instance that lives as long as the command): REPLICAS replicas (or
@@ -50,14 +58,20 @@ REPLICA_GPUS="${REPLICA_GPUS:-0}"
 SHARDS="${SHARDS:-1}"
 # gateways in front of the replicas: 1+ retries a request whose replica dies mid-flight (one more Serve hop per request)
 GATEWAYS="${GATEWAYS:-0}"
+SERVERS="${SERVERS:-1}"
 LOG_FILE="$(vs_abs "${LOG_FILE:-retriever-${PORT}.log}")"
 # loading the 60 GB wiki-18 index from disk takes minutes; the embedded default takes seconds
 STARTUP_TIMEOUT="${STARTUP_TIMEOUT:-3600}"
 POLL_INTERVAL="${POLL_INTERVAL:-2}"
 
 [[ "$PORT" =~ ^[0-9]+$ && "$PORT" -gt 0 ]] || vs_die "PORT=${PORT}: give a fixed port number (the URL must be known)"
+[[ "$SERVERS" =~ ^[0-9]+$ && "$SERVERS" -gt 0 ]] || vs_die "SERVERS=${SERVERS}: give the number of server processes (1 or more)"
+if [[ "$SERVE" == 1 && "$SERVERS" != 1 ]]; then
+    vs_die "SERVERS=${SERVERS} with SERVE=1: a Ray Serve fleet sizes itself with REPLICAS (one URL); SERVERS starts plain processes"
+fi
+((PORT + SERVERS - 1 <= 65535)) || vs_die "PORT=${PORT} SERVERS=${SERVERS}: the ports would pass 65535"
 
-SERVER_ARGS=(--host "$HOST" --port "$PORT" --topk "$TOPK" --backend "$BACKEND" --device "$DEVICE")
+SERVER_ARGS=(--host "$HOST" --topk "$TOPK" --backend "$BACKEND" --device "$DEVICE")
 if [[ "$EMBEDDED" != 1 ]]; then
     if [[ "$RETRIEVER_NAME" == bm25 && "$INDEX_PATH" == "${DATA_DIR}/e5_Flat.index" ]]; then
         INDEX_PATH="${DATA_DIR}/bm25"
@@ -89,9 +103,9 @@ case "$HOST" in
     *) URL_HOST="$HOST"; PROBE_HOST="$HOST" ;;
 esac
 
-# health_status: prints the HTTP status of GET /health (000 when nothing answers)
+# health_status PORT: prints the HTTP status of GET /health on PORT (000 when nothing answers)
 health_status() {
-    "$PYTHON" - "http://${PROBE_HOST}:${PORT}/health" <<'EOF'
+    "$PYTHON" - "http://${PROBE_HOST}:${1}/health" <<'EOF'
 import sys, urllib.error, urllib.request
 try:
     with urllib.request.urlopen(sys.argv[1], timeout=5) as r:
@@ -103,36 +117,73 @@ except OSError:
 EOF
 }
 
-if [[ "$(health_status)" != 000 ]]; then
-    vs_die "something already answers on ${PROBE_HOST}:${PORT}; stop it or pick another PORT"
-fi
+PORTS=() LOGS=() PIDS=()
+for ((i = 0; i < SERVERS; i++)); do
+    PORTS+=($((PORT + i)))
+    if ((SERVERS == 1)); then
+        LOGS+=("$LOG_FILE")
+    else
+        LOGS+=("${LOG_FILE%.log}-$((PORT + i)).log")
+    fi
+done
+for port in "${PORTS[@]}"; do
+    if [[ "$(health_status "$port")" != 000 ]]; then
+        vs_die "something already answers on ${PROBE_HOST}:${port}; stop it or pick another PORT"
+    fi
+done
 
-mkdir -p "$(dirname "$LOG_FILE")"
-echo "starting the retriever (log: ${LOG_FILE}):"
-vs_print_command "${SERVER_CMD[@]}" "${SERVER_ARGS[@]}"
-nohup "${SERVER_CMD[@]}" "${SERVER_ARGS[@]}" >"$LOG_FILE" 2>&1 &
-PID=$!
-echo "$PID" >"${LOG_FILE}.pid"
+# stop_all: stop every server started so far
+stop_all() {
+    local pid
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+}
+
+for i in "${!PORTS[@]}"; do
+    log="${LOGS[$i]}"
+    mkdir -p "$(dirname "$log")"
+    echo "starting the retriever on port ${PORTS[$i]} (log: ${log}):"
+    vs_print_command "${SERVER_CMD[@]}" "${SERVER_ARGS[@]}" --port "${PORTS[$i]}"
+    nohup "${SERVER_CMD[@]}" "${SERVER_ARGS[@]}" --port "${PORTS[$i]}" >"$log" 2>&1 &
+    PIDS+=($!)
+    echo "$!" >"${log}.pid"
+done
 
 deadline=$((SECONDS + STARTUP_TIMEOUT))
+waiting=("${!PORTS[@]}")
 while true; do
-    if ! kill -0 "$PID" 2>/dev/null; then
-        echo "error: the retriever exited during start-up; last lines of ${LOG_FILE}:" >&2
-        tail -n 20 "$LOG_FILE" >&2
-        exit 1
-    fi
-    status="$(health_status)"
-    if [[ "$status" == 200 ]]; then
-        break
-    fi
+    still=()
+    for i in "${waiting[@]}"; do
+        if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
+            stop_all
+            echo "error: the retriever exited during start-up (port ${PORTS[$i]}); last lines of ${LOGS[$i]}:" >&2
+            tail -n 20 "${LOGS[$i]}" >&2
+            exit 1
+        fi
+        status="$(health_status "${PORTS[$i]}")"
+        [[ "$status" == 200 ]] || still+=("$i")
+    done
+    ((${#still[@]} > 0)) || break
+    waiting=("${still[@]}")
     if ((SECONDS >= deadline)); then
-        kill "$PID" 2>/dev/null || true
-        echo "error: the retriever was not ready after ${STARTUP_TIMEOUT} s (last /health status ${status}); stopped it. Last lines of ${LOG_FILE}:" >&2
-        tail -n 20 "$LOG_FILE" >&2
+        stop_all
+        i="${waiting[0]}"
+        status="$(health_status "${PORTS[$i]}")"
+        echo "error: the retriever was not ready after ${STARTUP_TIMEOUT} s (port ${PORTS[$i]}, last /health status ${status}); stopped every server started. Last lines of ${LOGS[$i]}:" >&2
+        tail -n 20 "${LOGS[$i]}" >&2
         exit 1
     fi
     sleep "$POLL_INTERVAL"
 done
 
-echo "the retriever is ready (pid ${PID}; stop it with: kill ${PID})"
-echo "RETRIEVER_URL=http://${URL_HOST}:${PORT}"
+URLS=""
+for port in "${PORTS[@]}"; do
+    URLS+="${URLS:+,}http://${URL_HOST}:${port}"
+done
+if ((SERVERS == 1)); then
+    echo "the retriever is ready (pid ${PIDS[0]}; stop it with: kill ${PIDS[0]})"
+else
+    echo "the ${SERVERS} retrievers are ready (pids ${PIDS[*]}; stop them with: kill ${PIDS[*]})"
+fi
+echo "RETRIEVER_URL=${URLS}"

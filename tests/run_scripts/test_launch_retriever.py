@@ -5,19 +5,35 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 
 import pytest
 import requests
 
+from verl_search.launch.tool_yaml import parse_urls
 from verl_search.testing.background_server import free_port
 
-READY = re.compile(r"stop it with: kill (\d+)")
+READY = re.compile(r"stop (?:it|them) with: kill ([\d ]+)\)")
 
 
 def stop(output: str) -> None:
     match = READY.search(output)
     if match:
-        os.kill(int(match.group(1)), signal.SIGTERM)
+        for pid in match.group(1).split():
+            os.kill(int(pid), signal.SIGTERM)
+
+
+def free_port_pair() -> int:
+    """A port P with P and P + 1 both free at the time of asking."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two consecutive free ports")
 
 
 def test_missing_index_fails_before_starting_anything(run_script, tmp_path):
@@ -100,3 +116,49 @@ def test_serve_fleet_starts_behind_one_url(run_script, tmp_path):
         assert len(requests.post(f"{url}/retrieve", json=body, timeout=30).json()["result"][0]) == 2
     finally:
         stop(result.stdout)
+
+
+def test_several_servers_start_behind_one_url_list(run_script, tmp_path):
+    """SERVERS=2: two server processes on PORT and PORT + 1, each answering, their URLs in one RETRIEVER_URL list
+    that the training script's tool config takes, a log per port, and one kill line that stops both."""
+    port = free_port_pair()
+    env = {"SERVERS": "2", "EMBEDDED": "1", "PORT": str(port), "LOG_FILE": str(tmp_path / "logs" / "ret.log"),
+           "VERL_SEARCH_CACHE": str(tmp_path / "cache")}  # fmt: skip
+    result = run_script("launch_retriever.sh", "--toy_passages", "50", **env)
+    try:
+        assert result.returncode == 0, result.stdout + result.stderr
+        urls = [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
+        assert result.stdout.strip().splitlines()[-1] == f"RETRIEVER_URL={','.join(urls)}"
+        assert parse_urls(",".join(urls)) == urls
+        for url in urls:
+            body = {"queries": ["who"], "topk": 2}
+            assert len(requests.post(f"{url}/retrieve", json=body, timeout=30).json()["result"][0]) == 2
+        for p in (port, port + 1):
+            assert "serving on" in (tmp_path / "logs" / f"ret-{p}.log").read_text()
+        assert "the 2 retrievers are ready" in result.stdout
+    finally:
+        stop(result.stdout)
+
+
+def test_a_busy_port_among_the_servers_is_refused_before_starting_anything(run_script, retriever_url, tmp_path):
+    busy = int(retriever_url.rsplit(":", 1)[1])
+    log = tmp_path / "ret.log"
+    result = run_script("launch_retriever.sh", SERVERS="2", EMBEDDED="1", PORT=str(busy - 1), LOG_FILE=str(log))
+    assert result.returncode == 1
+    assert f"something already answers on 127.0.0.1:{busy}" in result.stderr
+    assert not list(tmp_path.glob("*.pid"))  # nothing was started
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SERVERS": "0"}, "SERVERS=0: give the number of server processes"),
+        ({"SERVERS": "two"}, "SERVERS=two: give the number of server processes"),
+        ({"SERVERS": "2", "SERVE": "1"}, "SERVERS=2 with SERVE=1: a Ray Serve fleet sizes itself with REPLICAS"),
+        ({"SERVERS": "3", "PORT": "65534"}, "PORT=65534 SERVERS=3: the ports would pass 65535"),
+    ],
+)
+def test_bad_server_counts_are_refused(run_script, env, message):
+    result = run_script("launch_retriever.sh", **{"EMBEDDED": "1", "PORT": str(free_port()), **env})
+    assert result.returncode == 1
+    assert message in result.stderr
