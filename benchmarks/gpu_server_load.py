@@ -24,7 +24,9 @@ batcher) at the batched server's mean batch: the ceiling the server is measured 
 ``--servers 1 2 4`` repeats each point with that many servers on the same device (each its own process, encoder and
 copy of the index, as a fleet of several replicas per GPU would run): client i asks server i mod N, and the counts
 and CPU figures are summed over the servers. One server is bound by its single Python interpreter, not the GPU; this
-measures whether more interpreters on one GPU add throughput.
+measures whether more interpreters on one GPU add throughput. ``--client tool`` sends the load through the search
+tool's own client instead (``RetrievalClient``, one per load process as in a rollout worker: all the URLs, each call
+to the server with the fewest requests in flight, its cache off so every question reaches a server, no rate limit).
 """
 
 from __future__ import annotations
@@ -92,11 +94,37 @@ def random_vectors(path: Path, rows: int, dim: int) -> Path:
     return path
 
 
-def load_process(urls: list[str], questions: list[str], first: int, clients: int, stride: int, window: tuple) -> dict:
-    """One load process: ``clients`` closed-loop clients (client i asks server (first+i) mod len(urls) questions
-    first+i, first+i+stride, ...) until
-    ``window[1]`` (time.monotonic(), shared by all processes on Linux); answers and failures are counted when they
-    complete inside ``window``. Returns the latencies (s), the failures, and this process's CPU seconds."""
+def tool_client_ask(urls: list[str], clients: int):
+    """The search tool's own client for ``urls`` (as one rollout worker holds it) and an ``ask(question) -> bool``
+    through it; call inside the running loop."""
+    from verl_search.errors import RetrievalError
+    from verl_search.tool.client import RetrievalClient
+    from verl_search.tool.config import SearchToolConfig
+
+    config = SearchToolConfig.from_dict({"retrieval_service_url": urls, "topk": 3, "num_workers": clients,
+                                         "rate_limit": None, "cache_size": 0, "timeout": 120,
+                                         "attempt_timeout": 60, "request_format": "search_r1"})  # fmt: skip
+    tool = RetrievalClient(config)
+    loop = asyncio.get_running_loop()
+
+    async def ask(question: str) -> bool:
+        try:
+            hits, _, _ = await tool.search([question], 3, deadline=loop.time() + 120)
+        except RetrievalError:
+            return False
+        return len(hits[0]) == 3
+
+    return tool, ask
+
+
+def load_process(
+    urls: list[str], questions: list[str], first: int, clients: int, stride: int, window: tuple, via: str
+) -> dict:
+    """One load process: ``clients`` closed-loop clients (client i asks questions first+i, first+i+stride, ...)
+    until ``window[1]`` (time.monotonic(), shared by all processes on Linux); answers and failures are counted when
+    they complete inside ``window``. ``via`` "aiohttp": client i asks server (first+i) mod len(urls) through a bare
+    session; "tool": every client through this process's one search-tool client, which picks the server. Returns
+    the latencies (s), the failures, and this process's CPU seconds."""
     import aiohttp
 
     try:
@@ -111,6 +139,7 @@ def load_process(urls: list[str], questions: list[str], first: int, clients: int
 
     async def run() -> None:
         nonlocal errors
+        tool, tool_ask = tool_client_ask(urls, clients) if via == "tool" else (None, None)
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
 
@@ -119,7 +148,8 @@ def load_process(urls: list[str], questions: list[str], first: int, clients: int
                 n = first + i
                 url = urls[n % len(urls)]
                 while (t0 := time.monotonic()) < end:
-                    ok = await ask_one(session, url, questions[n % len(questions)])
+                    question = questions[n % len(questions)]
+                    ok = await (tool_ask(question) if tool_ask else ask_one(session, url, question))
                     n += stride
                     t1 = time.monotonic()
                     if start <= t1 < end:
@@ -129,6 +159,8 @@ def load_process(urls: list[str], questions: list[str], first: int, clients: int
                             errors += 1
 
             await asyncio.gather(*(client(i) for i in range(clients)))
+        if tool is not None:
+            await tool.close()
 
     cpu0 = time.process_time()
     asyncio.run(run())
@@ -139,6 +171,7 @@ def summed_metrics(urls: list[str]) -> dict:
     """The counters of /metrics that ``measure`` reads, summed over the servers at ``urls``."""
     snaps = [server_metrics(u) for u in urls]
     total = {k: sum(s[k] for s in snaps) for k in ("batches_total", "queries_total")}
+    total["per_server_queries"] = [s["queries_total"] for s in snaps]
     total["cpu_seconds"] = {  # the CPU seconds cpu_split reads (the stages' wall seconds are not summed)
         k: sum(s["cpu_seconds"][k] for s in snaps) for k in ("process", "native_threads", "encode", "search", "lookup")
     }
@@ -146,7 +179,7 @@ def summed_metrics(urls: list[str]) -> dict:
 
 
 def measure(
-    urls: list[str], questions: list[str], clients: int, procs: int, warmup: float, seconds: float, pool
+    urls: list[str], questions: list[str], clients: int, procs: int, warmup: float, seconds: float, pool, via: str
 ) -> dict:
     """C clients spread over ``procs`` processes of ``pool`` and over the servers at ``urls``; counts and the
     servers' /metrics (summed) over the window."""
@@ -156,7 +189,7 @@ def measure(
     window = (t_start, t_start + seconds)
     firsts = np.cumsum([0, *share[:-1]])
     jobs = [
-        pool.apply_async(load_process, (urls, questions, int(first), n, clients, window))
+        pool.apply_async(load_process, (urls, questions, int(first), n, clients, window, via))
         for first, n in zip(firsts, share, strict=True)
     ]
     time.sleep(max(0.0, window[0] - time.monotonic()))
@@ -174,6 +207,9 @@ def measure(
         "errors": sum(r["errors"] for r in results),
         "completed": int(lat.size),
         "mean_batch": (after["queries_total"] - before["queries_total"]) / max(batches, 1),
+        "per_server_queries": [
+            a - b for a, b in zip(after["per_server_queries"], before["per_server_queries"], strict=True)
+        ],
         "cpu": split,
         "server_cores": split["process"] / seconds,
         "client_cores": sum(r["cpu_s"] for r in results) / (seconds + warmup + 1.0),
@@ -224,6 +260,12 @@ def main() -> int:
         default=[1],
         help="servers on the device at once, each with its own index copy (client i asks server i mod N)",
     )
+    p.add_argument(
+        "--client",
+        choices=["aiohttp", "tool"],
+        default="aiohttp",
+        help="aiohttp: bare sessions, client i on server i mod N; tool: the search tool's own client per load process",
+    )
     p.add_argument("--passages", type=int, default=100_000)
     p.add_argument("--seconds", type=float, default=8.0, help="measured seconds per point")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of load before each measured window")
@@ -251,7 +293,8 @@ def main() -> int:
     now = datetime.now(timezone.utc)
     print(
         f"# gpu server load: {gpu}, {os.cpu_count()} host CPUs ({platform.machine()}), torch {torch.__version__}, "
-        f"{args.passages:,} toy passages, {args.load_procs} load processes, {now:%Y-%m-%d %H:%M} UTC",
+        f"{args.passages:,} toy passages, {args.load_procs} load processes ({args.client} clients), "
+        f"{now:%Y-%m-%d %H:%M} UTC",
         flush=True,
     )
     t0 = time.perf_counter()
@@ -286,10 +329,10 @@ def main() -> int:
                     print(f"# {name} {mode} server{shown} x{n_servers}, healthy {time.perf_counter() - t_start:.1f} s "
                           f"after the launch: {health.get('detail')}", flush=True)  # fmt: skip
                     for c in args.clients:
-                        res = measure(urls, questions, c, args.load_procs, args.warmup, args.seconds, pool)
+                        res = measure(urls, questions, c, args.load_procs, args.warmup, args.seconds, pool, args.client)
                         res["rss_mb"] = sum(psutil.Process(proc.pid).memory_info().rss for proc in procs) / 2**20
                         row = {"encoder": name, "mode": mode, "batching": batching, "flags": flags,
-                               "servers": n_servers, "clients": c, **res}  # fmt: skip
+                               "servers": n_servers, "client": args.client, "clients": c, **res}  # fmt: skip
                         rows.append(row)
                         s = res["cpu"]
                         print(f"{name:7} {mode:{width}} {n_servers:>7} {c:>5} {res['qps']:>8.1f} {res['p50_ms']:>8.1f} "
@@ -297,6 +340,8 @@ def main() -> int:
                               f"{1000 * s['process'] / max(res['completed'], 1):>8.2f} {s['compute_share']:>7.1%} "
                               f"{s['other_share']:>6.1%} {res['server_cores']:>12.2f} "
                               f"{res['client_cores']:>12.2f}", flush=True)  # fmt: skip
+                        if n_servers > 1:
+                            print(f"#   queries per server in the window: {res['per_server_queries']}", flush=True)
                 finally:
                     for proc in procs:
                         proc.terminate()
