@@ -94,6 +94,18 @@ def random_vectors(path: Path, rows: int, dim: int) -> Path:
     return path
 
 
+def distinct_questions(questions: list[str], n: int) -> list[str]:
+    """At least ``n`` distinct texts: ``questions``, then numbered variants of them ("... (2)"). With fewer texts
+    than clients, clients would ask the same text at the same moment, which the tool's client joins and the server
+    encodes once per batch, and the load would be lighter than it looks."""
+    out = list(questions)
+    k = 2
+    while len(out) < n:
+        out += [f"{q} ({k})" for q in questions]
+        k += 1
+    return out
+
+
 def tool_client_ask(urls: list[str], clients: int):
     """The search tool's own client for ``urls`` (as one rollout worker holds it) and an ``ask(question) -> bool``
     through it; call inside the running loop."""
@@ -299,7 +311,7 @@ def main() -> int:
     )
     t0 = time.perf_counter()
     ds = generate_toy_dataset(args.work / f"toy-{args.passages}", args.passages, seed=0, progress=False)
-    questions = toy_questions(ds.corpus_path)
+    questions = distinct_questions(toy_questions(ds.corpus_path), 2 * max(args.clients))
     folders = {name: encoder_folder(name, args.tokenizer, args.work) for name in args.encoders}
     print(f"# corpus and encoders ready in {time.perf_counter() - t0:.1f} s", flush=True)
     width = max(12, *(len(m[0]) for m in args.modes))
