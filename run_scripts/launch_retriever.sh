@@ -12,9 +12,9 @@
 # SERVERS=N starts N server processes on ports PORT..PORT+N-1, each with its own copy of the index on the same
 # devices, and prints their URLs as one comma-separated RETRIEVER_URL: the search tool sends each call to the server
 # with the fewest requests in flight. One server's Python interpreter, not the GPU, bounds its throughput on a GPU;
-# on one H200, 4 servers answered 3.2-3.6x and 8 up to 7x one server's queries/s (benchmarks/RESULTS.md). Each copy of
-# the index takes its full size in device memory (wiki-18 under e5 in float16: 32 GB). With SERVERS > 1 the log of
-# the server on port P is LOG_FILE with -P before its .log (default retriever-P.log).
+# on one H200 under 256 clients, 4 servers answered 3.2-3.6x one server's queries/s (benchmarks/RESULTS.md). Each
+# copy of the index takes its full size in device memory (wiki-18 under e5 in float16: 32 GB). With SERVERS > 1 the
+# log of the server on port P is LOG_FILE with -P before its .log (default retriever-P.log).
 #
 # SERVE=1 deploys the same server as a Ray Serve application (python -m local_dense_retriever.serve) into the Ray
 # cluster at RAY_ADDRESS (empty: a local Ray instance that lives as long as the command): REPLICAS replicas (or
