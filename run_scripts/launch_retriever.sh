@@ -14,7 +14,8 @@
 # with the fewest requests in flight. One server's Python interpreter, not the GPU, bounds its throughput on a GPU;
 # on one H200 under 256 clients, 4 servers answered 3.2-3.6x one server's queries/s (benchmarks/RESULTS.md). Each
 # copy of the index takes its full size in device memory (wiki-18 under e5 in float16: 32 GB). With SERVERS > 1 the
-# log of the server on port P is LOG_FILE with -P before its .log (default retriever-P.log).
+# log of the server on port P is LOG_FILE with -P before its .log (default retriever-P.log), and each server gets
+# nproc / SERVERS CPU threads unless the arguments give --num_threads.
 #
 # SERVE=1 deploys the same server as a Ray Serve application (python -m local_dense_retriever.serve) into the Ray
 # cluster at RAY_ADDRESS (empty: a local Ray instance that lives as long as the command): REPLICAS replicas (or
@@ -85,6 +86,10 @@ if [[ "$FAISS_GPU" == 1 ]]; then
     SERVER_ARGS+=(--faiss_gpu)
 fi
 SERVER_ARGS+=("$@")
+if ((SERVERS > 1)) && [[ " $* " != *" --num_threads "* && " $* " != *" --num_threads="* ]]; then
+    # each server its share of the cores (a server's default is all of them: N servers would oversubscribe N times)
+    SERVER_ARGS+=(--num_threads "$(( $(nproc) / SERVERS > 0 ? $(nproc) / SERVERS : 1 ))")
+fi
 SERVER_CMD=("$PYTHON" "${VS_REPO_DIR}/local_dense_retriever/retrieval_server.py")
 if [[ "$SERVE" == 1 ]]; then
     SERVER_CMD=("$PYTHON" -m local_dense_retriever.serve --num_replicas "$REPLICAS" --num_cpus "$REPLICA_CPUS"

@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import socket
+import time
 
 import pytest
 import requests
@@ -136,6 +137,8 @@ def test_several_servers_start_behind_one_url_list(run_script, tmp_path):
         for p in (port, port + 1):
             assert "serving on" in (tmp_path / "logs" / f"ret-{p}.log").read_text()
         assert "the 2 retrievers are ready" in result.stdout
+        threads = max(1, len(os.sched_getaffinity(0)) // 2)  # each its share of the cores
+        assert result.stdout.count(f"--num_threads {threads} --port") == 2
     finally:
         stop(result.stdout)
 
@@ -162,3 +165,30 @@ def test_bad_server_counts_are_refused(run_script, env, message):
     result = run_script("launch_retriever.sh", **{"EMBEDDED": "1", "PORT": str(free_port()), **env})
     assert result.returncode == 1
     assert message in result.stderr
+
+
+def test_servers_that_die_at_start_up_leave_nothing_running_and_keep_the_given_threads(run_script, tmp_path):
+    """A --num_threads given by the caller reaches every server as is; a server that exits during start-up is
+    reported with its log, and no server of the group is left running."""
+    port = free_port_pair()
+    log = tmp_path / "ret.log"
+    result = run_script("launch_retriever.sh", "--num_threads", "3", "--max_batch_size", "0", SERVERS="2",
+                        EMBEDDED="1", PORT=str(port), LOG_FILE=str(log))  # fmt: skip
+    assert result.returncode == 1
+    assert result.stdout.count("--num_threads 3") == 2 and result.stdout.count("--num_threads") == 2
+    assert "the retriever exited during start-up (port" in result.stderr
+    assert "max_batch_size" in result.stderr
+    for p in (port, port + 1):
+        assert gone(int((tmp_path / f"ret-{p}.log.pid").read_text()))
+
+
+def gone(pid: int, timeout: float = 15.0) -> bool:
+    """Whether process ``pid`` no longer exists within ``timeout`` seconds (a stopped server may take a moment)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
