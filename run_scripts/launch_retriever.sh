@@ -65,8 +65,8 @@ LOG_FILE="$(vs_abs "${LOG_FILE:-retriever-${PORT}.log}")"
 STARTUP_TIMEOUT="${STARTUP_TIMEOUT:-3600}"
 POLL_INTERVAL="${POLL_INTERVAL:-2}"
 
-[[ "$PORT" =~ ^[0-9]+$ && "$PORT" -gt 0 ]] || vs_die "PORT=${PORT}: give a fixed port number (the URL must be known)"
-[[ "$SERVERS" =~ ^[0-9]+$ && "$SERVERS" -gt 0 ]] || vs_die "SERVERS=${SERVERS}: give the number of server processes (1 or more)"
+[[ "$PORT" =~ ^[1-9][0-9]*$ && "$PORT" -le 65535 ]] || vs_die "PORT=${PORT}: give a fixed port number from 1 to 65535 (the URL must be known)"
+[[ "$SERVERS" =~ ^[1-9][0-9]*$ ]] || vs_die "SERVERS=${SERVERS}: give the number of server processes (1 or more)"
 if [[ "$SERVE" == 1 && "$SERVERS" != 1 ]]; then
     vs_die "SERVERS=${SERVERS} with SERVE=1: a Ray Serve fleet sizes itself with REPLICAS (one URL); SERVERS starts plain processes"
 fi

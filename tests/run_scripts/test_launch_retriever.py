@@ -157,11 +157,14 @@ def test_a_busy_port_among_the_servers_is_refused_before_starting_anything(run_s
     [
         ({"SERVERS": "0"}, "SERVERS=0: give the number of server processes"),
         ({"SERVERS": "two"}, "SERVERS=two: give the number of server processes"),
+        ({"SERVERS": "08"}, "SERVERS=08: give the number of server processes"),
         ({"SERVERS": "2", "SERVE": "1"}, "SERVERS=2 with SERVE=1: a Ray Serve fleet sizes itself with REPLICAS"),
         ({"SERVERS": "3", "PORT": "65534"}, "PORT=65534 SERVERS=3: the ports would pass 65535"),
+        ({"PORT": "08"}, "PORT=08: give a fixed port number from 1 to 65535"),
+        ({"PORT": "70000"}, "PORT=70000: give a fixed port number from 1 to 65535"),
     ],
 )
-def test_bad_server_counts_are_refused(run_script, env, message):
+def test_bad_ports_and_server_counts_are_refused(run_script, env, message):
     result = run_script("launch_retriever.sh", **{"EMBEDDED": "1", "PORT": str(free_port()), **env})
     assert result.returncode == 1
     assert message in result.stderr
