@@ -184,6 +184,7 @@ def summed_metrics(urls: list[str]) -> dict:
     snaps = [server_metrics(u) for u in urls]
     total = {k: sum(s[k] for s in snaps) for k in ("batches_total", "queries_total")}
     total["per_server_queries"] = [s["queries_total"] for s in snaps]
+    total["duplicate_queries_total"] = sum(s.get("duplicate_queries_total", 0) for s in snaps)
     total["cpu_seconds"] = {  # the CPU seconds cpu_split reads (the stages' wall seconds are not summed)
         k: sum(s["cpu_seconds"][k] for s in snaps) for k in ("process", "native_threads", "encode", "search", "lookup")
     }
@@ -219,6 +220,9 @@ def measure(
         "errors": sum(r["errors"] for r in results),
         "completed": int(lat.size),
         "mean_batch": (after["queries_total"] - before["queries_total"]) / max(batches, 1),
+        # texts repeated within a batch, encoded once (the load should have none: then the engine's work is honest)
+        "repeated": (after["duplicate_queries_total"] - before["duplicate_queries_total"])
+        / max(after["queries_total"] - before["queries_total"], 1),
         "per_server_queries": [
             a - b for a, b in zip(after["per_server_queries"], before["per_server_queries"], strict=True)
         ],
@@ -316,8 +320,8 @@ def main() -> int:
     print(f"# corpus and encoders ready in {time.perf_counter() - t0:.1f} s", flush=True)
     width = max(12, *(len(m[0]) for m in args.modes))
     print(f"{'encoder':7} {'mode':{width}} {'servers':>7} {'C':>5} {'q/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'errors':>6} {'batch':>6} {'cpu/q ms':>8} {'compute':>7} {'other':>6} {'server cores':>12} "
-          f"{'client cores':>12}")  # fmt: skip
+          f"{'errors':>6} {'batch':>6} {'repeated':>8} {'cpu/q ms':>8} {'compute':>7} {'other':>6} "
+          f"{'server cores':>12} {'client cores':>12}")  # fmt: skip
     rows = []
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(args.load_procs) as pool:
@@ -349,6 +353,7 @@ def main() -> int:
                         s = res["cpu"]
                         print(f"{name:7} {mode:{width}} {n_servers:>7} {c:>5} {res['qps']:>8.1f} {res['p50_ms']:>8.1f} "
                               f"{res['p99_ms']:>8.1f} {res['errors']:>6} {res['mean_batch']:>6.1f} "
+                              f"{res['repeated']:>8.1%} "
                               f"{1000 * s['process'] / max(res['completed'], 1):>8.2f} {s['compute_share']:>7.1%} "
                               f"{s['other_share']:>6.1%} {res['server_cores']:>12.2f} "
                               f"{res['client_cores']:>12.2f}", flush=True)  # fmt: skip
