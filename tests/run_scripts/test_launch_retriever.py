@@ -63,11 +63,15 @@ def test_port_zero_is_refused(run_script):
 
 
 @pytest.mark.slow
-def test_embedded_retriever_serves_the_training_preflight(run_script, small_env, tmp_path):
-    """launch_retriever.sh → its RETRIEVER_URL → the training script's DRY_RUN passes against the real server."""
+@pytest.mark.parametrize("servers", [1, 2])
+def test_embedded_retriever_serves_the_training_preflight(run_script, small_env, tmp_path, servers):
+    """launch_retriever.sh → its RETRIEVER_URL (one URL, or a list with SERVERS=2) → the training script's DRY_RUN
+    passes against the real servers, every one of them probed."""
+    port = free_port_pair()
     env = {
         "EMBEDDED": "1",
-        "PORT": str(free_port()),
+        "PORT": str(port),
+        "SERVERS": str(servers),
         "LOG_FILE": str(tmp_path / "retriever.log"),
         "VERL_SEARCH_CACHE": str(tmp_path / "cache"),
     }
@@ -75,14 +79,16 @@ def test_embedded_retriever_serves_the_training_preflight(run_script, small_env,
     try:
         assert result.returncode == 0, result.stdout + result.stderr
         last = result.stdout.strip().splitlines()[-1]
-        assert last == f"RETRIEVER_URL=http://127.0.0.1:{env['PORT']}"
-        url = last.split("=", 1)[1]
-        assert requests.get(f"{url}/health", timeout=5).status_code == 200
+        urls = [f"http://127.0.0.1:{port + i}" for i in range(servers)]
+        assert last == f"RETRIEVER_URL={','.join(urls)}"
+        for url in urls:
+            assert requests.get(f"{url}/health", timeout=5).status_code == 200
         train_env = small_env(tmp_path / "run")
-        train_env["RETRIEVER_URL"] = url
+        train_env["RETRIEVER_URL"] = last.split("=", 1)[1]
         train = run_script("run_qwen2.5-3b_instruct_search_multiturn.sh", **train_env)
         assert train.returncode == 0, train.stdout + train.stderr
-        assert f"OK      retriever: {url}/retrieve answered a probe" in train.stderr
+        for url in urls:
+            assert f"OK      retriever: {url}/retrieve answered a probe" in train.stderr
     finally:
         stop(result.stdout)
 
