@@ -145,6 +145,8 @@ stop_all() {
     done
 }
 
+# interrupted during start-up (Ctrl-C, a job scheduler's SIGTERM): no server is left loading on its own
+trap 'stop_all; echo "error: interrupted; stopped every retriever started" >&2; exit 130' INT TERM
 for i in "${!PORTS[@]}"; do
     log="${LOGS[$i]}"
     mkdir -p "$(dirname "$log")"
@@ -182,6 +184,7 @@ while true; do
     sleep "$POLL_INTERVAL"
 done
 
+trap - INT TERM
 URLS=""
 for port in "${PORTS[@]}"; do
     URLS+="${URLS:+,}http://${URL_HOST}:${port}"

@@ -6,7 +6,10 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -201,3 +204,25 @@ def gone(pid: int, timeout: float = 15.0) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def test_a_launcher_stopped_during_start_up_stops_every_server(tmp_path):
+    """SIGTERM (or Ctrl-C) while the servers load: the launcher stops them all instead of leaving them loading."""
+    port = free_port_pair()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CUDA_VISIBLE_DEVICES")}
+    env.update(PYTHON=sys.executable, SERVERS="2", EMBEDDED="1", PORT=str(port), LOG_FILE=str(tmp_path / "ret.log"),
+               VERL_SEARCH_CACHE=str(tmp_path / "cache"))  # fmt: skip
+    script = Path(__file__).resolve().parents[2] / "run_scripts" / "launch_retriever.sh"
+    launcher = subprocess.Popen(["bash", str(script), "--toy_passages", "50"], cwd=tmp_path, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    pid_files = [tmp_path / f"ret-{p}.log.pid" for p in (port, port + 1)]
+    deadline = time.monotonic() + 60
+    while not all(f.is_file() and f.read_text().strip() for f in pid_files):
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+        time.sleep(0.05)
+    launcher.send_signal(signal.SIGTERM)
+    _, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 130, err
+    assert "interrupted; stopped every retriever started" in err
+    for f in pid_files:
+        assert gone(int(f.read_text()))
