@@ -232,6 +232,24 @@ def measure(
     }
 
 
+def device_memory_mb(pids: list[int]) -> list[float] | None:
+    """Each process's memory on the GPU (MiB, as ``nvidia-smi`` reports it: the CUDA context included), in the order
+    of ``pids``; None where nvidia-smi is missing or does not list them (no GPU, or a container that hides pids)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    used = {}
+    for line in out.splitlines():
+        pid, _, mib = line.partition(",")
+        if pid.strip().isdigit() and mib.strip().isdigit():
+            used[int(pid)] = float(mib)
+    return [used[p] for p in pids] if all(p in used for p in pids) else None
+
+
 def start_servers(n: int, server_args: tuple, **kwargs) -> list[tuple]:
     """``n`` servers (``retriever_load.start_server``'s arguments) started side by side, each once healthy; if one
     fails, those that started are stopped before the error goes on."""
@@ -347,6 +365,7 @@ def main() -> int:
                     for c in args.clients:
                         res = measure(urls, questions, c, args.load_procs, args.warmup, args.seconds, pool, args.client)
                         res["rss_mb"] = sum(psutil.Process(proc.pid).memory_info().rss for proc in procs) / 2**20
+                        res["device_mb"] = device_memory_mb([proc.pid for proc in procs])
                         row = {"encoder": name, "mode": mode, "batching": batching, "flags": flags,
                                "servers": n_servers, "client": args.client, "clients": c, **res}  # fmt: skip
                         rows.append(row)
@@ -359,6 +378,8 @@ def main() -> int:
                               f"{res['client_cores']:>12.2f}", flush=True)  # fmt: skip
                         if n_servers > 1:
                             print(f"#   queries per server in the window: {res['per_server_queries']}", flush=True)
+                        if res["device_mb"]:
+                            print(f"#   device memory per server (MiB): {res['device_mb']}", flush=True)
                 finally:
                     for proc in procs:
                         proc.terminate()
