@@ -174,9 +174,9 @@ while true; do
     ((${#still[@]} > 0)) || break
     waiting=("${still[@]}")
     if ((SECONDS >= deadline)); then
-        stop_all
         i="${waiting[0]}"
         status="$(health_status "${PORTS[$i]}")"
+        stop_all
         echo "error: the retriever was not ready after ${STARTUP_TIMEOUT} s (port ${PORTS[$i]}, last /health status ${status}); stopped every server started. Last lines of ${LOGS[$i]}:" >&2
         tail -n 20 "${LOGS[$i]}" >&2
         exit 1

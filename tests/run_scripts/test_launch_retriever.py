@@ -226,3 +226,15 @@ def test_a_launcher_stopped_during_start_up_stops_every_server(tmp_path):
     assert "interrupted; stopped every retriever started" in err
     for f in pid_files:
         assert gone(int(f.read_text()))
+
+
+def test_servers_not_ready_in_time_are_all_stopped(run_script, tmp_path):
+    port = free_port_pair()
+    result = run_script("launch_retriever.sh", "--toy_passages", "50", SERVERS="2", EMBEDDED="1", PORT=str(port),
+                        LOG_FILE=str(tmp_path / "ret.log"), STARTUP_TIMEOUT="1", POLL_INTERVAL="0.2",
+                        VERL_SEARCH_CACHE=str(tmp_path / "cache"))  # fmt: skip
+    assert result.returncode == 1
+    assert "error: the retriever was not ready after 1 s (port" in result.stderr
+    assert "stopped every server started" in result.stderr
+    for p in (port, port + 1):
+        assert gone(int((tmp_path / f"ret-{p}.log.pid").read_text()))
