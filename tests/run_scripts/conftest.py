@@ -79,24 +79,36 @@ def native_data_dir(tmp_path_factory) -> Path:
     return preprocess(tmp_path_factory.mktemp("native-data"), "search_r1")
 
 
+def script_call(name: str, args: tuple[str, ...], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The command line of ``run_scripts/NAME`` and the environment the tests run it with (this interpreter as
+    PYTHON, no inherited PYTHONPATH or GPU selection, wandb off) plus ``env``."""
+    full_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CUDA_VISIBLE_DEVICES")}
+    full_env.update({"PYTHON": sys.executable, "WANDB_MODE": "disabled"}, **env)
+    return ["bash", str(SCRIPTS / name), *args], full_env
+
+
 @pytest.fixture(scope="session")
 def run_script(tmp_path_factory) -> Callable[..., subprocess.CompletedProcess]:
     """Run ``run_scripts/NAME`` with bash from a fresh directory (not the checkout) with extra env vars."""
 
     def run(name: str, *args: str, timeout: float = 240, **env: str) -> subprocess.CompletedProcess:
+        cmd, full_env = script_call(name, args, env)
         cwd = tmp_path_factory.mktemp("cwd")
-        full_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CUDA_VISIBLE_DEVICES")}
-        full_env.update({"PYTHON": sys.executable, "WANDB_MODE": "disabled"}, **env)
-        return subprocess.run(
-            ["bash", str(SCRIPTS / name), *args],
-            cwd=cwd,
-            env=full_env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def start_script(tmp_path_factory) -> Callable[..., subprocess.Popen]:
+    """``run_script`` without waiting: the script's process, its output piped, for tests that signal it."""
+
+    def start(name: str, *args: str, **env: str) -> subprocess.Popen:
+        cmd, full_env = script_call(name, args, env)
+        cwd = tmp_path_factory.mktemp("cwd")
+        return subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    return start
 
 
 @pytest.fixture(scope="session")

@@ -6,10 +6,7 @@ import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import requests
@@ -206,15 +203,11 @@ def gone(pid: int, timeout: float = 15.0) -> bool:
     return False
 
 
-def test_a_launcher_stopped_during_start_up_stops_every_server(tmp_path):
+def test_a_launcher_stopped_during_start_up_stops_every_server(start_script, tmp_path):
     """SIGTERM (or Ctrl-C) while the servers load: the launcher stops them all instead of leaving them loading."""
     port = free_port_pair()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CUDA_VISIBLE_DEVICES")}
-    env.update(PYTHON=sys.executable, SERVERS="2", EMBEDDED="1", PORT=str(port), LOG_FILE=str(tmp_path / "ret.log"),
-               VERL_SEARCH_CACHE=str(tmp_path / "cache"))  # fmt: skip
-    script = Path(__file__).resolve().parents[2] / "run_scripts" / "launch_retriever.sh"
-    launcher = subprocess.Popen(["bash", str(script), "--toy_passages", "50"], cwd=tmp_path, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    launcher = start_script("launch_retriever.sh", "--toy_passages", "50", SERVERS="2", EMBEDDED="1", PORT=str(port),
+                            LOG_FILE=str(tmp_path / "ret.log"), VERL_SEARCH_CACHE=str(tmp_path / "cache"))  # fmt: skip
     pid_files = [tmp_path / f"ret-{p}.log.pid" for p in (port, port + 1)]
     deadline = time.monotonic() + 60
     while not all(f.is_file() and f.read_text().strip() for f in pid_files):
