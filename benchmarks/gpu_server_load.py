@@ -56,6 +56,7 @@ from retriever_load import (  # noqa: E402
     ask_one,
     bare_engine_qps,
     cpu_split,
+    repeated_share,
     server_metrics,
     start_server,
     toy_questions,
@@ -220,9 +221,7 @@ def measure(
         "errors": sum(r["errors"] for r in results),
         "completed": int(lat.size),
         "mean_batch": (after["queries_total"] - before["queries_total"]) / max(batches, 1),
-        # texts repeated within a batch, encoded once (the load should have none: then the engine's work is honest)
-        "repeated": (after["duplicate_queries_total"] - before["duplicate_queries_total"])
-        / max(after["queries_total"] - before["queries_total"], 1),
+        "repeated": repeated_share(before, after),
         "per_server_queries": [
             a - b for a, b in zip(after["per_server_queries"], before["per_server_queries"], strict=True)
         ],

@@ -206,6 +206,13 @@ def bare_engine_qps(
     return out
 
 
+def repeated_share(before: dict, after: dict) -> float:
+    """The share of the queries between two /metrics snapshots that repeated a text already in their batch (the
+    engine encodes and searches it once): a load of distinct questions has none, else it was that much lighter."""
+    repeated = after.get("duplicate_queries_total", 0) - before.get("duplicate_queries_total", 0)
+    return repeated / max(after["queries_total"] - before["queries_total"], 1)
+
+
 def cpu_split(before: dict, after: dict) -> dict:
     """The server's CPU seconds between two /metrics snapshots, split into compute (encoding and index search, on
     the engine's thread and torch's/faiss's native threads), corpus lookup and everything else (local_dense_retriever
@@ -324,9 +331,7 @@ def main() -> int:
                 batches = after["batches_total"] - before["batches_total"]
                 res["mean_batch"] = (after["queries_total"] - before["queries_total"]) / max(batches, 1)
                 res["cpu"] = cpu_split(before["cpu_seconds"], after["cpu_seconds"])
-                # texts repeated within a batch are encoded once (engine): a load of distinct questions has none
-                repeated = after.get("duplicate_queries_total", 0) - before.get("duplicate_queries_total", 0)
-                res["repeated"] = repeated / max(after["queries_total"] - before["queries_total"], 1)
+                res["repeated"] = repeated_share(before, after)
                 rss = psutil.Process(proc.pid).memory_info().rss / 2**20
                 row = {"backend": backend, "mode": "batched" if batching else "per-request", "clients": c, **res,
                        "rss_mb": rss}  # fmt: skip
