@@ -12,6 +12,8 @@ Backend = Literal["auto", "torch", "faiss", "bm25"]
 Pooling = Literal["auto", "mean", "cls"]
 #: precision of the encoder and of the torch backend's vectors ('auto' resolves per device)
 Precision = Literal["auto", "float32", "float16", "bfloat16"]
+#: the query encoder's precisions: the vectors', and int8 linear layers on a CPU (local_dense_retriever.int8_linear)
+EncoderPrecision = Literal["auto", "float32", "float16", "bfloat16", "int8"]
 #: the torch backend's coarse pre-scan of a float32 CPU index (local_dense_retriever.index.prefilter)
 Prefilter = Literal["auto", "bfloat16", "int8", "off"]
 
@@ -77,10 +79,12 @@ class ServerConfig(BaseModel):
     fp16: bool = Field(
         default=True, description="Allow a half-precision encoder under encoder_dtype 'auto' (--no_fp16: float32)."
     )
-    encoder_dtype: Precision = Field(
+    encoder_dtype: EncoderPrecision = Field(
         default="auto",
         description="Encoder precision; 'auto' = float16 on CUDA; on a CPU with bf16 instructions (avx512_bf16, "
-        "amx_bf16) bfloat16 when a start-up probe finds it faster, else float32.",
+        "amx_bf16) bfloat16 when a start-up probe finds it faster, else float32. 'int8' (CPU, BERT-family encoders, "
+        "a C++ compiler for torch.compile): int8 linear layers, for CPUs without bf16 matmuls (VNNI); never chosen "
+        "by 'auto'.",
     )
     index_dtype: Precision = Field(
         default="auto", description="torch backend vector dtype; 'auto' = float16 on CUDA, float32 on CPU."

@@ -17,6 +17,14 @@ from local_dense_retriever.batch_tokenizer import BatchTokenizer
 from local_dense_retriever.config import Precision, ServerConfig
 from local_dense_retriever.cpu_features import cpu_has_amx
 from local_dense_retriever.errors import EncoderError
+from local_dense_retriever.int8_linear import (
+    ACTIVATIONS,
+    Int8FeedForward,
+    Int8Linear,
+    Int8SelfOutput,
+    check_int8_runs,
+    quantize_linears,
+)
 from local_dense_retriever.memory import bound_kernel_caches
 from local_dense_retriever.packed_encoder import PackedEncoder, token_groups, unsupported_reason
 
@@ -117,7 +125,7 @@ def resolve_encoder_dtype(dtype: str, device: torch.device) -> torch.dtype:
             return torch.float16
         return choose_cpu_precision(cpu_bf16_flags(), None)[0]
     if dtype not in get_args(Precision):
-        raise EncoderError(f"unknown encoder dtype {dtype!r}: use auto, float32, float16 or bfloat16")
+        raise EncoderError(f"unknown encoder dtype {dtype!r}: use auto, float32, float16, bfloat16 or (on a CPU) int8")
     return getattr(torch, dtype)
 
 
@@ -146,6 +154,9 @@ class HFEncoder:
         from transformers import AutoModel, AutoTokenizer
 
         self.device = resolve_device(device)
+        int8 = dtype == "int8"
+        if int8 and self.device.type != "cpu":
+            raise EncoderError(f"--encoder_dtype int8 runs on a CPU only (the device is {self.device}): use auto")
         if kernel_cache is not None and self.device.type == "cpu":
             logger.info("CPU kernel caches: %s", bound_kernel_caches(kernel_cache))
         self.pooling = pooling
@@ -164,7 +175,9 @@ class HFEncoder:
         if getattr(model, "pooler", None) is not None:
             model.pooler = None  # unused (pooled here from last_hidden_state): a matmul and a kernel shape less
         model = model.to(device=self.device).eval()
-        if dtype == "auto" and self.device.type == "cpu":
+        if int8:
+            self.dtype = torch.float32  # the layers outside the int8 linears (embeddings, norms, attention)
+        elif dtype == "auto" and self.device.type == "cpu":
             flags = cpu_bf16_flags()
             timings = self._cached_probe(model, model_name_or_path, flags) if flags else None
             self.dtype, why = choose_cpu_precision(flags, timings)
@@ -180,6 +193,27 @@ class HFEncoder:
             if reason is None:
                 self.packed = PackedEncoder(self.model, token_multiple=self.shape_multiple)
             logger.info("encoder forward: %s", "packed (real tokens only)" if reason is None else f"padded ({reason})")
+        self.precision = str(self.dtype).removeprefix("torch.")
+        if int8:
+            self._quantize(reason)
+
+    def _quantize(self, unpacked: str | None) -> None:
+        """The packed encoder's linear layers in int8 (:mod:`~local_dense_retriever.int8_linear`), each layer's
+        feed-forward block and attention output compiled whole (with their GELU and LayerNorms), run once."""
+        if self.packed is None:
+            raise EncoderError(f"--encoder_dtype int8 needs the packed encoder, and this one runs padded ({unpacked})")
+        approximate = ACTIVATIONS.get(str(self.model.config.hidden_act))
+        layers = []
+        for qkv, attention_out, feed_forward in self.packed.layers:
+            if approximate is None:  # an activation the fused block does not compute: the model's own, unfused
+                quantize_linears(feed_forward)
+            else:
+                feed_forward = Int8FeedForward(feed_forward.intermediate, feed_forward.output, approximate)
+            layers.append((Int8Linear(qkv), Int8SelfOutput(attention_out), feed_forward))
+        self.packed.layers = layers
+        check_int8_runs(lambda: (self.encode(["warm-up"]), self.encode(PROBE_BATCH)))
+        self.precision = "int8"
+        logger.info("encoder precision int8: int8 weights (a scale per output) and inputs (a scale per token)")
 
     def _cached_probe(self, model, model_name_or_path: str | Path, flags: list[str]) -> dict[str, float]:
         """The probe's timings, measured once per model, CPU, torch version and thread count on this machine."""

@@ -54,6 +54,28 @@ def token_rows(tokens: int, multiple: int) -> int:
     return -(-tokens // step) * step
 
 
+def fused_qkv(attention) -> torch.nn.Linear:
+    """One Linear computing a self-attention's query, key and value projections side by side (one matmul)."""
+    parts = (attention.query, attention.key, attention.value)
+    first = parts[0].weight
+    fused = torch.nn.Linear(first.shape[1], 3 * first.shape[0], device=first.device, dtype=first.dtype)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([p.weight for p in parts]))
+        fused.bias.copy_(torch.cat([p.bias for p in parts]))
+    return fused.requires_grad_(False)
+
+
+class FeedForward(torch.nn.Module):
+    """A BERT layer's feed-forward block, ``x`` → ``output(intermediate(x), x)``, with the layer's own modules."""
+
+    def __init__(self, intermediate: torch.nn.Module, output: torch.nn.Module) -> None:
+        super().__init__()
+        self.intermediate, self.output = intermediate, output
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.output(self.intermediate(x), x)
+
+
 class PackedEncoder:
     """``model``'s forward pass over real tokens only. Build it after the model has its final device and dtype."""
 
@@ -67,10 +89,7 @@ class PackedEncoder:
         self.layers = []
         for layer in model.encoder.layer:
             own = layer.attention.self
-            qkv = (own.query, own.key, own.value)  # one matmul for the three projections
-            weight = torch.cat([p.weight for p in qkv]).detach()
-            bias = torch.cat([p.bias for p in qkv]).detach()
-            self.layers.append((weight, bias, layer.attention.output, layer.intermediate, layer.output))
+            self.layers.append((fused_qkv(own), layer.attention.output, FeedForward(layer.intermediate, layer.output)))
 
     @torch.inference_mode()
     def __call__(
@@ -94,13 +113,13 @@ class PackedEncoder:
         x = hidden.index_select(0, gather)
         key_mask = mask[:, None, None, :]
         padded = x.new_zeros(batch * length, 3 * width)  # padding positions stay 0: masked keys, unused queries
-        for weight, bias, attention_out, intermediate, out in self.layers:
-            padded.index_copy_(0, real, F.linear(x, weight, bias)[:tokens])
+        for qkv, attention_out, feed_forward in self.layers:
+            padded.index_copy_(0, real, qkv(x)[:tokens])
             q, k, v = padded.view(batch, length, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
             attended = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)  # scale 1/sqrt(head size)
             attended = attended.transpose(1, 2).reshape(batch * length, width).index_select(0, gather)
             x = attention_out(attended, x)  # dense, residual, LayerNorm: the layer's own modules
-            x = out(intermediate(x), x)
+            x = feed_forward(x)
         result = x.new_zeros(batch * length, width)
         result.index_copy_(0, real, x[:tokens])
         return result.view(batch, length, width)

@@ -65,6 +65,6 @@ class DenseSearch:
             return self.index.search(vectors, min(k, len(self.index)))
 
     def describe(self) -> str:
-        dtype = getattr(self.encoder, "dtype", None)
+        dtype = getattr(self.encoder, "precision", None) or getattr(self.encoder, "dtype", None)
         where = f" ({str(dtype).removeprefix('torch.')} on {self.encoder.device})" if dtype is not None else ""
         return f"encoder{where}; {self.index.describe()}"

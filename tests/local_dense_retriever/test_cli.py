@@ -63,8 +63,12 @@ def test_our_flags():
     assert config.requested_encoder_dtype() == "float32"  # --no_fp16 turns the auto half precision off
     config, _ = config_from_args([*PUBLISHED, "--encoder_dtype", "bfloat16"])
     assert config.requested_encoder_dtype() == "bfloat16"
+    config, _ = config_from_args([*PUBLISHED, "--encoder_dtype", "int8"])  # the CPU encoder's int8 layers
+    assert config.requested_encoder_dtype() == "int8"
     with pytest.raises(SystemExit):
-        config_from_args([*PUBLISHED, "--encoder_dtype", "int8"])
+        config_from_args([*PUBLISHED, "--encoder_dtype", "int4"])
+    with pytest.raises(SystemExit):  # int8 is an encoder precision, not a vector one
+        config_from_args([*PUBLISHED, "--index_dtype", "int8"])
 
 
 def test_backend_auto_follows_the_index_kind(tmp_path):

@@ -231,8 +231,8 @@ def test_encoder_dtype_resolution():
     assert enc.resolve_encoder_dtype("auto", torch.device("cuda")) == torch.float16
     assert enc.resolve_encoder_dtype("float32", torch.device("cuda")) == torch.float32
     assert enc.resolve_encoder_dtype("bfloat16", cpu) == torch.bfloat16
-    with pytest.raises(enc.EncoderError, match="unknown encoder dtype 'int8'"):
-        enc.resolve_encoder_dtype("int8", cpu)
+    with pytest.raises(enc.EncoderError, match="unknown encoder dtype .int4."):
+        enc.resolve_encoder_dtype("int4", cpu)
     assert ServerConfig().requested_encoder_dtype() == "auto"
     assert ServerConfig(fp16=False).requested_encoder_dtype() == "float32"
     assert ServerConfig(fp16=False, encoder_dtype="bfloat16").requested_encoder_dtype() == "bfloat16"

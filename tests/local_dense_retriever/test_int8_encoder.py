@@ -1,0 +1,135 @@
+"""The int8 query encoder (``--encoder_dtype int8``, for CPUs without bf16 matmuls): it retrieves what float32
+retrieves, a query's vector does not depend on its batch-mates, it is refused with a reason where it cannot run, and
+the real server serves with it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from local_dense_retriever.corpus_store import CorpusStore
+from local_dense_retriever.encoder import HFEncoder
+from local_dense_retriever.engine import RetrievalEngine
+from local_dense_retriever.errors import EncoderError
+from local_dense_retriever.index.base import DenseSearch
+from local_dense_retriever.index.torch_flat import TorchFlatIndex
+from local_dense_retriever.int8_linear import Int8FeedForward, Int8Linear, Int8SelfOutput, check_int8_runs
+
+
+@pytest.fixture(scope="module")
+def int8_encoder(minilm_path) -> HFEncoder:
+    return HFEncoder(minilm_path, retriever_name="minilm", device="cpu", dtype="int8", shape_multiple=8)
+
+
+@pytest.fixture(scope="module")
+def questions(toy_questions) -> list[str]:
+    return [q["question"] for q in toy_questions]
+
+
+def top3(encoder, index, questions) -> np.ndarray:
+    return index.search(encoder.encode(questions), 3)[1]
+
+
+def test_int8_runs_every_linear_layer_of_the_packed_encoder_in_int8(int8_encoder):
+    assert int8_encoder.precision == "int8"
+    for qkv, attention_out, feed_forward in int8_encoder.packed.layers:
+        assert isinstance(qkv, Int8Linear) and qkv.weight_t.dtype == torch.int8
+        assert isinstance(attention_out, Int8SelfOutput) and isinstance(feed_forward, Int8FeedForward)
+    index = TorchFlatIndex(torch.randn(10, 384), device=torch.device("cpu"))
+    assert "(int8 on cpu)" in DenseSearch(int8_encoder, index).describe()
+
+
+def test_int8_vectors_and_rankings_are_float32s(int8_encoder, minilm_encoder, minilm_index, questions, toy_questions,
+                                                toy_dataset):  # fmt: skip
+    """The vectors agree to within the two roundings, the top passage is float32's for nearly every question, and
+    recall@3 of the toy QA set is unchanged (the few top-3 changes are near-ties swapped)."""
+    index = TorchFlatIndex.from_file(minilm_index["npy"], device=torch.device("cpu"))
+    cosine = (int8_encoder.encode(questions) * minilm_encoder.encode(questions)).sum(1)
+    assert cosine.min() > 0.99, cosine.min()
+    ranked = {"float32": top3(minilm_encoder, index, questions), "int8": top3(int8_encoder, index, questions)}
+    assert (ranked["float32"][:, 0] == ranked["int8"][:, 0]).mean() >= 0.9
+    overlap = np.mean([len(set(a) & set(b)) / 3 for a, b in zip(ranked["float32"], ranked["int8"], strict=True)])
+    assert overlap >= 0.9, overlap
+    corpus = CorpusStore(toy_dataset.corpus_path, progress=False)
+    single_hop = [q for q in toy_questions if q["metadata"]["hops"] == 1]
+    recall = {}
+    for name, encoder in (("float32", minilm_encoder), ("int8", int8_encoder)):
+        hits = RetrievalEngine(DenseSearch(encoder, index), corpus).search([q["question"] for q in single_hop], 3)
+        found = [set(q["metadata"]["supporting_ids"]) <= {d["id"] for d, _ in per_q}
+                 for q, per_q in zip(single_hop, hits, strict=True)]  # fmt: skip
+        recall[name] = np.mean(found)
+    assert recall["int8"] >= recall["float32"] - 0.02, recall
+
+
+def test_a_querys_int8_vector_does_not_depend_on_its_batch(int8_encoder, questions):
+    """One scale per token, not per batch: a question encodes alike alone and among 71 others of any length (to
+    a rare int8 rounding flipped by float rounding upstream: 2e-4 at most here; one scale per batch moved vectors by
+    up to 5%)."""
+    texts = (questions * (70 // len(questions) + 1))[:70] + ["x", "a much longer query " * 20]
+    together = int8_encoder.encode(texts)
+    alone = torch.cat([int8_encoder.encode([t]) for t in texts[::9]])
+    assert (together[::9] - alone).abs().max() < 1e-3
+    assert (torch.nn.functional.cosine_similarity(together[::9], alone, dim=-1) > 0.9999).all()
+    torch.testing.assert_close(together.norm(dim=-1), torch.ones(72))
+
+
+def test_int8_with_an_activation_the_fused_block_lacks_runs_the_models_own(minilm_path, tmp_path):
+    """A BERT whose hidden_act is not a GELU keeps its own feed-forward modules, with int8 linear layers in them."""
+    model = tmp_path / "relu-minilm"
+    shutil.copytree(minilm_path, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "hidden_act": "relu"}))
+    float32 = HFEncoder(model, retriever_name="minilm", device="cpu", dtype="float32")
+    int8 = HFEncoder(model, retriever_name="minilm", device="cpu", dtype="int8")
+    assert not any(isinstance(ff, Int8FeedForward) for _, _, ff in int8.packed.layers)
+    assert isinstance(int8.packed.layers[0][2].intermediate.dense, Int8Linear)
+    texts = ["who founded the city on the river", "x", "when was the bridge built " * 5]
+    assert ((int8.encode(texts) * float32.encode(texts)).sum(1) > 0.99).all()
+
+
+def test_int8_needs_the_packed_encoder(minilm_path):
+    with pytest.raises(EncoderError, match="int8 needs the packed encoder.*turned off"):
+        HFEncoder(minilm_path, device="cpu", dtype="int8", packed=False)
+
+
+def test_int8_on_a_gpu_is_refused_before_the_model_loads(minilm_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(EncoderError, match="int8 runs on a CPU only"):
+        HFEncoder(minilm_path, device="cuda", dtype="int8")
+
+
+def test_int8_layers_that_cannot_compile_are_a_clear_error():
+    def no_compiler():
+        raise RuntimeError("\nCppCompileError: C++ compile error: g++: not found\nmore lines")
+
+    with pytest.raises(EncoderError, match=r"CppCompileError.*C\+\+ compiler.*--encoder_dtype float32") as e:
+        check_int8_runs(no_compiler)
+    assert "more lines" not in str(e.value)
+
+
+def test_the_server_serves_int8_as_float32_ranks(tmp_path, minilm_index, toy_dataset, minilm_path, start_cli_server,
+                                                  questions):  # fmt: skip
+    """``--encoder_dtype int8`` through the published command: the same top passage as a float32 server for nearly
+    every question, asked one at a time and in one batch."""
+    common = ["--index_path", str(minilm_index["npy"]), "--corpus_path", str(toy_dataset.corpus_path), "--topk", "3",
+              "--retriever_name", "minilm", "--retriever_model", str(minilm_path)]  # fmt: skip
+    top = {}
+    for dtype in ("float32", "int8"):
+        proc, url = start_cli_server([*common, "--encoder_dtype", dtype], tmp_path / f"{dtype}.log")
+        try:
+            with httpx.Client(base_url=url, timeout=60) as client:
+                batch = client.post("/retrieve", json={"queries": questions[:24], "topk": 3}).json()["result"]
+                single = [client.post("/retrieve", json={"queries": [q], "topk": 3}).json()["result"][0]
+                          for q in questions[:24:4]]  # fmt: skip
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        assert [hits[0]["id"] for hits in batch[::4]] == [hits[0]["id"] for hits in single]
+        top[dtype] = [hits[0]["id"] for hits in batch]
+    assert "encoder precision int8" in (tmp_path / "int8.log").read_text()
+    assert np.mean([a == b for a, b in zip(top["float32"], top["int8"], strict=True)]) >= 0.9, top
