@@ -285,9 +285,10 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="server torch/faiss threads")
     p.add_argument(
         "--encoder_dtype",
-        choices=["auto", "float32", "bfloat16"],
+        choices=["auto", "float32", "bfloat16", "int8"],
         default="auto",
-        help="server encoder precision ('auto': bfloat16 where the CPU has bf16 instructions and it measures faster)",
+        help="server encoder precision ('auto': bfloat16 where the CPU has bf16 instructions and it measures faster; "
+        "'int8': int8 linear layers, for CPUs with VNNI and no bf16 hardware)",
     )
     p.add_argument(
         "--index_prefilter",
@@ -295,7 +296,7 @@ def main() -> int:
         default="auto",
         help="the torch servers' pre-scan of the index ('auto': bfloat16 where the CPU has AMX, int8 where it has "
         "VNNI); a CPU with VNNI but no bf16 hardware is ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI with --encoder_dtype "
-        "float32 --index_prefilter int8, one with neither --encoder_dtype float32 --index_prefilter off",
+        "float32 (or int8) --index_prefilter int8, one with neither --encoder_dtype float32 --index_prefilter off",
     )
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = p.parse_args()
