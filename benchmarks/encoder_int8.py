@@ -1,4 +1,4 @@
-"""Would an int8 query encoder lift CPUs without bf16 hardware to the retriever's 10x target? Speed and agreement.
+"""The int8 query encoder for CPUs without bf16 hardware: speed and agreement with float32, against other int8 schemes.
 
     python benchmarks/encoder_int8.py [--passages 2000] [--questions 512] [--rounds 7]
 
@@ -9,7 +9,9 @@ layers, all on this CPU in one process:
   weight scales: PyTorch's stock dynamic quantisation, real int8 kernels (VNNI where the CPU has it, no AMX).
 - ``int8-channel``: the same with per-output-channel weight scales (``per_channel_dynamic_qconfig``).
 - ``int8-token``: one activation scale per token and per-channel weights, *simulated* in float32 (round to the int8
-  grid, multiply in float): the best accuracy a W8A8 kernel of this kind could reach, with no speed of its own.
+  grid, multiply in float): the numerics of the served int8 encoder, with no speed of its own.
+- ``int8 (served)``: the server's ``--encoder_dtype int8`` (``local_dense_retriever.int8_linear``): the same scheme
+  with real int8 matmuls, its elementwise steps compiled, run packed as the server runs it.
 
 For each: queries per second at batch 64 (best of ``--rounds``, tokenisation and pooling included, as the server
 runs it), the cosine between its question vectors and float32's, how often its top-3 passages over a toy corpus (the
@@ -33,6 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from local_dense_retriever.encoder import HFEncoder, bundled_minilm_path, cpu_bf16_flags, cpu_has_amx  # noqa: E402
+from local_dense_retriever.packed_encoder import PackedEncoder  # noqa: E402
 from local_dense_retriever.toy.questions import generate_questions  # noqa: E402
 from local_dense_retriever.toy.world import ToyWorld  # noqa: E402
 
@@ -78,6 +81,14 @@ def variants(fp32: torch.nn.Module) -> dict[str, torch.nn.Module]:
     }
 
 
+def packed_or_none(model: torch.nn.Module, token_multiple: int) -> PackedEncoder | None:
+    """The packed forward pass of ``model``, or None where its layers are not plain Linears (the quantised ones)."""
+    try:
+        return PackedEncoder(model, token_multiple=token_multiple)
+    except ValueError:
+        return None
+
+
 def encode_all(enc: HFEncoder, texts: list[str], *, is_query: bool = True) -> torch.Tensor:
     return torch.cat([enc.encode(texts[i : i + BATCH], is_query=is_query) for i in range(0, len(texts), BATCH)])
 
@@ -114,18 +125,22 @@ def main() -> int:
           f"{world.num_passages} passages")  # fmt: skip
     print(f"{'encoder':13} {'q/s at 64':>9} {'vs fp32':>8} {'cos min':>8} {'cos mean':>9} {'top-3 = fp32':>12} "
           f"{'batch drift max':>15}")  # fmt: skip
-    for name, model in models.items():
-        enc.model = model
-        qps = None if name == "int8-token" else queries_per_second(enc, questions, args.rounds)
-        vectors = encode_all(enc, questions)
+    served = HFEncoder(bundled_minilm_path(), retriever_name="minilm", device="cpu", dtype="int8")
+    runs = [(name, enc, model) for name, model in models.items()] + [("int8 (served)", served, None)]
+    for name, encoder, model in runs:
+        if model is not None:  # run packed as the server does where the variant's layers allow, else padded
+            enc.model, enc.packed = model, packed_or_none(model, enc.shape_multiple)
+        qps = None if name == "int8-token" else queries_per_second(encoder, questions, args.rounds)
+        vectors = encode_all(encoder, questions)
         top3 = (vectors @ passages.T).topk(3, dim=1).indices.sort(dim=1).values
-        alone = torch.cat([enc.encode([q]) for q in questions[:BATCH]])
+        alone = torch.cat([encoder.encode([q]) for q in questions[:BATCH]])
         drift = (1 - (alone * vectors[:BATCH]).sum(1)).max().item()
         if reference is None:
             reference = (qps, vectors, top3)
         cos = (vectors * reference[1]).sum(1)
         same = (top3 == reference[2]).all(1).float().mean().item()
         speed = "simulated" if qps is None else f"{qps:>9.0f} {qps / reference[0]:>7.2f}x"
+        name += "" if encoder is served or enc.packed is not None else " (padded)"
         print(f"{name:13} {speed:>18} {cos.min().item():>8.5f} {cos.mean().item():>9.5f} {same:>12.1%} "
               f"{drift:>15.2e}")  # fmt: skip
     return 0

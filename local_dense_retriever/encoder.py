@@ -19,6 +19,8 @@ from local_dense_retriever.cpu_features import cpu_has_amx
 from local_dense_retriever.errors import EncoderError
 from local_dense_retriever.int8_linear import (
     ACTIVATIONS,
+    CALIBRATION_QUERIES,
+    InputRanges,
     Int8FeedForward,
     Int8Linear,
     Int8SelfOutput,
@@ -203,13 +205,21 @@ class HFEncoder:
         if self.packed is None:
             raise EncoderError(f"--encoder_dtype int8 needs the packed encoder, and this one runs padded ({unpacked})")
         approximate = ACTIVATIONS.get(str(self.model.config.hidden_act))
+        linears = [m for layer in self.packed.layers for part in layer for m in part.modules()
+                   if isinstance(m, torch.nn.Linear)]  # fmt: skip
+        with InputRanges(linears) as ranges:  # the float32 forward, for the smoothing factors
+            self.encode(list(CALIBRATION_QUERIES))
         layers = []
         for qkv, attention_out, feed_forward in self.packed.layers:
             if approximate is None:  # an activation the fused block does not compute: the model's own, unfused
-                quantize_linears(feed_forward)
+                quantize_linears(feed_forward, ranges=ranges)
             else:
-                feed_forward = Int8FeedForward(feed_forward.intermediate, feed_forward.output, approximate)
-            layers.append((Int8Linear(qkv), Int8SelfOutput(attention_out), feed_forward))
+                smooth = (ranges.smooth(feed_forward.intermediate.dense), ranges.smooth(feed_forward.output.dense))
+                feed_forward = Int8FeedForward(feed_forward.intermediate, feed_forward.output, approximate, smooth)
+            layers.append(
+                (Int8Linear(qkv, smooth=ranges.smooth(qkv)),
+                 Int8SelfOutput(attention_out, ranges.smooth(attention_out.dense)), feed_forward)
+            )  # fmt: skip
         self.packed.layers = layers
         check_int8_runs(lambda: (self.encode(["warm-up"]), self.encode(PROBE_BATCH)))
         self.precision = "int8"

@@ -2,21 +2,24 @@
 
 On a CPU with VNNI but neither AMX nor AVX-512 BF16 (Cascade Lake and Ice Lake Xeons), the float32 query encoder's
 linear layers already run at ~91% of the float32 matmul peak, while an int8 matmul of the encoder's shapes runs
-~3.8x faster than float32's there (``benchmarks/encoder_int8.py``). Each layer here keeps:
+~3.8x faster than float32's there. Each layer here keeps:
 
 - its weight as int8 multiples of one scale per output channel (the largest magnitude of the row over 127);
 - its input as int8 multiples of one scale per token (row), computed on every call: a token's rounding depends on
-  that token alone, so a query's vector does not depend on its batch-mates (one scale per batch moved vectors by up
-  to 5%); the int32 sums are exact;
-- the bias, and the output, in float32: ``(x_q @ w_q^T) * x_scale * w_scale + bias``.
+  that token alone, so a query's vector does not depend on its batch-mates but through float noise (one scale per
+  batch moved vectors by up to 5%); the int32 sums are exact;
+- a smoothing factor per input column (:func:`smoothing`, from the inputs' ranges over :data:`CALIBRATION_QUERIES`),
+  which moves half of each column's range into the weight, so that BERT's few outlier columns no longer set the
+  int8 step of a token's other columns;
+- the bias, and the output, in float32: ``((x / s)_q @ (w s)_q^T) * x_scale * w_scale + bias``.
 
-Run eagerly, the quantise and rescale steps around ``torch._int_mm`` cost more than the int8 matmul saves; so a BERT
+Run eagerly, the quantise and rescale steps around ``torch._int_mm`` cost more than the int8 matmul saves. So a BERT
 layer's attention output (dense, residual, LayerNorm) and the two halves of its feed-forward block (dense and GELU;
-dense, residual and LayerNorm) are each one function compiled by ``torch.compile`` (inductor, dynamic shapes: a C++ compiler must be
-installed; compiled once per process, a few seconds, cached on disk by inductor), whose elementwise steps become a
-few C++ loops around the int8 matmuls.
+dense, residual and LayerNorm) are each one function compiled by ``torch.compile``: inductor, dynamic shapes, a C++
+compiler needed; compiled once per process in a few seconds (inductor keeps the result on disk for the next start),
+their elementwise steps become a few C++ loops around the int8 matmuls.
 
-Invariant: every int8 module computes what the float32 module it replaces computes, but for the two roundings.
+Invariant: every int8 module computes what the float32 module it replaces computes, but for the roundings.
 """
 
 from __future__ import annotations
@@ -35,8 +38,12 @@ _compiled: dict = {}
 _compile_lock = threading.Lock()
 
 
-def w8a8_linear(x: torch.Tensor, weight_t: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None):
-    """``x`` (rows, in) float32 through int8 weights ``weight_t`` (in, out) with per-output scales; float32 out."""
+def w8a8_linear(x: torch.Tensor, weight_t: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
+                input_scale: torch.Tensor | None = None):  # fmt: skip
+    """``x`` (rows, in) float32 through int8 weights ``weight_t`` (in, out) with per-output scales; float32 out.
+    ``input_scale``: each input column's factor before rounding (:func:`smoothing`; the weight holds its inverse)."""
+    if input_scale is not None:
+        x = x * input_scale
     largest = x.abs().amax(1, keepdim=True).clamp(min=1e-12)
     q = (x * (127 / largest)).round().to(torch.int8)  # a product per element, not a (slower) quotient
     out = torch._int_mm(q, weight_t).to(torch.float32) * (largest / 127) * weight_scale
@@ -47,18 +54,18 @@ def w8a8_linear(x: torch.Tensor, weight_t: torch.Tensor, weight_scale: torch.Ten
 ACTIVATIONS = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
 
 
-def self_output(hidden, residual, weight_t, weight_scale, bias, norm_weight, norm_bias, eps: float):
+def self_output(hidden, residual, norm_weight, norm_bias, eps: float, weight_t, weight_scale, bias, input_scale):
     """``LayerNorm(dense(hidden) + residual)`` with the dense layer in int8: a BERT layer's attention output, and the
     second half of its feed-forward block."""
-    out = w8a8_linear(hidden, weight_t, weight_scale, bias) + residual
+    out = w8a8_linear(hidden, weight_t, weight_scale, bias, input_scale) + residual
     return torch.nn.functional.layer_norm(out, out.shape[-1:], norm_weight, norm_bias, eps)
 
 
-def gelu_up(x, weight_t, weight_scale, bias, approximate: str):
+def gelu_up(x, approximate: str, weight_t, weight_scale, bias, input_scale):
     """The first half of a BERT layer's feed-forward block: ``gelu(dense(x))``, the dense layer in int8. Compiled
     apart from the second half (:func:`self_output`), which quantises its result: fused, inductor computed the GELU
     twice (once for the rows' largest values, once to quantise) and the block was 15% slower."""
-    return torch.nn.functional.gelu(w8a8_linear(x, weight_t, weight_scale, bias), approximate=approximate)
+    return torch.nn.functional.gelu(w8a8_linear(x, weight_t, weight_scale, bias, input_scale), approximate=approximate)
 
 
 def compile_once(fn):
@@ -74,21 +81,29 @@ def compile_once(fn):
 
 
 class Int8Linear(torch.nn.Module):
-    """A float32 ``Linear`` run in int8 (:func:`w8a8_linear`); its float weight is not kept."""
+    """A float32 ``Linear`` run in int8 (:func:`w8a8_linear`); its float weight is not kept. ``smooth``: a factor
+    per input column (:func:`smoothing`) moved from the inputs into the weight before both are rounded."""
 
-    def __init__(self, linear: torch.nn.Linear, *, compiled: bool = True) -> None:
+    def __init__(self, linear: torch.nn.Linear, *, compiled: bool = True, smooth: torch.Tensor | None = None) -> None:
         super().__init__()
         w = linear.weight.detach().float()
+        if smooth is not None:
+            w = w * smooth
         scale = w.abs().amax(1).clamp(min=1e-12) / 127
         self.register_buffer("weight_t", (w / scale[:, None]).round().to(torch.int8).t().contiguous())
         self.register_buffer("weight_scale", scale)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+        self.register_buffer("input_scale", None if smooth is None else (1 / smooth).float())
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self._call = compile_once(w8a8_linear) if compiled else w8a8_linear
 
+    def args(self) -> tuple:
+        """What :func:`w8a8_linear` takes after the input, for this layer."""
+        return self.weight_t, self.weight_scale, self.bias, self.input_scale
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        out = self._call(rows, self.weight_t, self.weight_scale, self.bias)
+        out = self._call(rows, *self.args())
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -99,43 +114,145 @@ class Int8SelfOutput(torch.nn.Module):
     """A BERT layer's ``attention.output`` (dense, residual, LayerNorm; dropout is off in inference) in int8, as one
     compiled call (:func:`self_output`)."""
 
-    def __init__(self, module: torch.nn.Module) -> None:
+    def __init__(self, module: torch.nn.Module, smooth: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.dense = Int8Linear(module.dense, compiled=False)
+        self.dense = Int8Linear(module.dense, compiled=False, smooth=smooth)
         self.norm = module.LayerNorm
         self._call = compile_once(self_output)
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        d, n = self.dense, self.norm
-        return self._call(hidden, residual, d.weight_t, d.weight_scale, d.bias, n.weight, n.bias, n.eps)
+        n = self.norm
+        return self._call(hidden, residual, n.weight, n.bias, n.eps, *self.dense.args())
 
 
 class Int8FeedForward(torch.nn.Module):
     """A BERT layer's ``intermediate`` and ``output`` (dense, GELU, dense, residual, LayerNorm) in int8, as two
     compiled calls (:func:`gelu_up`, :func:`self_output`): ``x`` → the layer's output."""
 
-    def __init__(self, intermediate: torch.nn.Module, output: torch.nn.Module, approximate: str) -> None:
+    def __init__(
+        self,
+        intermediate: torch.nn.Module,
+        output: torch.nn.Module,
+        approximate: str,
+        smooth: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
+    ) -> None:
         super().__init__()
-        self.up = Int8Linear(intermediate.dense, compiled=False)
-        self.down = Int8Linear(output.dense, compiled=False)
+        self.up = Int8Linear(intermediate.dense, compiled=False, smooth=smooth[0])
+        self.down = Int8Linear(output.dense, compiled=False, smooth=smooth[1])
         self.norm = output.LayerNorm
         self.approximate = approximate
         self._up, self._down = compile_once(gelu_up), compile_once(self_output)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        u, d, n = self.up, self.down, self.norm
-        inner = self._up(x, u.weight_t, u.weight_scale, u.bias, self.approximate)
-        return self._down(inner, x, d.weight_t, d.weight_scale, d.bias, n.weight, n.bias, n.eps)
+        n = self.norm
+        inner = self._up(x, self.approximate, *self.up.args())
+        return self._down(inner, x, n.weight, n.bias, n.eps, *self.down.args())
 
 
-def quantize_linears(module: torch.nn.Module, *, compiled: bool = True) -> int:
-    """Replace every ``Linear`` under ``module`` (``module`` itself excluded) with an :class:`Int8Linear`, in place;
-    the number replaced."""
+#: SmoothQuant's migration strength: how much of each input column's range moves into the weight (0: none)
+SMOOTHING_ALPHA = 0.5
+
+#: queries whose activations set the smoothing factors (a model's outlier columns are its own, whatever the text):
+#: questions of the shapes rollouts send a search engine, short and long, one and two hops
+CALIBRATION_QUERIES = (
+    "who wrote the novel the old man and the sea",
+    "when did the first human land on the moon",
+    "what is the capital city of australia",
+    "how many players are on a rugby union team",
+    "which river flows through the city of budapest",
+    "who was the president of the united states during the civil war",
+    "what year was the eiffel tower completed",
+    "where was the composer of the magic flute born",
+    "what is the boiling point of water at sea level in fahrenheit",
+    "which company makes the playstation game console",
+    "who played the lead role in the film casablanca",
+    "what language is spoken in the country north of brazil called suriname",
+    "when was the university that alan turing attended founded",
+    "how long is the great wall of china",
+    "what element has the chemical symbol fe",
+    "who directed the movie that won best picture in 1998",
+    "in which country is the mountain kilimanjaro",
+    "what is the population of the largest city in canada",
+    "which band released the album abbey road",
+    "who discovered penicillin and in what year",
+    "what is the name of the longest bone in the human body",
+    "which ocean lies between africa and australia",
+    "who is the author of a brief history of time",
+    "what currency is used in switzerland",
+    "when did the berlin wall fall",
+    "who founded the company that makes the iphone",
+    "what sport does the team real madrid play",
+    "which planet has the most moons in the solar system",
+    "where is the headquarters of the united nations located",
+    "who painted the ceiling of the sistine chapel",
+    "what is the official language of the country whose capital is lima",
+    "how many states are there in the united states of america",
+    "which city hosted the summer olympic games in 2008",
+    "who was the first woman to win a nobel prize",
+    "what is the tallest building in the world as of today",
+    "when was the declaration of independence signed",
+    "who sang the song that was number one in the uk charts in july 1985",
+    "what is the main ingredient of guacamole",
+    "which author created the detective sherlock holmes",
+    "in what year did the titanic sink and how many people died",
+    "what is the speed of light in a vacuum",
+    "who is the current head of state of the country where the river danube ends",
+    "which football club has won the most european cups",
+    "what type of animal is a komodo dragon",
+    "where did the inventor of the telephone die",
+    "x",
+    "capital of france",
+    "the birth place of the scientist who proposed the theory of general relativity and the year he moved to the "
+    "united states to work at the institute for advanced study in princeton",
+)
+
+
+def smoothing(input_max: torch.Tensor, weight: torch.Tensor, alpha: float = SMOOTHING_ALPHA) -> torch.Tensor:
+    """A factor per input column, ``max|x_j|^alpha / max|w_:,j|^(1 - alpha)`` (SmoothQuant, Xiao et al. 2023): the
+    inputs divided by it and the weight's columns multiplied by it compute the same product, with the columns' ranges
+    evened out, so that a token's few outlier columns (BERT models have some) no longer set the int8 step of all its
+    others. Rows are still scaled per token on every call, so an input beyond the calibrated range is never clipped."""
+    column_max = weight.detach().float().abs().amax(0).clamp(min=1e-5)
+    return (input_max.float().clamp(min=1e-5) ** alpha / column_max ** (1 - alpha)).clamp(min=1e-5)
+
+
+class InputRanges:
+    """Records, per ``Linear`` given, the largest magnitude each input column takes while it is open (a forward
+    pre-hook each; removed on exit): ``ranges[module]``."""
+
+    def __init__(self, modules: list[torch.nn.Linear]) -> None:
+        self.modules = modules
+        self.ranges: dict[torch.nn.Module, torch.Tensor] = {}
+        self._hooks: list = []
+
+    def _record(self, module: torch.nn.Module, args: tuple) -> None:
+        seen = args[0].detach().abs().reshape(-1, args[0].shape[-1]).amax(0).float()
+        known = self.ranges.get(module)
+        self.ranges[module] = seen if known is None else torch.maximum(known, seen)
+
+    def __enter__(self) -> InputRanges:
+        self._hooks = [m.register_forward_pre_hook(self._record) for m in self.modules]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for hook in self._hooks:
+            hook.remove()
+
+    def smooth(self, module: torch.nn.Linear) -> torch.Tensor | None:
+        """:func:`smoothing` for ``module``, or None when no input reached it."""
+        seen = self.ranges.get(module)
+        return None if seen is None else smoothing(seen, module.weight)
+
+
+def quantize_linears(module: torch.nn.Module, *, compiled: bool = True, ranges: InputRanges | None = None) -> int:
+    """Replace every ``Linear`` under ``module`` (``module`` itself excluded) with an :class:`Int8Linear`, in place,
+    smoothed by ``ranges`` where it recorded the layer; the number replaced."""
     count = 0
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, torch.nn.Linear):
-                setattr(parent, name, Int8Linear(child, compiled=compiled))
+                smooth = None if ranges is None else ranges.smooth(child)
+                setattr(parent, name, Int8Linear(child, compiled=compiled, smooth=smooth))
                 count += 1
     return count
 

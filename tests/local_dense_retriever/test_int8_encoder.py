@@ -18,7 +18,13 @@ from local_dense_retriever.engine import RetrievalEngine
 from local_dense_retriever.errors import EncoderError
 from local_dense_retriever.index.base import DenseSearch
 from local_dense_retriever.index.torch_flat import TorchFlatIndex
-from local_dense_retriever.int8_linear import Int8FeedForward, Int8Linear, Int8SelfOutput, check_int8_runs
+from local_dense_retriever.int8_linear import (
+    InputRanges,
+    Int8FeedForward,
+    Int8Linear,
+    Int8SelfOutput,
+    check_int8_runs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +46,8 @@ def test_int8_runs_every_linear_layer_of_the_packed_encoder_in_int8(int8_encoder
     for qkv, attention_out, feed_forward in int8_encoder.packed.layers:
         assert isinstance(qkv, Int8Linear) and qkv.weight_t.dtype == torch.int8
         assert isinstance(attention_out, Int8SelfOutput) and isinstance(feed_forward, Int8FeedForward)
+        for linear in (qkv, attention_out.dense, feed_forward.up, feed_forward.down):  # smoothed by the calibration
+            assert linear.input_scale is not None and linear.input_scale.shape == (linear.in_features,)
     index = TorchFlatIndex(torch.randn(10, 384), device=torch.device("cpu"))
     assert "(int8 on cpu)" in DenseSearch(int8_encoder, index).describe()
 
@@ -67,14 +75,16 @@ def test_int8_vectors_and_rankings_are_float32s(int8_encoder, minilm_encoder, mi
 
 
 def test_a_querys_int8_vector_does_not_depend_on_its_batch(int8_encoder, questions):
-    """One scale per token, not per batch: a question encodes alike alone and among 71 others of any length (to
-    a rare int8 rounding flipped by float rounding upstream: 2e-4 at most here; one scale per batch moved vectors by
-    up to 5%)."""
+    """One scale per token, not per batch: most questions encode alike alone and among 71 others of any length; the
+    rest move only where float noise (the attention's, which sees the batch's padded length) flips an int8 rounding:
+    1 - cosine up to 6.5e-4 over 512 toy questions (benchmarks/encoder_int8.py); one scale per batch moved vectors by
+    up to 5e-2."""
     texts = (questions * (70 // len(questions) + 1))[:70] + ["x", "a much longer query " * 20]
     together = int8_encoder.encode(texts)
-    alone = torch.cat([int8_encoder.encode([t]) for t in texts[::9]])
-    assert (together[::9] - alone).abs().max() < 1e-3
-    assert (torch.nn.functional.cosine_similarity(together[::9], alone, dim=-1) > 0.9999).all()
+    alone = torch.cat([int8_encoder.encode([t]) for t in texts])
+    drift = 1 - torch.nn.functional.cosine_similarity(together, alone, dim=-1)
+    assert drift.max() < 2e-3, drift.max()
+    assert ((together - alone).abs().amax(1) < 1e-6).float().mean() >= 0.75
     torch.testing.assert_close(together.norm(dim=-1), torch.ones(72))
 
 
@@ -133,3 +143,24 @@ def test_the_server_serves_int8_as_float32_ranks(tmp_path, minilm_index, toy_dat
         top[dtype] = [hits[0]["id"] for hits in batch]
     assert "encoder precision int8" in (tmp_path / "int8.log").read_text()
     assert np.mean([a == b for a, b in zip(top["float32"], top["int8"], strict=True)]) >= 0.9, top
+
+
+def test_smoothing_evens_out_an_outlier_column_and_clips_nothing():
+    """A token whose one column is 50x the others: unsmoothed, that column sets the int8 step of all the others;
+    smoothed by the inputs' ranges, the layer is several times closer to float32, also for inputs 10x beyond the
+    calibrated range (rows are still scaled per token)."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(384, 256)
+    x = torch.randn(64, 384)
+    x[:, 7] *= 50
+    with InputRanges([linear]) as ranges:
+        linear(x)
+    plain, smoothed = (
+        Int8Linear(linear, compiled=False),
+        Int8Linear(linear, compiled=False, smooth=ranges.smooth(linear)),
+    )
+    for inputs in (x, 10 * x):
+        exact = linear(inputs)
+        error = {name: ((layer(inputs) - exact).norm() / exact.norm()).item()
+                 for name, layer in (("plain", plain), ("smoothed", smoothed))}  # fmt: skip
+        assert error["smoothed"] < error["plain"] / 3 and error["smoothed"] < 0.01, error
