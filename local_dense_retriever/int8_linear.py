@@ -68,6 +68,35 @@ def gelu_up(x, approximate: str, weight_t, weight_scale, bias, input_scale):
     return torch.nn.functional.gelu(w8a8_linear(x, weight_t, weight_scale, bias, input_scale), approximate=approximate)
 
 
+#: the call inductor's Python binding of a compiled C++ kernel makes, as this torch writes it: the GIL stays held
+_INDUCTOR_ENTRY = "kernel({}); Py_RETURN_NONE;"
+#: the same call with the GIL released while the kernel runs (its arguments are read from Python first)
+_RELEASED_ENTRY = (
+    "struct NoGil {{ PyThreadState* saved; NoGil() : saved(PyEval_SaveThread()) {{}} "
+    "~NoGil() {{ PyEval_RestoreThread(saved); }} }}; "
+    "[&](auto... a) {{ NoGil released; kernel(a...); }}({}); Py_RETURN_NONE;"
+)
+
+
+def release_gil_in_compiled_kernels() -> bool:
+    """Make inductor's C++ kernels release the GIL while they run, as torch's own operators do: held, a compiled
+    kernel stopped the server's event-loop thread for its whole run (a Python loop beside one got half its speed)
+    and serialised the per-request mode's threads. Only where inductor's binding is the one this was written against
+    (torch 2.13: ``CppPythonBindingsCodeCache.call_entry_function``); elsewhere it is left as it is. Whether it
+    applied."""
+    try:
+        from torch._inductor.codecache import CppPythonBindingsCodeCache as bindings
+    except ImportError:
+        return False
+    entry = getattr(bindings, "call_entry_function", None)
+    if entry == _INDUCTOR_ENTRY:
+        bindings.call_entry_function = _RELEASED_ENTRY
+    elif entry != _RELEASED_ENTRY:
+        logger.info("inductor's kernel binding is not the one known: its kernels keep the GIL while they run")
+        return False
+    return True
+
+
 def compile_once(fn):
     """``fn`` compiled once per process (dynamic shapes: one kernel for every row count); the quantise and rescale
     steps, the activation and the LayerNorm around the int8 matmuls become a few C++ loops."""
@@ -76,6 +105,7 @@ def compile_once(fn):
     with _compile_lock:
         if fn not in _compiled:
             inductor_config.compile_threads = 1  # in this process: no pool of compile workers left behind the server
+            release_gil_in_compiled_kernels()
             _compiled[fn] = torch.compile(fn, dynamic=True)
         return _compiled[fn]
 

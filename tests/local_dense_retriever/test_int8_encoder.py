@@ -164,3 +164,48 @@ def test_smoothing_evens_out_an_outlier_column_and_clips_nothing():
         error = {name: ((layer(inputs) - exact).norm() / exact.norm()).item()
                  for name, layer in (("plain", plain), ("smoothed", smoothed))}  # fmt: skip
         assert error["smoothed"] < error["plain"] / 3 and error["smoothed"] < 0.01, error
+
+
+def _elementwise(x: torch.Tensor) -> torch.Tensor:
+    return (x.erf() * x.sin()).exp().sqrt()  # one C++ kernel when compiled, no torch operator (those drop the GIL)
+
+
+def test_compiled_kernels_let_other_threads_run():
+    """While a compiled kernel runs, another Python thread (the server's event loop) runs too: inductor's binding,
+    patched, releases the GIL as torch's own operators do (held, it left the other thread a gap of 53 of the call's
+    66 ms). The patch knows this torch's binding: an upgrade that changes it fails here, not silently."""
+    import threading
+    import time
+
+    from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+    from local_dense_retriever.int8_linear import _RELEASED_ENTRY, compile_once, release_gil_in_compiled_kernels
+
+    assert release_gil_in_compiled_kernels()
+    assert CppPythonBindingsCodeCache.call_entry_function == _RELEASED_ENTRY
+    kernel = compile_once(_elementwise)
+    x = torch.rand(16_000_000)  # tens of milliseconds
+    with torch.inference_mode():
+        torch.testing.assert_close(kernel(x[:1000]), _elementwise(x[:1000]))
+        kernel(x)
+    for _ in range(3):  # the other thread stamps the time as fast as it can; a held GIL leaves a gap of the call
+        stop, stamps = threading.Event(), []
+
+        def stamp(stop=stop, stamps=stamps) -> None:
+            while not stop.is_set():
+                stamps.append(time.perf_counter())
+
+        other = threading.Thread(target=stamp)
+        other.start()
+        time.sleep(0.05)
+        with torch.inference_mode():
+            start = time.perf_counter()
+            kernel(x)
+            end = time.perf_counter()
+        stop.set()
+        other.join()
+        during = [start] + [t for t in stamps if start < t < end] + [end]
+        gap = max(b - a for a, b in zip(during, during[1:], strict=False))
+        if gap < (end - start) / 2:
+            break
+    assert gap < (end - start) / 2, f"no other thread ran for {gap * 1e3:.0f} of the call's {(end - start) * 1e3:.0f} ms"
