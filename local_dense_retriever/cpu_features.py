@@ -3,6 +3,8 @@ products with int32 sums, about 3x float32 in a flat scan)."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -22,3 +24,19 @@ def cpu_has_amx() -> bool:
 def cpu_has_vnni() -> bool:
     """True on CPUs with AVX512-VNNI (int8 dot products into int32: an int8 flat scan ~3x faster than float32's)."""
     return _probe("_is_vnni_supported")
+
+
+@functools.cache
+def int8_matmul_exact() -> bool:
+    """Whether ``torch._int_mm``'s int32 sums are exact here. With VNNI or AMX they are; without (AVX2 alone, or
+    oneDNN held to it by ``ONEDNN_MAX_CPU_ISA=AVX2``) oneDNN adds pairs of int8 products in 16 bits, which saturate
+    for inputs near +-127: the int8 query encoder then gave NaN vectors. Checked once per process on extreme values."""
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randint(-127, 128, (32, 256), generator=generator, dtype=torch.int8)
+    b = torch.randint(-127, 128, (256, 32), generator=generator, dtype=torch.int8)
+    a[0], b[:, 0], a[1], b[:, 1] = 127, 127, -127, 127
+    try:
+        got = torch._int_mm(a, b)
+    except RuntimeError:
+        return False
+    return torch.equal(got, a.int() @ b.int())

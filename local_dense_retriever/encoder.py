@@ -15,7 +15,7 @@ import torch
 
 from local_dense_retriever.batch_tokenizer import BatchTokenizer
 from local_dense_retriever.config import Precision, ServerConfig
-from local_dense_retriever.cpu_features import cpu_has_amx
+from local_dense_retriever.cpu_features import cpu_has_amx, int8_matmul_exact
 from local_dense_retriever.errors import EncoderError
 from local_dense_retriever.int8_linear import (
     ACTIVATIONS,
@@ -159,6 +159,11 @@ class HFEncoder:
         int8 = dtype == "int8"
         if int8 and self.device.type != "cpu":
             raise EncoderError(f"--encoder_dtype int8 runs on a CPU only (the device is {self.device}): use auto")
+        if int8 and not int8_matmul_exact():
+            raise EncoderError(
+                "--encoder_dtype int8 needs exact int8 matmuls (a CPU with VNNI or AMX); this CPU's saturate, "
+                "which spoils the vectors: use --encoder_dtype float32"
+            )
         if kernel_cache is not None and self.device.type == "cpu":
             logger.info("CPU kernel caches: %s", bound_kernel_caches(kernel_cache))
         self.pooling = pooling

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from local_dense_retriever.config import Prefilter
-from local_dense_retriever.cpu_features import cpu_has_amx, cpu_has_vnni
+from local_dense_retriever.cpu_features import cpu_has_amx, cpu_has_vnni, int8_matmul_exact
 from local_dense_retriever.index.base import IndexLoadError
 from local_dense_retriever.index.prefilter import Bf16Copy, CoarseCopy, Int8Copy, prefiltered_topk
 from local_dense_retriever.index.topk import block_topk, grouped_topk, merge_topk
@@ -161,7 +161,7 @@ def auto_prefilter_dtype() -> str | None:
     (without AMX a bf16 matmul is slower than float32's: 0.27-0.67x, ``benchmarks/cpu_flat_scan.py``)."""
     if cpu_has_amx():
         return "bfloat16"
-    if cpu_has_vnni():
+    if cpu_has_vnni() and int8_matmul_exact():  # the sums exact as used (not so with oneDNN held to AVX2)
         return "int8"
     return None
 
@@ -178,6 +178,11 @@ def resolve_prefilter(prefilter: str, device: torch.device, dtype: str, shape: t
         raise IndexLoadError(
             f"--index_prefilter {prefilter} pre-scans a float32 index on the CPU; this index is "
             f"{resolve_index_dtype(dtype, device)} on {device.type} (use --index_prefilter off or auto)"
+        )
+    if prefilter == "int8" and not int8_matmul_exact():
+        raise IndexLoadError(
+            "--index_prefilter int8 needs exact int8 sums (a CPU with VNNI or AMX); this CPU's int8 matmul "
+            "saturates (use --index_prefilter off or auto)"
         )
     if prefilter == "auto":
         chosen = auto_prefilter_dtype()

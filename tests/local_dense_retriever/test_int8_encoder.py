@@ -5,7 +5,11 @@ the real server serves with it."""
 from __future__ import annotations
 
 import json
+import os
+import platform
 import shutil
+import subprocess
+import sys
 
 import httpx
 import numpy as np
@@ -111,6 +115,19 @@ def test_int8_on_a_gpu_is_refused_before_the_model_loads(minilm_path, monkeypatc
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(EncoderError, match="int8 runs on a CPU only"):
         HFEncoder(minilm_path, device="cuda", dtype="int8")
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="oneDNN's ISA cap is x86's")
+def test_int8_where_int8_sums_saturate_is_refused(minilm_path):
+    """Without VNNI or AMX (oneDNN held to AVX2 here) int8 matmuls add products in 16 bits and saturate: the
+    encoder gave NaN vectors, so it is refused, found by the CPU's own arithmetic, not by its flags."""
+    code = ("from local_dense_retriever.cpu_features import int8_matmul_exact; assert not int8_matmul_exact()\n"
+            "from local_dense_retriever.encoder import HFEncoder\n"
+            f"HFEncoder({str(minilm_path)!r}, device='cpu', dtype='int8')")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})  # fmt: skip
+    assert out.returncode != 0 and "EncoderError" in out.stderr, out.stderr[-2000:]
+    assert "needs exact int8 matmuls (a CPU with VNNI or AMX)" in out.stderr
 
 
 def test_int8_layers_that_cannot_compile_are_a_clear_error():

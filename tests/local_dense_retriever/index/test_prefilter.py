@@ -228,6 +228,12 @@ def test_auto_pre_scans_large_float32_indexes_in_bf16_with_amx_and_in_int8_with_
     assert resolve_prefilter("auto", CPU, "auto", large) is None
     for named in ("bfloat16", "int8"):  # asked for: on, whatever the CPU
         assert resolve_prefilter(named, CPU, "float32", (10, 8)) == named
+    # where int8 sums saturate (oneDNN held to AVX2 on a VNNI CPU): never int8, and a named int8 is refused
+    monkeypatch.setattr(torch_flat, "cpu_has_vnni", lambda: True)
+    monkeypatch.setattr(torch_flat, "int8_matmul_exact", lambda: False)
+    assert resolve_prefilter("auto", CPU, "auto", large) is None
+    with pytest.raises(IndexLoadError, match="needs exact int8 sums .*saturates"):
+        resolve_prefilter("int8", CPU, "float32", (10, 8))
 
 
 def test_a_pre_scan_asked_of_an_index_that_is_not_float32_on_the_cpu_is_refused(rng):
