@@ -27,14 +27,16 @@ def cpu_has_vnni() -> bool:
 
 
 @functools.cache
-def int8_matmul_exact() -> bool:
-    """Whether ``torch._int_mm``'s int32 sums are exact here. With VNNI or AMX they are; without (AVX2 alone, or
-    oneDNN held to it by ``ONEDNN_MAX_CPU_ISA=AVX2``) oneDNN adds pairs of int8 products in 16 bits, which saturate
-    for inputs near +-127: the int8 query encoder then gave NaN vectors. Checked once per process on extreme values."""
+def int8_matmul_exact(weight_max: int = 127) -> bool:
+    """Whether ``torch._int_mm``'s int32 sums are exact here for inputs in [-127, 127] and weights in
+    [-``weight_max``, ``weight_max``]. With VNNI or AMX they are. Without (AVX2 alone, AVX512 without VNNI, or oneDNN
+    held to those by ``ONEDNN_MAX_CPU_ISA``) oneDNN adds pairs of int8 products in 16 bits, which saturate for full
+    range weights (the int8 query encoder then gave NaN vectors) but not for weights within +-64. Checked once per
+    process and range on extreme values."""
     generator = torch.Generator().manual_seed(0)
     a = torch.randint(-127, 128, (32, 256), generator=generator, dtype=torch.int8)
-    b = torch.randint(-127, 128, (256, 32), generator=generator, dtype=torch.int8)
-    a[0], b[:, 0], a[1], b[:, 1] = 127, 127, -127, 127
+    b = torch.randint(-weight_max, weight_max + 1, (256, 32), generator=generator, dtype=torch.int8)
+    a[0], b[:, 0], a[1], b[:, 1] = 127, weight_max, -127, weight_max
     try:
         got = torch._int_mm(a, b)
     except RuntimeError:

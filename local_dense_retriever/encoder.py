@@ -20,6 +20,7 @@ from local_dense_retriever.errors import EncoderError
 from local_dense_retriever.int8_linear import (
     ACTIVATIONS,
     CALIBRATION_QUERIES,
+    WEIGHT_LEVELS_7BIT,
     InputRanges,
     Int8FeedForward,
     Int8Linear,
@@ -159,10 +160,10 @@ class HFEncoder:
         int8 = dtype == "int8"
         if int8 and self.device.type != "cpu":
             raise EncoderError(f"--encoder_dtype int8 runs on a CPU only (the device is {self.device}): use auto")
-        if int8 and not int8_matmul_exact():
+        if int8 and not int8_matmul_exact(WEIGHT_LEVELS_7BIT):
             raise EncoderError(
-                "--encoder_dtype int8 needs exact int8 matmuls (a CPU with VNNI or AMX); this CPU's saturate, "
-                "which spoils the vectors: use --encoder_dtype float32"
+                "--encoder_dtype int8 needs exact int8 matmuls; this CPU's saturate even with 7-bit weights, which "
+                "spoils the vectors: use --encoder_dtype float32"
             )
         if kernel_cache is not None and self.device.type == "cpu":
             logger.info("CPU kernel caches: %s", bound_kernel_caches(kernel_cache))
@@ -214,21 +215,31 @@ class HFEncoder:
                    if isinstance(m, torch.nn.Linear)]  # fmt: skip
         with InputRanges(linears) as ranges:  # the float32 forward, for the smoothing factors
             self.encode(list(CALIBRATION_QUERIES))
+        # full-range weights where the int8 sums are exact (VNNI, AMX); else 7-bit ones, whose sums stay exact in
+        # the 16-bit pair adds of AVX2's int8 path
+        levels = 127 if int8_matmul_exact() else WEIGHT_LEVELS_7BIT
+        self.int8_weight_levels = levels
         layers = []
         for qkv, attention_out, feed_forward in self.packed.layers:
             if approximate is None:  # an activation the fused block does not compute: the model's own, unfused
-                quantize_linears(feed_forward, ranges=ranges)
+                quantize_linears(feed_forward, ranges=ranges, weight_levels=levels)
             else:
                 smooth = (ranges.smooth(feed_forward.intermediate.dense), ranges.smooth(feed_forward.output.dense))
-                feed_forward = Int8FeedForward(feed_forward.intermediate, feed_forward.output, approximate, smooth)
+                feed_forward = Int8FeedForward(
+                    feed_forward.intermediate, feed_forward.output, approximate, smooth, levels
+                )
             layers.append(
-                (Int8Linear(qkv, smooth=ranges.smooth(qkv)),
-                 Int8SelfOutput(attention_out, ranges.smooth(attention_out.dense)), feed_forward)
+                (Int8Linear(qkv, smooth=ranges.smooth(qkv), weight_levels=levels),
+                 Int8SelfOutput(attention_out, ranges.smooth(attention_out.dense), levels), feed_forward)
             )  # fmt: skip
         self.packed.layers = layers
         check_int8_runs(lambda: (self.encode(["warm-up"]), self.encode(PROBE_BATCH)))
         self.precision = "int8"
-        logger.info("encoder precision int8: int8 weights (a scale per output) and inputs (a scale per token)")
+        logger.info(
+            "encoder precision int8: %s-bit weights (a scale per output), int8 inputs (a scale per token)%s",
+            8 if levels == 127 else 7,
+            "" if levels == 127 else ": this CPU's int8 sums saturate with 8-bit weights (no VNNI or AMX)",
+        )
 
     def _cached_probe(self, model, model_name_or_path: str | Path, flags: list[str]) -> dict[str, float]:
         """The probe's timings, measured once per model, CPU, torch version and thread count on this machine."""

@@ -50,6 +50,9 @@ def w8a8_linear(x: torch.Tensor, weight_t: torch.Tensor, weight_scale: torch.Ten
     return out if bias is None else out + bias
 
 
+#: weight levels where the CPU's int8 sums are exact only for weights within +-64 (AVX2's 16-bit pair adds)
+WEIGHT_LEVELS_7BIT = 63
+
 #: the activations a fused feed-forward block computes itself, by Hugging Face ``hidden_act`` name
 ACTIVATIONS = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
 
@@ -114,12 +117,19 @@ class Int8Linear(torch.nn.Module):
     """A float32 ``Linear`` run in int8 (:func:`w8a8_linear`); its float weight is not kept. ``smooth``: a factor
     per input column (:func:`smoothing`) moved from the inputs into the weight before both are rounded."""
 
-    def __init__(self, linear: torch.nn.Linear, *, compiled: bool = True, smooth: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        linear: torch.nn.Linear,
+        *,
+        compiled: bool = True,
+        smooth: torch.Tensor | None = None,
+        weight_levels: int = 127,
+    ) -> None:
         super().__init__()
         w = linear.weight.detach().float()
         if smooth is not None:
             w = w * smooth
-        scale = w.abs().amax(1).clamp(min=1e-12) / 127
+        scale = w.abs().amax(1).clamp(min=1e-12) / weight_levels  # 63 where 8-bit weights would saturate
         self.register_buffer("weight_t", (w / scale[:, None]).round().to(torch.int8).t().contiguous())
         self.register_buffer("weight_scale", scale)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
@@ -144,9 +154,9 @@ class Int8SelfOutput(torch.nn.Module):
     """A BERT layer's ``attention.output`` (dense, residual, LayerNorm; dropout is off in inference) in int8, as one
     compiled call (:func:`self_output`)."""
 
-    def __init__(self, module: torch.nn.Module, smooth: torch.Tensor | None = None) -> None:
+    def __init__(self, module: torch.nn.Module, smooth: torch.Tensor | None = None, weight_levels: int = 127) -> None:
         super().__init__()
-        self.dense = Int8Linear(module.dense, compiled=False, smooth=smooth)
+        self.dense = Int8Linear(module.dense, compiled=False, smooth=smooth, weight_levels=weight_levels)
         self.norm = module.LayerNorm
         self._call = compile_once(self_output)
 
@@ -165,10 +175,11 @@ class Int8FeedForward(torch.nn.Module):
         output: torch.nn.Module,
         approximate: str,
         smooth: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
+        weight_levels: int = 127,
     ) -> None:
         super().__init__()
-        self.up = Int8Linear(intermediate.dense, compiled=False, smooth=smooth[0])
-        self.down = Int8Linear(output.dense, compiled=False, smooth=smooth[1])
+        self.up = Int8Linear(intermediate.dense, compiled=False, smooth=smooth[0], weight_levels=weight_levels)
+        self.down = Int8Linear(output.dense, compiled=False, smooth=smooth[1], weight_levels=weight_levels)
         self.norm = output.LayerNorm
         self.approximate = approximate
         self._up, self._down = compile_once(gelu_up), compile_once(self_output)
@@ -274,7 +285,9 @@ class InputRanges:
         return None if seen is None else smoothing(seen, module.weight)
 
 
-def quantize_linears(module: torch.nn.Module, *, compiled: bool = True, ranges: InputRanges | None = None) -> int:
+def quantize_linears(
+    module: torch.nn.Module, *, compiled: bool = True, ranges: InputRanges | None = None, weight_levels: int = 127
+) -> int:
     """Replace every ``Linear`` under ``module`` (``module`` itself excluded) with an :class:`Int8Linear`, in place,
     smoothed by ``ranges`` where it recorded the layer; the number replaced."""
     count = 0
@@ -282,7 +295,7 @@ def quantize_linears(module: torch.nn.Module, *, compiled: bool = True, ranges: 
         for name, child in list(parent.named_children()):
             if isinstance(child, torch.nn.Linear):
                 smooth = None if ranges is None else ranges.smooth(child)
-                setattr(parent, name, Int8Linear(child, compiled=compiled, smooth=smooth))
+                setattr(parent, name, Int8Linear(child, compiled=compiled, smooth=smooth, weight_levels=weight_levels))
                 count += 1
     return count
 

@@ -118,16 +118,31 @@ def test_int8_on_a_gpu_is_refused_before_the_model_loads(minilm_path, monkeypatc
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="oneDNN's ISA cap is x86's")
-def test_int8_where_int8_sums_saturate_is_refused(minilm_path):
-    """Without VNNI or AMX (oneDNN held to AVX2 here) int8 matmuls add products in 16 bits and saturate: the
-    encoder gave NaN vectors, so it is refused, found by the CPU's own arithmetic, not by its flags."""
-    code = ("from local_dense_retriever.cpu_features import int8_matmul_exact; assert not int8_matmul_exact()\n"
-            "from local_dense_retriever.encoder import HFEncoder\n"
-            f"HFEncoder({str(minilm_path)!r}, device='cpu', dtype='int8')")  # fmt: skip
+def test_where_8_bit_weights_saturate_the_int8_sums_7_bit_weights_keep_them_exact(minilm_path):
+    """Without VNNI or AMX (oneDNN held to AVX2 here) int8 matmuls add pairs of products in 16 bits: with full-range
+    weights the sums saturate (the encoder gave NaN vectors), with weights within +-64 they stay exact. Found by the
+    CPU's own arithmetic, not by its flags; the encoder then runs with 7-bit weights, close to float32."""
+    code = (
+        "from local_dense_retriever.cpu_features import int8_matmul_exact\n"
+        "assert not int8_matmul_exact() and int8_matmul_exact(63)\n"
+        "from local_dense_retriever.encoder import HFEncoder\n"
+        f"int8 = HFEncoder({str(minilm_path)!r}, device='cpu', dtype='int8')\n"
+        f"float32 = HFEncoder({str(minilm_path)!r}, device='cpu', dtype='float32')\n"
+        "texts = ['who founded the city on the river', 'x', 'when was the bridge built ' * 5]\n"
+        "assert int8.int8_weight_levels == 63 and int8.packed.layers[0][0].weight_t.abs().max() <= 63\n"
+        "assert ((int8.encode(texts) * float32.encode(texts)).sum(1) > 0.99).all()\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})  # fmt: skip
-    assert out.returncode != 0 and "EncoderError" in out.stderr, out.stderr[-2000:]
-    assert "needs exact int8 matmuls (a CPU with VNNI or AMX)" in out.stderr
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_int8_where_even_7_bit_weights_saturate_is_refused(minilm_path, monkeypatch):
+    from local_dense_retriever import encoder
+
+    monkeypatch.setattr(encoder, "int8_matmul_exact", lambda weight_max=127: False)
+    with pytest.raises(EncoderError, match="saturate even with 7-bit weights.*--encoder_dtype float32"):
+        HFEncoder(minilm_path, device="cpu", dtype="int8")
 
 
 def test_int8_layers_that_cannot_compile_are_a_clear_error():
