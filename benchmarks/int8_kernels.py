@@ -9,7 +9,7 @@ MiniLM's shapes (hidden 384, inner 1,536; ``--rows`` packed tokens: 960 is a 64-
 - ``int8 one graph``: the whole block compiled as one function;
 - ``int8 served``: the two halves compiled apart (``gelu_up``, ``self_output``), as the server runs them.
 
-Each: best of 7 rounds of 30 calls. Then, in two child processes (the patch is process-wide), how fast a pure Python
+Each: best of 9 rounds of 30 calls, the four alternated within each round. Then, in two child processes (the patch is process-wide), how fast a pure Python
 loop runs beside a thread calling a compiled elementwise kernel, over the loop alone: with inductor's binding as
 torch ships it, and with ``release_gil_in_compiled_kernels``.
 """
@@ -36,16 +36,19 @@ from local_dense_retriever import int8_linear  # noqa: E402
 HIDDEN, INNER = 384, 1536
 
 
-def best_ms(call, rounds: int = 7, calls: int = 30) -> float:
-    for _ in range(5):
-        call()
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
+def best_ms(ways: dict, rounds: int = 9, calls: int = 30) -> dict[str, float]:
+    """Best ms per call of each way over ``rounds`` rounds of ``calls`` calls, the ways alternated within a round."""
+    best = dict.fromkeys(ways, float("inf"))
+    for call in ways.values():
+        for _ in range(5):
             call()
-        best = min(best, (time.perf_counter() - t0) / calls)
-    return best * 1e3
+    for _ in range(rounds):
+        for name, call in ways.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                call()
+            best[name] = min(best[name], (time.perf_counter() - t0) / calls * 1e3)
+    return best
 
 
 def whole_block(x, up_t, up_scale, up_bias, down_t, down_scale, down_bias, norm_weight, norm_bias, eps: float):
@@ -74,11 +77,9 @@ def block_timings(rows: int) -> None:
         "int8 served": lambda: served_down(served_up(x, "none", *q_up.args()), x, *norm_args, *q_down.args()),
     }
     with torch.inference_mode():
-        reference = None
-        for name, call in ways.items():
-            ms = best_ms(call)
-            reference = reference or ms
-            print(f"{name:15} {ms:6.2f} ms  {reference / ms:5.2f}x float32")
+        best = best_ms(ways)
+    for name, ms in best.items():
+        print(f"{name:15} {ms:6.2f} ms  {best['float32'] / ms:5.2f}x float32")
 
 
 def _elementwise(x: torch.Tensor) -> torch.Tensor:
