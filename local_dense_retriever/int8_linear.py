@@ -67,7 +67,8 @@ def self_output(hidden, residual, norm_weight, norm_bias, eps: float, weight_t, 
 def gelu_up(x, approximate: str, weight_t, weight_scale, bias, input_scale):
     """The first half of a BERT layer's feed-forward block: ``gelu(dense(x))``, the dense layer in int8. Compiled
     apart from the second half (:func:`self_output`), which quantises its result: fused, inductor computed the GELU
-    twice (once for the rows' largest values, once to quantise) and the block was 15% slower."""
+    twice (once for the rows' largest values, once to quantise) and the block was 6-10% slower
+    (``benchmarks/int8_kernels.py``)."""
     return torch.nn.functional.gelu(w8a8_linear(x, weight_t, weight_scale, bias, input_scale), approximate=approximate)
 
 
