@@ -9,9 +9,9 @@ MiniLM's shapes (hidden 384, inner 1,536; ``--rows`` packed tokens: 960 is a 64-
 - ``int8 one graph``: the whole block compiled as one function;
 - ``int8 served``: the two halves compiled apart (``gelu_up``, ``self_output``), as the server runs them.
 
-Each: best of 9 rounds of 30 calls, the four alternated within each round. Then, in two child processes (the patch is process-wide), how fast a pure Python
-loop runs beside a thread calling a compiled elementwise kernel, over the loop alone: with inductor's binding as
-torch ships it, and with ``release_gil_in_compiled_kernels``.
+Each: best of 9 rounds of 30 calls, the four alternated within each round. Then, in two child processes (the patch
+is process-wide), how fast a pure Python loop runs beside a thread calling a compiled elementwise kernel, over the
+loop alone: with inductor's binding as torch ships it, and with ``release_gil_in_compiled_kernels``.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from local_dense_retriever.int8_linear import (
     Int8FeedForward,
     Int8Linear,
     Int8SelfOutput,
+    check_int8_agrees,
     check_int8_runs,
     quantize_linears,
 )
@@ -207,14 +208,15 @@ class HFEncoder:
 
     def _quantize(self, unpacked: str | None) -> None:
         """The packed encoder's linear layers in int8 (:mod:`~local_dense_retriever.int8_linear`), each layer's
-        feed-forward block and attention output compiled whole (with their GELU and LayerNorms), run once."""
+        feed-forward block and attention output compiled whole (with their GELU and LayerNorms), run once, and held to
+        the float32 encoder's vectors of the calibration queries."""
         if self.packed is None:
             raise EncoderError(f"--encoder_dtype int8 needs the packed encoder, and this one runs padded ({unpacked})")
         approximate = ACTIVATIONS.get(str(self.model.config.hidden_act))
         linears = [m for layer in self.packed.layers for part in layer for m in part.modules()
                    if isinstance(m, torch.nn.Linear)]  # fmt: skip
         with InputRanges(linears) as ranges:  # the float32 forward, for the smoothing factors
-            self.encode(list(CALIBRATION_QUERIES))
+            reference = self.encode(list(CALIBRATION_QUERIES))
         # full-range weights where the int8 sums are exact (VNNI, AMX); else 7-bit ones, whose sums stay exact in
         # the 16-bit pair adds of AVX2's int8 path
         levels = 127 if int8_matmul_exact() else WEIGHT_LEVELS_7BIT
@@ -234,6 +236,7 @@ class HFEncoder:
             )  # fmt: skip
         self.packed.layers = layers
         check_int8_runs(lambda: (self.encode(["warm-up"]), self.encode(PROBE_BATCH)))
+        check_int8_agrees(self.encode(list(CALIBRATION_QUERIES)), reference)
         self.precision = "int8"
         logger.info(
             "encoder precision int8: %s-bit weights (a scale per output), int8 inputs (a scale per token)%s",

@@ -313,3 +313,22 @@ def check_int8_runs(run: Callable[[], object]) -> None:
             f"the int8 encoder cannot run here ({type(e).__name__}: {first}): it needs torch.compile with a C++ "
             "compiler (g++); use --encoder_dtype float32"
         ) from e
+
+
+#: the int8 encoder is refused at start-up when a calibration query's vector is further than this from float32's
+#: (cosine; MiniLM's worst over 512 toy questions was 0.9983)
+MIN_AGREEMENT = 0.98
+
+
+def check_int8_agrees(int8_vectors: torch.Tensor, float32_vectors: torch.Tensor) -> None:
+    """Raise :class:`EncoderError` unless the int8 encoder's vectors of the calibration queries are finite and each
+    within :data:`MIN_AGREEMENT` (cosine) of the float32 encoder's: wrong int8 arithmetic (saturating sums, a kernel
+    cache built for another instruction set) would otherwise serve garbage quietly."""
+    cosine = (int8_vectors * float32_vectors).sum(-1)
+    worst = float(cosine.min()) if bool(torch.isfinite(cosine).all()) else float("nan")
+    if not worst >= MIN_AGREEMENT:
+        raise EncoderError(
+            f"the int8 encoder disagrees with float32 on its calibration queries (worst cosine {worst:.4f}, needs "
+            f"{MIN_AGREEMENT}): this CPU's int8 arithmetic or its compiled kernels are wrong; use --encoder_dtype "
+            "float32 (or clear TORCHINDUCTOR_CACHE_DIR)"
+        )

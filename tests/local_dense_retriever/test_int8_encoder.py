@@ -242,3 +242,17 @@ def test_compiled_kernels_let_other_threads_run():
             break
     call_ms = (end - start) * 1e3
     assert gap < (end - start) / 2, f"no other thread ran for {gap * 1e3:.0f} of the call's {call_ms:.0f} ms"
+
+
+def test_an_int8_encoder_that_disagrees_with_float32_is_refused(minilm_path, monkeypatch):
+    """Wrong int8 arithmetic is caught at start-up on the calibration queries, not served: NaN vectors (as a kernel
+    cache built for another instruction set gave) or vectors far from float32's (sums that come out zero) are refused
+    with the reason."""
+    from local_dense_retriever import int8_linear
+
+    for wrong, shown in ((float("nan"), "nan"), (0.0, "0.0000")):
+        monkeypatch.setattr(int8_linear, "compile_once", lambda fn, w=wrong: lambda *args: fn(*args) * w)
+        with pytest.raises(
+            EncoderError, match=f"disagrees with float32 on its calibration queries .worst cosine {shown}"
+        ):
+            HFEncoder(minilm_path, device="cpu", dtype="int8")
