@@ -207,9 +207,10 @@ class HFEncoder:
             self._quantize(reason)
 
     def _quantize(self, unpacked: str | None) -> None:
-        """The packed encoder's linear layers in int8 (:mod:`~local_dense_retriever.int8_linear`), each layer's
-        feed-forward block and attention output compiled whole (with their GELU and LayerNorms), run once, and held to
-        the float32 encoder's vectors of the calibration queries."""
+        """The packed encoder's linear layers in int8 (:mod:`~local_dense_retriever.int8_linear`), smoothed by the
+        float32 inputs' ranges over the calibration queries; each layer's attention output and the two halves of its
+        feed-forward block compiled (with their GELU, residuals and LayerNorms), run once, and held to the float32
+        encoder's vectors of the calibration queries."""
         if self.packed is None:
             raise EncoderError(f"--encoder_dtype int8 needs the packed encoder, and this one runs padded ({unpacked})")
         approximate = ACTIVATIONS.get(str(self.model.config.hidden_act))
