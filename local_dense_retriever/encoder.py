@@ -236,8 +236,7 @@ class HFEncoder:
                  Int8SelfOutput(attention_out, ranges.smooth(attention_out.dense), levels), feed_forward)
             )  # fmt: skip
         self.packed.layers = layers
-        check_int8_runs(lambda: (self.encode(["warm-up"]), self.encode(PROBE_BATCH)))
-        check_int8_agrees(self.encode(list(CALIBRATION_QUERIES)), reference)
+        check_int8_agrees(check_int8_runs(lambda: self.encode(list(CALIBRATION_QUERIES))), reference)
         self.precision = "int8"
         logger.info(
             "encoder precision int8: %s-bit weights (a scale per output), int8 inputs (a scale per token)%s",

@@ -27,12 +27,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
 from local_dense_retriever.errors import EncoderError
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _compiled: dict = {}
 _compile_lock = threading.Lock()
@@ -301,12 +303,12 @@ def quantize_linears(
     return count
 
 
-def check_int8_runs(run: Callable[[], object]) -> None:
-    """Call ``run`` (a forward pass through int8 layers: it compiles them), or raise :class:`EncoderError` saying why
-    the int8 layers cannot run here."""
+def check_int8_runs(run: Callable[[], T]) -> T:
+    """``run()`` (a forward pass through int8 layers: it compiles them), or :class:`EncoderError` saying why the int8
+    layers cannot run here."""
     try:
         with torch.inference_mode():
-            run()
+            return run()
     except Exception as e:  # inductor raises many types (no compiler, unsupported op); all mean the same to a user
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise EncoderError(
