@@ -288,19 +288,14 @@ class InputRanges:
         return None if seen is None else smoothing(seen, module.weight)
 
 
-def quantize_linears(
-    module: torch.nn.Module, *, compiled: bool = True, ranges: InputRanges | None = None, weight_levels: int = 127
-) -> int:
+def quantize_linears(module: torch.nn.Module, *, ranges: InputRanges | None = None, weight_levels: int = 127) -> None:
     """Replace every ``Linear`` under ``module`` (``module`` itself excluded) with an :class:`Int8Linear`, in place,
-    smoothed by ``ranges`` where it recorded the layer; the number replaced."""
-    count = 0
+    smoothed by ``ranges`` where it recorded the layer."""
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, torch.nn.Linear):
                 smooth = None if ranges is None else ranges.smooth(child)
-                setattr(parent, name, Int8Linear(child, compiled=compiled, smooth=smooth, weight_levels=weight_levels))
-                count += 1
-    return count
+                setattr(parent, name, Int8Linear(child, smooth=smooth, weight_levels=weight_levels))
 
 
 def check_int8_runs(run: Callable[[], T]) -> T:
