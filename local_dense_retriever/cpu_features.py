@@ -42,3 +42,18 @@ def int8_matmul_exact(weight_max: int = 127) -> bool:
     except RuntimeError:
         return False
     return torch.equal(got, a.int() @ b.int())
+
+
+#: the int8 values of full-range weights (symmetric: -128, with no positive twin, is never used)
+FULL_LEVELS = 127
+#: weights within +-64, whose pair sums stay exact in the 16-bit adds of the int8 path without VNNI (AVX2)
+SEVEN_BIT_LEVELS = 63
+
+
+def exact_int8_levels() -> int | None:
+    """The widest weight range (:data:`FULL_LEVELS` or :data:`SEVEN_BIT_LEVELS`) whose ``torch._int_mm`` sums are
+    exact here with inputs in [-127, 127], or None where even 7-bit weights saturate."""
+    for levels in (FULL_LEVELS, SEVEN_BIT_LEVELS):
+        if int8_matmul_exact(levels):
+            return levels
+    return None

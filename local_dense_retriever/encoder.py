@@ -15,12 +15,11 @@ import torch
 
 from local_dense_retriever.batch_tokenizer import BatchTokenizer
 from local_dense_retriever.config import Precision, ServerConfig
-from local_dense_retriever.cpu_features import cpu_has_amx, int8_matmul_exact
+from local_dense_retriever.cpu_features import cpu_has_amx, exact_int8_levels
 from local_dense_retriever.errors import EncoderError
 from local_dense_retriever.int8_linear import (
     ACTIVATIONS,
     CALIBRATION_QUERIES,
-    WEIGHT_LEVELS_7BIT,
     InputRanges,
     Int8FeedForward,
     Int8Linear,
@@ -161,7 +160,10 @@ class HFEncoder:
         int8 = dtype == "int8"
         if int8 and self.device.type != "cpu":
             raise EncoderError(f"--encoder_dtype int8 runs on a CPU only (the device is {self.device}): use auto")
-        if int8 and not int8_matmul_exact(WEIGHT_LEVELS_7BIT):
+        #: the int8 encoder's weight levels: full range where the CPU's int8 sums are exact (VNNI, AMX), else 7-bit,
+        #: whose sums stay exact in the 16-bit pair adds of AVX2's int8 path; None in float encoders
+        self.int8_weight_levels = exact_int8_levels() if int8 else None
+        if int8 and self.int8_weight_levels is None:
             raise EncoderError(
                 "--encoder_dtype int8 needs exact int8 matmuls; this CPU's saturate even with 7-bit weights, which "
                 "spoils the vectors: use --encoder_dtype float32"
@@ -218,10 +220,7 @@ class HFEncoder:
                    if isinstance(m, torch.nn.Linear)]  # fmt: skip
         with InputRanges(linears) as ranges:  # the float32 forward, for the smoothing factors
             reference = self.encode(list(CALIBRATION_QUERIES))
-        # full-range weights where the int8 sums are exact (VNNI, AMX); else 7-bit ones, whose sums stay exact in
-        # the 16-bit pair adds of AVX2's int8 path
-        levels = 127 if int8_matmul_exact() else WEIGHT_LEVELS_7BIT
-        self.int8_weight_levels = levels
+        levels = self.int8_weight_levels
         layers = []
         for qkv, attention_out, feed_forward in self.packed.layers:
             if approximate is None:  # an activation the fused block does not compute: the model's own, unfused

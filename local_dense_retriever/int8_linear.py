@@ -52,9 +52,6 @@ def w8a8_linear(x: torch.Tensor, weight_t: torch.Tensor, weight_scale: torch.Ten
     return out if bias is None else out + bias
 
 
-#: weight levels where the CPU's int8 sums are exact only for weights within +-64 (AVX2's 16-bit pair adds)
-WEIGHT_LEVELS_7BIT = 63
-
 #: the activations a fused feed-forward block computes itself, by Hugging Face ``hidden_act`` name
 ACTIVATIONS = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
 

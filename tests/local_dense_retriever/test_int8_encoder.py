@@ -140,7 +140,7 @@ def test_where_8_bit_weights_saturate_the_int8_sums_7_bit_weights_keep_them_exac
 def test_int8_where_even_7_bit_weights_saturate_is_refused(minilm_path, monkeypatch):
     from local_dense_retriever import encoder
 
-    monkeypatch.setattr(encoder, "int8_matmul_exact", lambda weight_max=127: False)
+    monkeypatch.setattr(encoder, "exact_int8_levels", lambda: None)
     with pytest.raises(EncoderError, match="saturate even with 7-bit weights.*--encoder_dtype float32"):
         HFEncoder(minilm_path, device="cpu", dtype="int8")
 
