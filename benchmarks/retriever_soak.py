@@ -2,6 +2,8 @@
 
     python benchmarks/retriever_soak.py                      # 30 minutes, C = 64, a sample every 10 s
     python benchmarks/retriever_soak.py --minutes 5 --malloc_trim_s 0    # the same without the periodic trim
+    ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI python benchmarks/retriever_soak.py --encoder_dtype int8 --index_prefilter int8
+    # (the int8 encoder on a CPU with VNNI and no AMX, emulated)
 
 The server is the real CLI on the 100k-passage toy corpus (as ``retriever_load.py``). Every sample reads its
 ``/metrics``: RSS and the C heap (``in_use``: allocated; ``free``: held by malloc; ``mapped``: large blocks mapped on
@@ -119,18 +121,23 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="server torch threads")
     p.add_argument("--malloc_trim_s", type=float, help="the server's --malloc_trim_s (default: its own)")
     p.add_argument("--json", type=Path, help="also write the samples and the verdict as JSON here")
+    p.add_argument("--encoder_dtype", default="auto", help="the server's --encoder_dtype (int8: its compiled kernels)")
+    p.add_argument("--index_prefilter", help="the server's --index_prefilter (default: its own)")
     args = p.parse_args()
 
     corpus, npy, _, kind = prepare(args.passages, "auto")
     questions = toy_questions(corpus)
     extra = ["--malloc_trim_s", str(args.malloc_trim_s)] if args.malloc_trim_s is not None else []
-    proc, url = start_server(corpus, npy, "torch", True, args.threads, "auto", *extra)
+    extra += ["--index_prefilter", args.index_prefilter] if args.index_prefilter else []
+    proc, url = start_server(corpus, npy, "torch", True, args.threads, args.encoder_dtype, *extra)
     now = datetime.now(timezone.utc)
     trim = f"{args.malloc_trim_s:g} s" if args.malloc_trim_s is not None else "server default"
     cpu = f"{os.cpu_count()} CPUs ({platform.machine()})"
     malloc_env = "".join(f", {k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_"))
+    isa = f", oneDNN ISA cap {os.environ['ONEDNN_MAX_CPU_ISA']}" if "ONEDNN_MAX_CPU_ISA" in os.environ else ""
     print(f"# retriever soak: {args.passages:,} passages ({kind} vectors), C={args.clients}, {args.minutes:g} min, "
-          f"malloc_trim every {trim}{malloc_env}, {cpu}, {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
+          f"encoder {args.encoder_dtype}, pre-scan {args.index_prefilter or 'auto'}, malloc_trim every {trim}"
+          f"{malloc_env}, {cpu}{isa}, {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
     try:
         samples = asyncio.run(soak(url, questions, args.clients, args.minutes, args.sample_s))
     finally:
