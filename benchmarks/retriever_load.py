@@ -306,12 +306,15 @@ def main() -> int:
     args = p.parse_args()
     levels = args.clients or ([1, 64] if args.quick else [1, 16, 64, 256])
     seconds = args.seconds or (8.0 if args.quick else 15.0)
-    dtype_of_runs = args.encoder_dtype
-    modes = [("torch", True, dtype_of_runs), ("torch", False, dtype_of_runs), ("faiss", True, dtype_of_runs)]
+    modes = [
+        ("torch", True, args.encoder_dtype),
+        ("torch", False, args.encoder_dtype),
+        ("faiss", True, args.encoder_dtype),
+    ]
     if args.encoder_dtype == "int8":  # its own per-request mode is slower than float32's: the ratio takes the faster
         modes.insert(2, ("torch", False, "float32"))
     if not args.quick:
-        modes.append(("faiss", False, dtype_of_runs))
+        modes.append(("faiss", False, args.encoder_dtype))
 
     corpus, npy, faiss_path, kind = prepare(args.passages, args.vectors)
     qa = corpus.parent / "qa.jsonl"

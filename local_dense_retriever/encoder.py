@@ -15,7 +15,7 @@ import torch
 
 from local_dense_retriever.batch_tokenizer import BatchTokenizer
 from local_dense_retriever.config import Precision, ServerConfig
-from local_dense_retriever.cpu_features import cpu_has_amx, exact_int8_levels
+from local_dense_retriever.cpu_features import FULL_LEVELS, cpu_has_amx, exact_int8_levels
 from local_dense_retriever.errors import EncoderError
 from local_dense_retriever.int8_linear import (
     ACTIVATIONS,
@@ -239,8 +239,8 @@ class HFEncoder:
         self.precision = "int8"
         logger.info(
             "encoder precision int8: %s-bit weights (a scale per output), int8 inputs (a scale per token)%s",
-            8 if levels == 127 else 7,
-            "" if levels == 127 else ": this CPU's int8 sums saturate with 8-bit weights (no VNNI or AMX)",
+            8 if levels == FULL_LEVELS else 7,
+            "" if levels == FULL_LEVELS else ": this CPU's int8 sums saturate with 8-bit weights (no VNNI or AMX)",
         )
 
     def _cached_probe(self, model, model_name_or_path: str | Path, flags: list[str]) -> dict[str, float]:
