@@ -369,10 +369,10 @@ def main() -> int:
         faster = r["qps"] > ref.get(r["clients"], {}).get("qps", 0)
         if r["backend"] == "torch" and r["mode"] == "per-request" and faster:
             ref[r["clients"]] = r
+    two = args.encoder_dtype == "int8"  # two per-request references were measured
     for r in rows:
         if r["backend"] == "torch" and r["mode"] == "batched" and r["clients"] in ref:
             base = ref[r["clients"]]
-            two = args.encoder_dtype == "int8"  # two per-request references were measured
             against = f" (against the faster per-request mode: {base['encoder_dtype']})" if two else ""
             print(f"speed-up batched/per-request (torch) at C={r['clients']}: {r['qps'] / base['qps']:.1f}x{against}, "
                   f"compute {r['cpu']['compute_share']:.1%} of the server's CPU")  # fmt: skip

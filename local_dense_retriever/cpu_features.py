@@ -26,8 +26,14 @@ def cpu_has_vnni() -> bool:
     return _probe("_is_vnni_supported")
 
 
+#: the int8 values of full-range weights (symmetric: -128, with no positive twin, is never used)
+FULL_LEVELS = 127
+#: weights within +-64, whose pair sums stay exact in the 16-bit adds of the int8 path without VNNI (AVX2)
+SEVEN_BIT_LEVELS = 63
+
+
 @functools.cache
-def int8_matmul_exact(weight_max: int = 127) -> bool:
+def int8_matmul_exact(weight_max: int = FULL_LEVELS) -> bool:
     """Whether ``torch._int_mm``'s int32 sums are exact here for inputs in [-127, 127] and weights in
     [-``weight_max``, ``weight_max``]. With VNNI or AMX they are. Without (AVX2 alone, AVX512 without VNNI, or oneDNN
     held to those by ``ONEDNN_MAX_CPU_ISA``) oneDNN adds pairs of int8 products in 16 bits, which saturate for full
@@ -42,12 +48,6 @@ def int8_matmul_exact(weight_max: int = 127) -> bool:
     except RuntimeError:
         return False
     return torch.equal(got, a.int() @ b.int())
-
-
-#: the int8 values of full-range weights (symmetric: -128, with no positive twin, is never used)
-FULL_LEVELS = 127
-#: weights within +-64, whose pair sums stay exact in the 16-bit adds of the int8 path without VNNI (AVX2)
-SEVEN_BIT_LEVELS = 63
 
 
 def exact_int8_levels() -> int | None:

@@ -31,6 +31,7 @@ from typing import TypeVar
 
 import torch
 
+from local_dense_retriever.cpu_features import FULL_LEVELS
 from local_dense_retriever.errors import EncoderError
 
 logger = logging.getLogger(__name__)
@@ -123,13 +124,13 @@ class Int8Linear(torch.nn.Module):
         *,
         compiled: bool = True,
         smooth: torch.Tensor | None = None,
-        weight_levels: int = 127,
+        weight_levels: int = FULL_LEVELS,
     ) -> None:
         super().__init__()
         w = linear.weight.detach().float()
         if smooth is not None:
             w = w * smooth
-        scale = w.abs().amax(1).clamp(min=1e-12) / weight_levels  # 63 where 8-bit weights would saturate
+        scale = w.abs().amax(1).clamp(min=1e-12) / weight_levels  # 7-bit where 8-bit weights saturate
         self.register_buffer("weight_t", (w / scale[:, None]).round().to(torch.int8).t().contiguous())
         self.register_buffer("weight_scale", scale)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
@@ -154,7 +155,9 @@ class Int8SelfOutput(torch.nn.Module):
     """A BERT layer's ``attention.output`` (dense, residual, LayerNorm; dropout is off in inference) in int8, as one
     compiled call (:func:`self_output`)."""
 
-    def __init__(self, module: torch.nn.Module, smooth: torch.Tensor | None = None, weight_levels: int = 127) -> None:
+    def __init__(
+        self, module: torch.nn.Module, smooth: torch.Tensor | None = None, weight_levels: int = FULL_LEVELS
+    ) -> None:
         super().__init__()
         self.dense = Int8Linear(module.dense, compiled=False, smooth=smooth, weight_levels=weight_levels)
         self.norm = module.LayerNorm
@@ -175,7 +178,7 @@ class Int8FeedForward(torch.nn.Module):
         output: torch.nn.Module,
         approximate: str,
         smooth: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
-        weight_levels: int = 127,
+        weight_levels: int = FULL_LEVELS,
     ) -> None:
         super().__init__()
         self.up = Int8Linear(intermediate.dense, compiled=False, smooth=smooth[0], weight_levels=weight_levels)
@@ -285,7 +288,9 @@ class InputRanges:
         return None if seen is None else smoothing(seen, module.weight)
 
 
-def quantize_linears(module: torch.nn.Module, *, ranges: InputRanges | None = None, weight_levels: int = 127) -> None:
+def quantize_linears(
+    module: torch.nn.Module, *, ranges: InputRanges | None = None, weight_levels: int = FULL_LEVELS
+) -> None:
     """Replace every ``Linear`` under ``module`` (``module`` itself excluded) with an :class:`Int8Linear`, in place,
     smoothed by ``ranges`` where it recorded the layer."""
     for parent in list(module.modules()):
