@@ -298,9 +298,9 @@ def main() -> int:
         "--index_prefilter",
         choices=get_args(Prefilter),
         default="auto",
-        help="the torch servers' pre-scan of the index ('auto': bfloat16 where the CPU has AMX, int8 where it has "
-        "VNNI); a CPU with VNNI but no bf16 hardware is ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI with --encoder_dtype "
-        "float32 (or int8) --index_prefilter int8, one with neither --encoder_dtype float32 --index_prefilter off",
+        help="the torch servers' pre-scan of the index ('auto': bfloat16 where oneDNN may use AMX, int8 where it may "
+        "use VNNI); ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI stands for a CPU with VNNI but no bf16 hardware, AVX2 for one "
+        "with neither, and 'auto' and the encoder's choice follow that cap",
     )
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     args = p.parse_args()

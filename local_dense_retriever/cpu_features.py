@@ -1,11 +1,51 @@
 """What this CPU's matmuls can do: AMX tiles (bf16 and int8 matmuls 2-4x faster than float32), VNNI (int8 dot
-products with int32 sums, about 3x float32 in a flat scan)."""
+products with int32 sums, about 3x float32 in a flat scan), AVX-512 BF16; each as oneDNN, which runs those matmuls,
+is allowed to use it (``ONEDNN_MAX_CPU_ISA``)."""
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
+
+#: oneDNN's instruction-set caps (``ONEDNN_MAX_CPU_ISA``, formerly ``DNNL_MAX_CPU_ISA``), lowest first; it runs as if
+#: uncapped under any other value, as under ``ALL``
+ONEDNN_ISA_CAPS = (
+    "SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI", "AVX512_CORE_BF16",
+    "AVX512_CORE_FP16", "AVX10_1_512", "AVX512_CORE_AMX", "AVX10_1_512_AMX", "AVX512_CORE_AMX_FP16",
+    "AVX10_1_512_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2",
+)  # fmt: skip
+_AMX_CAPS = ("AVX512_CORE_AMX", "AVX10_1_512_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX_FP16", "AVX10_2_512_AMX_2")
+_BF16_CAPS = ("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512", "AVX10_2_512", *_AMX_CAPS)
+#: per instruction family this module asks about, the caps that leave oneDNN that family
+ISA_CAPS_KEEPING = {"amx": _AMX_CAPS, "avx512_bf16": _BF16_CAPS, "avx512_vnni": ("AVX512_CORE_VNNI", *_BF16_CAPS)}
+
+
+def onednn_isa_cap() -> str | None:
+    """The instruction-set cap oneDNN runs under (one of :data:`ONEDNN_ISA_CAPS`), or None where it has none."""
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    return cap if cap in ONEDNN_ISA_CAPS else None
+
+
+def onednn_may_use(family: str) -> bool:
+    """Whether oneDNN's cap (:func:`onednn_isa_cap`) leaves it ``family`` (a key of :data:`ISA_CAPS_KEEPING`): a
+    matmul the hardware could run with AMX runs without it when oneDNN is held to AVX-512, and is then slower than
+    float32's, so the fast paths are chosen by what oneDNN may use, not by what the CPU has."""
+    cap = onednn_isa_cap()
+    return cap is None or cap in ISA_CAPS_KEEPING[family]
+
+
+def cpu_flags() -> set[str]:
+    """The instruction-set flags the CPU reports in ``/proc/cpuinfo`` (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
 
 
 def _probe(name: str) -> bool:
@@ -17,13 +57,15 @@ def _probe(name: str) -> bool:
 
 
 def cpu_has_amx() -> bool:
-    """True on CPUs with AMX tiles (bf16 matmuls there run ~2x faster than fp32 in the encoder, 3-4x in a flat scan)."""
-    return _probe("_is_amx_tile_supported")
+    """True on CPUs with AMX tiles (bf16 matmuls there run ~2x faster than fp32 in the encoder, 3-4x in a flat scan)
+    that oneDNN may use."""
+    return onednn_may_use("amx") and _probe("_is_amx_tile_supported")
 
 
 def cpu_has_vnni() -> bool:
-    """True on CPUs with AVX512-VNNI (int8 dot products into int32: an int8 flat scan ~3x faster than float32's)."""
-    return _probe("_is_vnni_supported")
+    """True on CPUs with AVX512-VNNI (int8 dot products into int32: an int8 flat scan ~3x faster than float32's) that
+    oneDNN may use."""
+    return onednn_may_use("avx512_vnni") and _probe("_is_vnni_supported")
 
 
 #: the int8 values of full-range weights (symmetric: -128, with no positive twin, is never used)

@@ -15,7 +15,7 @@ import torch
 
 from local_dense_retriever.batch_tokenizer import BatchTokenizer
 from local_dense_retriever.config import Precision, ServerConfig
-from local_dense_retriever.cpu_features import FULL_LEVELS, cpu_has_amx, exact_int8_levels
+from local_dense_retriever.cpu_features import FULL_LEVELS, cpu_flags, cpu_has_amx, exact_int8_levels, onednn_may_use
 from local_dense_retriever.errors import EncoderError
 from local_dense_retriever.int8_linear import (
     ACTIVATIONS,
@@ -80,8 +80,9 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-#: CPU flags of hardware bf16 matmuls (AVX-512 BF16 on Intel Cooper Lake+ and AMD Zen 4+; AMX on Sapphire Rapids+)
-BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+#: CPU flags of hardware bf16 matmuls (AVX-512 BF16 on Intel Cooper Lake+ and AMD Zen 4+; AMX on Sapphire Rapids+),
+#: each with the instruction family oneDNN must be allowed (``cpu_features.onednn_may_use``) to use it
+BF16_CPU_FLAGS = {"amx_bf16": "amx", "avx512_bf16": "avx512_bf16"}
 #: bfloat16 is chosen on a CPU only when it encodes the probe batch at least this much faster than float32
 BF16_MIN_SPEEDUP = 1.15
 #: the start-up probe: a batch shaped like rollout queries (64 queries of about 16 tokens)
@@ -89,17 +90,10 @@ PROBE_BATCH = ["who was the president of the country when the famous bridge over
 
 
 def cpu_bf16_flags() -> list[str]:
-    """The bf16 instruction flags this CPU reports (``/proc/cpuinfo``; torch's AMX probe elsewhere)."""
-    flags: set[str] = set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags.update(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
-    found = [f for f in BF16_CPU_FLAGS if f in flags]
+    """The bf16 instruction flags this CPU reports (``/proc/cpuinfo``; torch's AMX probe elsewhere) and oneDNN may use
+    (none under ``ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI``, say: bf16 matmuls would then run slower than float32's)."""
+    flags = cpu_flags()
+    found = [f for f, family in BF16_CPU_FLAGS.items() if f in flags and onednn_may_use(family)]
     return found or (["amx_bf16"] if cpu_has_amx() else [])
 
 

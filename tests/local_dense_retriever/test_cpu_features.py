@@ -1,0 +1,74 @@
+"""The fast paths go by what oneDNN may use: a user who holds oneDNN to an older instruction set
+(``ONEDNN_MAX_CPU_ISA``) on a CPU with AMX gets the choices a CPU without AMX gets, not bf16 matmuls that oneDNN would
+then run slower than float32's."""
+
+from __future__ import annotations
+
+import platform
+import sys
+
+import pytest
+import torch
+
+from local_dense_retriever import cpu_features, encoder
+from local_dense_retriever.encoder import choose_cpu_precision, cpu_bf16_flags
+from local_dense_retriever.index import torch_flat
+
+#: what a Sapphire Rapids reports: AMX, AVX-512 BF16 and VNNI
+SAPPHIRE_RAPIDS = {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"}
+
+
+@pytest.fixture
+def amx_cpu(monkeypatch):
+    """This process on a CPU with AMX, whatever it runs on; oneDNN uncapped until a test sets a cap."""
+    monkeypatch.setattr(cpu_features, "_probe", {"_is_amx_tile_supported": True, "_is_vnni_supported": True}.get)
+    monkeypatch.setattr(encoder, "cpu_flags", lambda: set(SAPPHIRE_RAPIDS))
+    monkeypatch.setattr(torch_flat, "int8_matmul_exact", lambda: True)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+
+
+def choices() -> tuple[bool, bool, list[str], str | None]:
+    """AMX, VNNI, the encoder's bf16 flags and the index's automatic pre-scan, as the server would decide them."""
+    return cpu_features.cpu_has_amx(), cpu_features.cpu_has_vnni(), cpu_bf16_flags(), torch_flat.auto_prefilter_dtype()
+
+
+@pytest.mark.parametrize("cap", [None, "ALL", "all", "NOT_AN_ISA"])  # oneDNN runs uncapped under the last three too
+def test_without_a_cap_the_cpus_own_features_decide(amx_cpu, monkeypatch, cap):
+    if cap is not None:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    assert cpu_features.onednn_isa_cap() is None
+    assert choices() == (True, True, ["amx_bf16", "avx512_bf16"], "bfloat16")
+
+
+@pytest.mark.parametrize(
+    ("cap", "expected"),
+    [
+        ("AVX512_CORE_AMX", (True, True, ["amx_bf16", "avx512_bf16"], "bfloat16")),
+        ("AVX512_CORE_BF16", (False, True, ["avx512_bf16"], "int8")),  # AMD Zen 4's set: bf16 is timed, scan in int8
+        ("AVX512_CORE_VNNI", (False, True, [], "int8")),  # Cascade Lake's: a float32 encoder, an int8 pre-scan
+        ("avx512_core", (False, False, [], None)),  # Skylake-SP's (oneDNN reads the cap in any case)
+        ("AVX2", (False, False, [], None)),
+    ],
+)
+def test_a_cap_rules_out_what_onednn_may_not_use(amx_cpu, monkeypatch, cap, expected):
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    assert choices() == expected
+    if not expected[2]:  # the encoder's auto precision: float32 without a probe, and the log says why
+        assert choose_cpu_precision(cpu_bf16_flags(), None) == (
+            torch.float32,
+            "float32: this CPU has no bf16 instructions (avx512_bf16/amx_bf16)",
+        )
+
+
+def test_the_former_variable_name_is_read_too(amx_cpu, monkeypatch):
+    monkeypatch.setenv("DNNL_MAX_CPU_ISA", "AVX2")
+    assert choices() == (False, False, [], None)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "ALL")  # the newer name wins where both are set
+    assert choices() == (True, True, ["amx_bf16", "avx512_bf16"], "bfloat16")
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or sys.platform != "linux", reason="reads x86 flags on Linux")
+def test_the_cpu_flags_are_read_from_this_machine():
+    assert "sse2" in cpu_features.cpu_flags()  # every x86-64 CPU has it
+    assert set(cpu_bf16_flags()) <= {"amx_bf16", "avx512_bf16"}
