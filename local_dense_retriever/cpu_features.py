@@ -9,8 +9,8 @@ import os
 
 import torch
 
-#: oneDNN's instruction-set caps (``ONEDNN_MAX_CPU_ISA``, formerly ``DNNL_MAX_CPU_ISA``), lowest first; it runs as if
-#: uncapped under any other value, as under ``ALL``
+#: oneDNN's instruction-set caps (``ONEDNN_MAX_CPU_ISA``, formerly ``DNNL_MAX_CPU_ISA``; any case), lowest first with
+#: aliases side by side; oneDNN runs as if uncapped under any other value, as under ``ALL``
 ONEDNN_ISA_CAPS = (
     "SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI", "AVX512_CORE_BF16",
     "AVX512_CORE_FP16", "AVX10_1_512", "AVX512_CORE_AMX", "AVX10_1_512_AMX", "AVX512_CORE_AMX_FP16",
