@@ -40,7 +40,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from local_dense_retriever.config import Prefilter, default_cache_dir  # noqa: E402
-from local_dense_retriever.encoder import bundled_minilm_path, int8_is_auto, resolve_device  # noqa: E402
+from local_dense_retriever.encoder import bundled_minilm_path  # noqa: E402
 from local_dense_retriever.toy.corpus import generate_toy_dataset  # noqa: E402
 from verl_search.testing.background_server import free_port, wait_until_healthy  # noqa: E402
 from verl_search.testing.scripted_demo import retrieval_recall  # noqa: E402
@@ -311,8 +311,9 @@ def main() -> int:
         ("torch", False, args.encoder_dtype),
         ("faiss", True, args.encoder_dtype),
     ]
-    # int8's own per-request mode is slower than float32's: the ratio takes the faster (also where 'auto' means int8)
-    int8 = args.encoder_dtype == "int8" or (args.encoder_dtype == "auto" and int8_is_auto(resolve_device("auto")))
+    # int8's own per-request mode is slower than float32's: the ratio takes the faster (also where 'auto' chose int8:
+    # the first server's line says so, and the mode is added then)
+    int8 = args.encoder_dtype == "int8"
     if int8:
         modes.insert(2, ("torch", False, "float32"))
     if not args.quick:
@@ -331,13 +332,16 @@ def main() -> int:
     print(f"{'backend':8} {'mode':12} {'C':>4} {'q/s':>8} {'p50 ms':>9} {'p99 ms':>9} {'errors':>6} "
           f"{'RSS MB':>7} {'batch':>6} {'cpu/q ms':>8} {'compute':>7} {'lookup':>6} {'other':>6}")  # fmt: skip
     rows = []
-    for backend, batching, encoder_dtype in modes:
+    for backend, batching, encoder_dtype in modes:  # (may grow while it runs)
         index = faiss_path if backend == "faiss" else npy
         extra = ["--index_prefilter", args.index_prefilter] if backend == "torch" else []
         proc, url = start_server(corpus, index, backend, batching, args.threads, encoder_dtype, *extra)
         try:
-            print(f"# {backend} {'batched' if batching else 'per-request'} server: "
-                  f"{httpx.get(f'{url}/health', timeout=10).json()['detail']}", flush=True)  # fmt: skip
+            detail = httpx.get(f"{url}/health", timeout=10).json()["detail"]
+            print(f"# {backend} {'batched' if batching else 'per-request'} server: {detail}", flush=True)
+            if not int8 and encoder_dtype == "auto" and "(int8 on cpu)" in detail:
+                int8 = True
+                modes.insert(2, ("torch", False, "float32"))
             for c in levels:
                 res = asyncio.run(closed_loop(url, questions, c, seconds, warmup=min(3.0, seconds / 2)))
                 before, after = res.pop("metrics")

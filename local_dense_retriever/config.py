@@ -82,10 +82,10 @@ class ServerConfig(BaseModel):
     encoder_dtype: EncoderPrecision = Field(
         default="auto",
         description="Encoder precision; 'auto' = float16 on CUDA; on a CPU with bf16 instructions (avx512_bf16, "
-        "amx_bf16) bfloat16 when a start-up probe finds it faster; on a CPU with VNNI and no bf16 instructions the "
-        "server's query encoder in int8 where it can run; else float32 (index building never takes int8). 'int8' "
-        "(CPU, BERT-family encoders, a C++ compiler for torch.compile): int8 linear layers, for CPUs without bf16 "
-        "matmuls (VNNI).",
+        "amx_bf16) bfloat16 when a start-up probe finds it faster, else float32; for the server's queries on a CPU "
+        "with VNNI and no AMX, int8 where it can run (with bf16 instructions: where a start-up probe finds it 1.1x "
+        "faster than that float choice); index building never takes int8. 'int8' (CPU, BERT-family encoders, a C++ "
+        "compiler for torch.compile): int8 linear layers, for CPUs without bf16 matmuls (VNNI).",
     )
     index_dtype: Precision = Field(
         default="auto", description="torch backend vector dtype; 'auto' = float16 on CUDA, float32 on CPU."

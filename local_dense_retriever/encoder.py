@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, Protocol, get_args
 
@@ -332,12 +333,74 @@ class HFEncoder:
         return torch.nn.functional.normalize(emb, dim=-1)
 
 
+#: where bf16 matmuls exist but AMX does not, 'auto' keeps int8 over the float choice only when it encodes the probe
+#: batch at least this much faster (int8 vectors sit at cosine ~0.999 to float32's, bf16's closer)
+INT8_MIN_SPEEDUP = 1.10
+
+
+def int8_contends(device: torch.device) -> bool:
+    """Whether an int8 query encoder can be the fast one on ``device``: a CPU with VNNI and exact 8-bit int8 sums whose
+    oneDNN may not use AMX (with AMX bf16 is faster: int8 0.84x in an A/B)."""
+    return device.type == "cpu" and not cpu_has_amx() and cpu_has_vnni() and exact_int8_levels() == FULL_LEVELS
+
+
 def int8_is_auto(device: torch.device) -> bool:
-    """Whether ``auto`` gives the server's query encoder int8 linear layers on ``device``: on a CPU with VNNI (exact
-    8-bit sums) and no bf16 matmuls (Cascade Lake, Ice Lake), where the float32 encoder's matmuls already run near the
+    """Whether ``auto`` gives the server's query encoder int8 linear layers on ``device`` without timing it: where int8
+    contends and no bf16 matmuls exist (Cascade Lake, Ice Lake), as the float32 encoder's matmuls already run near the
     CPU's float32 peak and bound the batched server (with oneDNN held to AVX512-VNNI: 11.1x the per-request mode in
-    int8 against 8.5x in float32, recall@3 on the toy QA set unchanged; ``benchmarks/RESULTS.md``)."""
-    return device.type == "cpu" and not cpu_bf16_flags() and cpu_has_vnni() and exact_int8_levels() == FULL_LEVELS
+    int8 against 7.1-8.5x in float32, recall@3 on the toy QA set unchanged; ``benchmarks/RESULTS.md``)."""
+    return int8_contends(device) and not cpu_bf16_flags()
+
+
+def seconds_per_probe_batch(encoder: HFEncoder) -> float:
+    """The best of three encodes of :data:`PROBE_BATCH` through ``encoder``'s served path, after a warm-up."""
+    import time
+
+    best = float("inf")
+    for rep in range(4):
+        t0 = time.perf_counter()
+        encoder.encode(PROBE_BATCH)
+        if rep:
+            best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _int8_or_float(config: ServerConfig, make: Callable[[str], HFEncoder]) -> HFEncoder:
+    """The faster of the int8 query encoder and the float one ``auto`` chooses (bf16 or float32), on a CPU with bf16
+    matmuls and VNNI but no AMX (AMD Zen 4, Cooper Lake): timed once per model, CPU, torch version and thread count,
+    then remembered (:mod:`precision_cache`). The float one where the int8 layers cannot run."""
+    from transformers import AutoConfig
+
+    from local_dense_retriever import precision_cache
+
+    try:
+        model_config = AutoConfig.from_pretrained(str(config.retriever_model)).to_json_string()
+    except (OSError, ValueError):
+        return make("auto")  # the float encoder's load says what is wrong with the model
+    flags = cpu_bf16_flags()
+    key = precision_cache.probe_key(f"{config.retriever_model} (int8 or auto)", model_config, flags)
+    timings = precision_cache.cached_timings(key, names=("int8", "auto"))
+    if timings is not None and timings["auto"] < INT8_MIN_SPEEDUP * timings["int8"]:
+        return make("auto")
+    floating = make("auto") if timings is None else None
+    try:
+        int8 = make("int8")
+    except EncoderError as e:
+        logger.warning("query encoder: int8 cannot run here, so 'auto' decides among the float precisions: %s", e)
+        return floating or make("auto")
+    if floating is None:
+        return int8  # int8 measured faster at an earlier start
+    timings = {"int8": seconds_per_probe_batch(int8), "auto": seconds_per_probe_batch(floating)}
+    precision_cache.remember(key, timings)
+    speedup = timings["auto"] / timings["int8"]
+    chosen = int8 if speedup >= INT8_MIN_SPEEDUP else floating
+    kept = "" if chosen is int8 else f"; int8 is kept from {INT8_MIN_SPEEDUP}x"
+    logger.info(
+        "query encoder %s: a %d-query batch took %.0f ms in int8, %.0f ms in %s (%.2fx) on this CPU (%s, VNNI, no "
+        "AMX)%s", chosen.precision, len(PROBE_BATCH), timings["int8"] * 1e3, timings["auto"] * 1e3,
+        floating.precision, speedup, "+".join(flags), kept,
+    )  # fmt: skip
+    return chosen
 
 
 def encoder_for(
@@ -346,9 +409,10 @@ def encoder_for(
     """The encoder ``config`` describes (model, prefixes, pooling, precision): the one place the server and the index
     builder make it, so an index is never encoded with other pooling or prefixes than the server queries it with.
     ``device`` and ``max_length`` default to the server's (``config.device``, ``config.query_max_length``).
-    ``queries``: the server's query encoder, which ``auto`` makes int8 where :func:`int8_is_auto` says so (and float,
-    with a warning, where the int8 layers cannot run: no C++ compiler, an unsupported model); False (the index
-    builder): ``auto`` never means int8."""
+    ``queries``: the server's query encoder, which ``auto`` makes int8 where :func:`int8_is_auto` says so, or where
+    bf16 matmuls exist without AMX and int8 is measured faster (:func:`_int8_or_float`); float, with a warning, where
+    the int8 layers cannot run (no C++ compiler, an unsupported model). False (the index builder): ``auto`` never
+    means int8."""
 
     def make(dtype: str) -> HFEncoder:
         return HFEncoder(
@@ -364,10 +428,13 @@ def encoder_for(
         )
 
     dtype = config.requested_encoder_dtype()
-    if queries and dtype == "auto" and int8_is_auto(resolve_device(device or config.device)):
-        logger.info("query encoder: int8 under 'auto' (this CPU has VNNI and no bf16 matmuls)")
-        try:
-            return make("int8")
-        except EncoderError as e:
-            logger.warning("query encoder: int8 cannot run here, so 'auto' decides among the float precisions: %s", e)
-    return make(dtype)
+    if not queries or dtype != "auto" or not int8_contends(resolve_device(device or config.device)):
+        return make(dtype)
+    if cpu_bf16_flags():  # bf16 matmuls without AMX: the faster of the two, measured
+        return _int8_or_float(config, make)
+    logger.info("query encoder: int8 under 'auto' (this CPU has VNNI and no bf16 matmuls)")
+    try:
+        return make("int8")
+    except EncoderError as e:
+        logger.warning("query encoder: int8 cannot run here, so 'auto' decides among the float precisions: %s", e)
+        return make(dtype)

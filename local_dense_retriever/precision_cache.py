@@ -1,6 +1,7 @@
-"""The encoder's start-up precision probe, remembered per machine: the float32 and bfloat16 timings of one model on
-one CPU are measured once and reused by every later start (every restart and every replica of a fleet used to repeat
-it, and a probe taken while the machine is busy can flip the choice from one start to the next).
+"""The encoder's start-up precision probes, remembered per machine: the float32 and bfloat16 timings of one model on
+one CPU (and, where int8 contends, the int8 and float encoders' timings) are measured once and reused by every later
+start (every restart and every replica of a fleet used to repeat them, and a probe taken while the machine is busy can
+flip the choice from one start to the next).
 
 Invariants: an entry is reused only for the same model (its path and config), CPU (model name and bf16 flags), torch
 version and thread count; the file is replaced atomically; an unreadable or foreign file is ignored and rewritten.
@@ -58,16 +59,18 @@ def _entries(path: Path) -> dict:
     return data["probes"]
 
 
-def cached_timings(key: str, cache_dir: Path | None = None) -> dict[str, float] | None:
-    """The timings measured earlier for ``key``, or None."""
+def cached_timings(
+    key: str, cache_dir: Path | None = None, names: tuple[str, ...] = ("float32", "bfloat16")
+) -> dict[str, float] | None:
+    """The timings (seconds per probe batch, one per name in ``names``) measured earlier for ``key``, or None."""
     entry = _entries(_path(cache_dir)).get(key)
     if not isinstance(entry, dict):
         return None
     timings = entry.get("timings")
-    if not isinstance(timings, dict) or not all(isinstance(timings.get(k), float) for k in ("float32", "bfloat16")):
+    if not isinstance(timings, dict) or not all(isinstance(timings.get(k), float) for k in names):
         return None
     logger.info("reusing the timings measured on this machine at %s for the encoder precision", entry.get("measured"))
-    return {"float32": timings["float32"], "bfloat16": timings["bfloat16"]}
+    return {k: timings[k] for k in names}
 
 
 def remember(key: str, timings: dict[str, float], cache_dir: Path | None = None) -> None:

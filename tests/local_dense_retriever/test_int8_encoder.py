@@ -180,12 +180,69 @@ def test_auto_makes_the_query_encoder_int8_where_the_cpu_has_vnni_and_no_bf16(mi
     assert encoder_for(config.model_copy(update={"encoder_dtype": "float32"})).precision == "float32"
 
 
-def test_auto_falls_back_to_float_where_the_int8_layers_cannot_run(minilm_path, vnni_without_bf16, caplog):
+@pytest.mark.parametrize("cpu", ["vnni_without_bf16", "vnni_and_bf16_without_amx"])
+def test_auto_falls_back_to_float_where_the_int8_layers_cannot_run(minilm_path, request, caplog, cpu):
+    request.getfixturevalue(cpu)
     config = ServerConfig(retriever_name="minilm", retriever_model=str(minilm_path), device="cpu", encoder_packed=False)
     with caplog.at_level("WARNING", logger="local_dense_retriever"):
-        assert encoder_for(config).precision == "float32"
+        assert encoder_for(config).precision in ("float32", "bfloat16")
     assert "int8 cannot run here, so 'auto' decides among the float precisions" in caplog.text
     assert "int8 needs the packed encoder" in caplog.text
+
+
+@pytest.fixture
+def vnni_and_bf16_without_amx(monkeypatch, tmp_path):
+    """oneDNN held to AVX512-BF16 (an AMD Zen 4 or a Cooper Lake to every choice: bf16 matmuls and VNNI, no AMX), and
+    the precision probes' cache in a fresh folder."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("oneDNN's ISA cap is x86's")
+    from local_dense_retriever.cpu_features import FULL_LEVELS, cpu_has_vnni, exact_int8_levels
+    from local_dense_retriever.encoder import cpu_bf16_flags
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
+    monkeypatch.setenv("VERL_SEARCH_CACHE", str(tmp_path / "cache"))
+    if cpu_bf16_flags() != ["avx512_bf16"] or not cpu_has_vnni() or exact_int8_levels() != FULL_LEVELS:
+        pytest.skip("this CPU has no AVX512-BF16 or no VNNI")
+
+
+@pytest.mark.parametrize("int8_faster", [True, False], ids=["int8-faster", "float-faster"])
+def test_with_bf16_but_no_amx_auto_times_int8_against_the_float_choice_once(
+    minilm_path, vnni_and_bf16_without_amx, monkeypatch, caplog, int8_faster
+):
+    """Whether int8 beats bf16 there depends on the CPU, so 'auto' measures it at the first start (the served encode
+    of a 64-query batch), keeps int8 only from 1.10x faster, and the next start builds only the one it kept."""
+    from local_dense_retriever import encoder as encoder_module
+
+    timed = []
+
+    def seconds(enc):  # the timings this test's CPU "measures"
+        timed.append(enc.precision)
+        return 0.050 if (enc.precision == "int8") == int8_faster else 0.100
+
+    monkeypatch.setattr(encoder_module, "seconds_per_probe_batch", seconds)
+    config = ServerConfig(retriever_name="minilm", retriever_model=str(minilm_path), device="cpu")
+    with caplog.at_level("INFO", logger="local_dense_retriever"):
+        first = encoder_for(config)
+    int8, floating = timed  # both timed, the float one as 'auto' chose it (its own bf16 probe)
+    assert int8 == "int8" and floating in ("bfloat16", "float32")
+    kept = "int8" if int8_faster else floating
+    assert first.precision == kept
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("query encoder ")]
+    assert line.startswith(f"query encoder {kept}: a 64-query batch took ") and "(avx512_bf16, VNNI, no AMX)" in line
+    assert ("int8 is kept from 1.1x" in line) != int8_faster
+    built = []
+    real_init = HFEncoder.__init__
+
+    def counted_init(self, *args, **kwargs):
+        built.append(kwargs["dtype"])
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(HFEncoder, "__init__", counted_init)
+    timed.clear()
+    assert encoder_for(config).precision == kept  # the next start: the measured choice, nothing timed again
+    assert timed == [] and built == ["int8" if int8_faster else "auto"]
+    built.clear()
+    assert encoder_for(config, queries=False).precision != "int8" and built == ["auto"]  # the index builder
 
 
 @pytest.mark.parametrize("auto_on_vnni", [False, True], ids=["named", "auto-on-a-vnni-cpu"])
