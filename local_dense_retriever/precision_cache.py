@@ -4,7 +4,8 @@ start (every restart and every replica of a fleet used to repeat them, and a pro
 flip the choice from one start to the next).
 
 Invariants: an entry is reused only for the same model (its path and config), CPU (model name and bf16 flags), torch
-version and thread count; the file is replaced atomically; an unreadable or foreign file is ignored and rewritten.
+version and thread count; the file is replaced atomically and keeps the newest :data:`MAX_ENTRIES` probes; an
+unreadable or foreign file is ignored and rewritten.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ logger = logging.getLogger(__name__)
 
 FILE_NAME = "encoder_precision_probes.json"
 FORMAT = 1
+#: the most probes kept, the oldest dropped first (each model path is a key: temporary copies of a model, as tests
+#: make, would otherwise grow the file for ever)
+MAX_ENTRIES = 64
 
 
 def cpu_model() -> str:
@@ -77,7 +81,9 @@ def remember(key: str, timings: dict[str, float], cache_dir: Path | None = None)
     """Store ``timings`` for ``key`` (a cache that cannot be written is only logged: the probe ran anyway)."""
     path = _path(cache_dir)
     probes = _entries(path)
+    probes.pop(key, None)  # the newest last
     probes[key] = {"timings": timings, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
+    probes = dict(list(probes.items())[-MAX_ENTRIES:])
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp:
