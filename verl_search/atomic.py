@@ -92,3 +92,21 @@ def atomic_path(target: Path) -> Iterator[Path]:
                 shutil.rmtree(tmp)
             else:
                 tmp.unlink()
+
+
+@contextlib.contextmanager
+def exclusive(lock_path: Path, what: str) -> Iterator[None]:
+    """Run the block while holding an exclusive lock on ``lock_path`` (an empty file, created if missing), so that
+    processes on this machine that build the same ``what`` take turns: a later one waits, then finds the build done.
+    The lock goes with its holder's process (``flock``), so a killed builder never blocks the next."""
+    import fcntl
+
+    lock_path = Path(lock_path)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("waiting for another process building %s", what)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield

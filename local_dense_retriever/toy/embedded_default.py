@@ -28,13 +28,23 @@ class EmbeddedPaths:
 
 
 def prepare_embedded_default(config: ServerConfig, *, progress: bool = True) -> EmbeddedPaths:
-    """Generate the toy corpus and its MiniLM flat index under the cache dir unless already there."""
+    """Generate the toy corpus and its MiniLM flat index under the cache dir unless already there. Servers that start
+    together on one cache dir (``launch_retriever.sh SERVERS=N``, a fleet's replicas) take turns: the first builds,
+    the others wait and find it built."""
+    from verl_search.atomic import exclusive
+
+    out_dir = Path(config.cache_dir).expanduser() / f"toy-{config.toy_passages}"
+    with exclusive(out_dir / ".build.lock", f"the embedded default in {out_dir}"):
+        return _prepare(config, out_dir, progress)
+
+
+def _prepare(config: ServerConfig, out_dir: Path, progress: bool) -> EmbeddedPaths:
+    """:func:`prepare_embedded_default`'s work, by a process holding the folder's lock."""
     from local_dense_retriever.artifacts.build_index import build_flat_index
     from local_dense_retriever.encoder import HFEncoder, bundled_minilm_path
     from local_dense_retriever.toy.corpus import generate_toy_dataset
     from verl_search.atomic import atomic_path
 
-    out_dir = Path(config.cache_dir).expanduser() / f"toy-{config.toy_passages}"
     model_path = bundled_minilm_path()
     dataset = generate_toy_dataset(out_dir, num_passages=config.toy_passages, seed=0)
     index_path = out_dir / "minilm_flat.npy"
