@@ -13,7 +13,7 @@ import numpy as np
 
 from local_dense_retriever.corpus_store import CorpusStore
 from local_dense_retriever.index.base import IndexLoadError
-from verl_search.atomic import atomic_path
+from verl_search.atomic import atomic_path, exclusive
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +71,11 @@ class BM25Search:
                 )
             if not build:
                 raise IndexLoadError(f"no bm25s index at {index_dir}")
-            logger.info("building bm25 index %s from %s (once)", index_dir, corpus.path)
-            build_bm25(corpus, index_dir, progress=progress)
+            # servers started together on one corpus take turns: the first builds, the others find it built
+            with exclusive(index_dir.with_name(f".{index_dir.name}.build.lock"), f"the bm25 index {index_dir}"):
+                if not (index_dir / "params.index.json").is_file():
+                    logger.info("building bm25 index %s from %s (once)", index_dir, corpus.path)
+                    build_bm25(corpus, index_dir, progress=progress)
         self._retriever = bm25s.BM25.load(str(index_dir), mmap=True, show_progress=False)
         self._n = len(corpus)
         self._dir = index_dir

@@ -1,6 +1,11 @@
-"""Index backends: torch flat IP equals faiss flat IP; faiss serves non-flat files; bm25 builds once; bad files fail."""
+"""Index backends: torch flat IP equals faiss flat IP; faiss serves non-flat files; bm25 builds once, also for servers
+starting together; bad files fail."""
 
 from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
 
 import faiss
 import numpy as np
@@ -9,9 +14,10 @@ import torch
 
 from local_dense_retriever.corpus_store import CorpusStore
 from local_dense_retriever.index.base import IndexLoadError
-from local_dense_retriever.index.bm25 import BM25Search, bm25_dir_for
+from local_dense_retriever.index.bm25 import BM25Search, bm25_dir_for, build_bm25
 from local_dense_retriever.index.faiss_index import FaissIndex
 from local_dense_retriever.index.torch_flat import TorchFlatIndex
+from verl_search.atomic import exclusive
 
 CPU = torch.device("cpu")
 
@@ -194,6 +200,7 @@ _RSS_PROBE = """
 import sys, resource, torch
 from pathlib import Path
 from local_dense_retriever.index.torch_flat import TorchFlatIndex
+from verl_search.atomic import exclusive
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 index = TorchFlatIndex.from_file(Path(sys.argv[1]), device=torch.device("cpu"), prefilter=sys.argv[2])
 print(len(index), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
@@ -257,3 +264,33 @@ def test_reused_score_buffers_give_every_batch_size_and_thread_its_own_answer(fl
         for (scores, ids), (want_scores, want_ids) in zip(got, expected * 3, strict=True):
             np.testing.assert_array_equal(ids, want_ids)
             np.testing.assert_array_equal(scores, want_scores)
+
+
+def test_servers_starting_together_on_one_corpus_build_the_bm25_index_once(tmp_path, animal_corpus):
+    """Two bm25 servers started at once on a corpus without an index both built it, and the second's atomic rename
+    onto the first's finished folder failed: now the later one waits for the build, then loads it."""
+    corpus_path = tmp_path / "corpus.jsonl"
+    shutil.copy(animal_corpus, corpus_path)
+    index_dir = bm25_dir_for(corpus_path)
+    code = (
+        "import logging, sys\n"
+        "from pathlib import Path\n"
+        "logging.basicConfig(level=logging.INFO, stream=sys.stderr)\n"
+        "from local_dense_retriever.corpus_store import CorpusStore\n"
+        "from local_dense_retriever.index.bm25 import BM25Search\n"
+        f"corpus = CorpusStore(Path({str(corpus_path)!r}), progress=False)\n"
+        f"_, ids = BM25Search(Path({str(index_dir)!r}), corpus, progress=False).search(['item17'], 1)\n"
+        "print(int(ids[0, 0]))\n"
+    )
+    with exclusive(index_dir.with_name(f".{index_dir.name}.build.lock"), "bm25"):  # this process is the first server
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+        later = subprocess.Popen([sys.executable, "-c", code], **pipes)
+        seen = []
+        while not any("waiting for another process building the bm25 index" in line for line in seen):
+            line = later.stderr.readline()
+            assert line, f"the later server did not wait: {''.join(seen)}"
+            seen.append(line)
+        build_bm25(CorpusStore(corpus_path, progress=False), index_dir, progress=False)
+    out, err = later.communicate(timeout=300)
+    assert later.returncode == 0, "".join(seen) + err
+    assert out.strip() == "17" and "building bm25 index" not in "".join(seen) + err
