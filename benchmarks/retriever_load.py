@@ -370,16 +370,15 @@ def main() -> int:
         finally:
             proc.terminate()
             proc.wait(30)
-    ref: dict[int, dict] = {}  # per C, the faster per-request reference (with int8, float32's may be)
+    ref: dict[int, dict] = {}  # per C, the faster per-request reference (with int8 two were run: float32's may be)
     for r in rows:
         faster = r["qps"] > ref.get(r["clients"], {}).get("qps", 0)
         if r["backend"] == "torch" and r["mode"] == "per-request" and faster:
             ref[r["clients"]] = r
-    two = int8  # two per-request references were measured
     for r in rows:
         if r["backend"] == "torch" and r["mode"] == "batched" and r["clients"] in ref:
             base = ref[r["clients"]]
-            against = f" (against the faster per-request mode: {base['encoder_dtype']})" if two else ""
+            against = f" (against the faster per-request mode: {base['encoder_dtype']})" if int8 else ""
             print(f"speed-up batched/per-request (torch) at C={r['clients']}: {r['qps'] / base['qps']:.1f}x{against}, "
                   f"compute {r['cpu']['compute_share']:.1%} of the server's CPU")  # fmt: skip
     top = max((r for r in rows if r["backend"] == "torch" and r["mode"] == "batched"), key=lambda r: r["clients"])

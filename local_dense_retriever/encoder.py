@@ -344,12 +344,13 @@ def int8_contends(device: torch.device) -> bool:
     return device.type == "cpu" and not cpu_has_amx() and cpu_has_vnni() and exact_int8_levels() == FULL_LEVELS
 
 
-def int8_is_auto(device: torch.device) -> bool:
-    """Whether ``auto`` gives the server's query encoder int8 linear layers on ``device`` without timing it: where int8
-    contends and no bf16 matmuls exist (Cascade Lake, Ice Lake), as the float32 encoder's matmuls already run near the
-    CPU's float32 peak and bound the batched server (with oneDNN held to AVX512-VNNI: 11.1x the per-request mode in
-    int8 against 7.1-8.5x in float32, recall@3 on the toy QA set unchanged; ``benchmarks/RESULTS.md``)."""
-    return int8_contends(device) and not cpu_bf16_flags()
+def _int8_or_none(make: Callable[[str], HFEncoder]) -> HFEncoder | None:
+    """``make("int8")``, or None (with a warning) where the int8 layers cannot run: 'auto' then stays float."""
+    try:
+        return make("int8")
+    except EncoderError as e:
+        logger.warning("query encoder: int8 cannot run here, so 'auto' decides among the float precisions: %s", e)
+        return None
 
 
 def seconds_per_probe_batch(encoder: HFEncoder) -> float:
@@ -383,10 +384,8 @@ def _int8_or_float(config: ServerConfig, make: Callable[[str], HFEncoder]) -> HF
     if timings is not None and timings["auto"] < INT8_MIN_SPEEDUP * timings["int8"]:
         return make("auto")
     floating = make("auto") if timings is None else None
-    try:
-        int8 = make("int8")
-    except EncoderError as e:
-        logger.warning("query encoder: int8 cannot run here, so 'auto' decides among the float precisions: %s", e)
+    int8 = _int8_or_none(make)
+    if int8 is None:
         return floating or make("auto")
     if floating is None:
         return int8  # int8 measured faster at an earlier start
@@ -409,10 +408,12 @@ def encoder_for(
     """The encoder ``config`` describes (model, prefixes, pooling, precision): the one place the server and the index
     builder make it, so an index is never encoded with other pooling or prefixes than the server queries it with.
     ``device`` and ``max_length`` default to the server's (``config.device``, ``config.query_max_length``).
-    ``queries``: the server's query encoder, which ``auto`` makes int8 where :func:`int8_is_auto` says so, or where
-    bf16 matmuls exist without AMX and int8 is measured faster (:func:`_int8_or_float`); float, with a warning, where
-    the int8 layers cannot run (no C++ compiler, an unsupported model). False (the index builder): ``auto`` never
-    means int8."""
+    ``queries``: the server's query encoder, which ``auto`` makes int8 where :func:`int8_contends` and no bf16 matmuls
+    exist (Cascade Lake, Ice Lake: the float32 encoder's matmuls already run near the CPU's float32 peak and bound the
+    batched server; with oneDNN held to AVX512-VNNI, 11.1x the per-request mode in int8 against 7.1-8.5x in float32,
+    recall@3 on the toy QA set unchanged; ``benchmarks/RESULTS.md``), or where bf16 matmuls exist without AMX and int8
+    is measured faster (:func:`_int8_or_float`); float, with a warning, where the int8 layers cannot run (no C++
+    compiler, an unsupported model). False (the index builder): ``auto`` never means int8."""
 
     def make(dtype: str) -> HFEncoder:
         return HFEncoder(
@@ -433,8 +434,4 @@ def encoder_for(
     if cpu_bf16_flags():  # bf16 matmuls without AMX: the faster of the two, measured
         return _int8_or_float(config, make)
     logger.info("query encoder: int8 under 'auto' (this CPU has VNNI and no bf16 matmuls)")
-    try:
-        return make("int8")
-    except EncoderError as e:
-        logger.warning("query encoder: int8 cannot run here, so 'auto' decides among the float precisions: %s", e)
-        return make(dtype)
+    return _int8_or_none(make) or make(dtype)
