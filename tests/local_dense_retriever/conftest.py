@@ -195,6 +195,28 @@ def _start_cli_server(args: list[str], log: Path, script: list[str] | None = Non
     raise AssertionError(f"server never became ready: {log.read_text()}")
 
 
+class WaitingProcess:
+    """Python ``code`` in a second process (INFO logs on its stderr), started while this one holds the lock of a build
+    and returned once it logs that it waits for that build: what a server starting beside a building one does."""
+
+    def __init__(self, code: str, what: str) -> None:
+        prelude = "import logging, sys\nlogging.basicConfig(level=logging.INFO, stream=sys.stderr)\n"
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+        self.proc = subprocess.Popen([sys.executable, "-c", prelude + code], **pipes)
+        self.log = ""
+        while f"waiting for another process building {what}" not in self.log:
+            line = self.proc.stderr.readline()
+            assert line, f"the second process did not wait: {self.log}"
+            self.log += line
+
+    def finish(self) -> str:
+        """Its stdout once it has ended, successfully; ``self.log`` then holds its whole stderr."""
+        out, err = self.proc.communicate(timeout=300)
+        self.log += err
+        assert self.proc.returncode == 0, self.log
+        return out
+
+
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -205,6 +227,12 @@ def _cpu_seconds(pid: int) -> float:
 def start_cli_server():
     """Factory: (args, log path, script=None) -> (process, url) of the real server in its own process."""
     return _start_cli_server
+
+
+@pytest.fixture(scope="session")
+def waiting_process() -> type[WaitingProcess]:
+    """Factory: (code, what) -> :class:`WaitingProcess` (the caller holds the lock of building ``what``)."""
+    return WaitingProcess
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,6 @@ starting together; bad files fail."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 
 import faiss
 import numpy as np
@@ -266,16 +264,14 @@ def test_reused_score_buffers_give_every_batch_size_and_thread_its_own_answer(fl
             np.testing.assert_array_equal(scores, want_scores)
 
 
-def test_servers_starting_together_on_one_corpus_build_the_bm25_index_once(tmp_path, animal_corpus):
+def test_servers_starting_together_on_one_corpus_build_the_bm25_index_once(tmp_path, animal_corpus, waiting_process):
     """Two bm25 servers started at once on a corpus without an index both built it, and the second's atomic rename
     onto the first's finished folder failed: now the later one waits for the build, then loads it."""
     corpus_path = tmp_path / "corpus.jsonl"
     shutil.copy(animal_corpus, corpus_path)
     index_dir = bm25_dir_for(corpus_path)
     code = (
-        "import logging, sys\n"
         "from pathlib import Path\n"
-        "logging.basicConfig(level=logging.INFO, stream=sys.stderr)\n"
         "from local_dense_retriever.corpus_store import CorpusStore\n"
         "from local_dense_retriever.index.bm25 import BM25Search\n"
         f"corpus = CorpusStore(Path({str(corpus_path)!r}), progress=False)\n"
@@ -283,14 +279,6 @@ def test_servers_starting_together_on_one_corpus_build_the_bm25_index_once(tmp_p
         "print(int(ids[0, 0]))\n"
     )
     with exclusive(index_dir.with_name(f".{index_dir.name}.build.lock"), "bm25"):  # this process is the first server
-        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
-        later = subprocess.Popen([sys.executable, "-c", code], **pipes)
-        seen = []
-        while not any("waiting for another process building the bm25 index" in line for line in seen):
-            line = later.stderr.readline()
-            assert line, f"the later server did not wait: {''.join(seen)}"
-            seen.append(line)
+        later = waiting_process(code, "the bm25 index")
         build_bm25(CorpusStore(corpus_path, progress=False), index_dir, progress=False)
-    out, err = later.communicate(timeout=300)
-    assert later.returncode == 0, "".join(seen) + err
-    assert out.strip() == "17" and "building bm25 index" not in "".join(seen) + err
+    assert later.finish().strip() == "17" and "building bm25 index" not in later.log

@@ -4,8 +4,6 @@ servers that start together."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 
@@ -36,15 +34,13 @@ def test_index_is_reused_then_rebuilt_when_the_corpus_changes(tmp_path):
     assert after != before and after["corpus_manifest"]["generator_version"] == "changed"
 
 
-def test_servers_starting_together_on_one_cache_build_it_once(tmp_path):
+def test_servers_starting_together_on_one_cache_build_it_once(tmp_path, waiting_process):
     """Two servers started at once on a fresh cache dir (``launch_retriever.sh SERVERS=2 EMBEDDED=1``) both built into
     one shard folder, and the first to finish deleted it under the other ("No such file or directory: ...shards"):
     now a server that finds the build under way waits for it, then finds the index built."""
     config = ServerConfig(toy_passages=50, cache_dir=tmp_path)
     out_dir = tmp_path / "toy-50"
     code = (
-        "import logging, sys\n"
-        "logging.basicConfig(level=logging.INFO, stream=sys.stderr)\n"
         "from local_dense_retriever.config import ServerConfig\n"
         "from local_dense_retriever.toy.embedded_default import prepare_embedded_default\n"
         f"config = ServerConfig(toy_passages=50, cache_dir={str(tmp_path)!r})\n"
@@ -52,16 +48,8 @@ def test_servers_starting_together_on_one_cache_build_it_once(tmp_path):
         "print(paths.index_path)\n"
     )
     with exclusive(out_dir / ".build.lock", "the embedded default"):  # this process is the first server
-        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
-        later = subprocess.Popen([sys.executable, "-c", code], **pipes)
-        seen = []
-        while not any("waiting for another process building the embedded default" in line for line in seen):
-            line = later.stderr.readline()
-            assert line, f"the later server did not wait: {''.join(seen)}"
-            seen.append(line)
+        later = waiting_process(code, "the embedded default")
         first = _prepare(config, out_dir, progress=False)
-    out, err = later.communicate(timeout=300)
-    assert later.returncode == 0, "".join(seen) + err
-    assert out.strip() == str(first.index_path)
-    assert "building the embedded default index" not in "".join(seen) + err  # it found the index built
+    assert later.finish().strip() == str(first.index_path)
+    assert "building the embedded default index" not in later.log  # it found the index built
     assert np.load(first.index_path).shape[0] == 50
