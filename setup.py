@@ -70,6 +70,7 @@ EXTRAS = {
         "pytest>=8",
         "pytest-asyncio>=0.23",
         "pytest-timeout>=2.3",
+        "pytest-xdist>=3.5",  # make test: two workers
         "hypothesis>=6",
         "httpx>=0.27",
         "pandas>=2",
