@@ -5,9 +5,10 @@ Invariant: ``encode`` returns one L2-normalised float row per input text, in inp
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Literal, Protocol, get_args
 
@@ -258,20 +259,12 @@ class HFEncoder:
 
     @torch.inference_mode()
     def _probe(self, model) -> dict[str, float]:
-        """Seconds per probe batch in float32 and bfloat16 (best of 3, interleaved, after a warm-up each)."""
+        """Seconds per probe batch of the bare model in float32 and bfloat16."""
         import copy
-        import time
 
         batch = self._tokenize(PROBE_BATCH)  # the shapes a served batch of this size has
         models = {"float32": model, "bfloat16": copy.deepcopy(model).to(torch.bfloat16)}
-        best = {name: float("inf") for name in models}
-        for rep in range(4):
-            for name, m in models.items():
-                t0 = time.perf_counter()
-                m(**batch)
-                if rep:  # the first pass of each is a warm-up
-                    best[name] = min(best[name], time.perf_counter() - t0)
-        return best
+        return best_seconds({name: functools.partial(m, **batch) for name, m in models.items()})
 
     @torch.inference_mode()
     def encode(self, texts: list[str], *, is_query: bool = True) -> torch.Tensor:
@@ -353,17 +346,24 @@ def _int8_or_none(make: Callable[[str], HFEncoder]) -> HFEncoder | None:
         return None
 
 
-def seconds_per_probe_batch(encoder: HFEncoder) -> float:
-    """The best of three encodes of :data:`PROBE_BATCH` through ``encoder``'s served path, after a warm-up."""
+def best_seconds(runs: Mapping[str, Callable[[], object]], repeats: int = 3) -> dict[str, float]:
+    """Each run's best time of ``repeats``, after a warm-up each. The runs take turns, so a machine that slows down
+    or speeds up during the measurement (other processes, frequency changes) tilts none of them."""
     import time
 
-    best = float("inf")
-    for rep in range(4):
-        t0 = time.perf_counter()
-        encoder.encode(PROBE_BATCH)
-        if rep:
-            best = min(best, time.perf_counter() - t0)
+    best = dict.fromkeys(runs, float("inf"))
+    for rep in range(repeats + 1):
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            run()
+            if rep:  # the first pass of each is its warm-up
+                best[name] = min(best[name], time.perf_counter() - t0)
     return best
+
+
+def seconds_per_probe_batch(encoders: Mapping[str, HFEncoder]) -> dict[str, float]:
+    """Seconds per encode of :data:`PROBE_BATCH` through each encoder's served path (:func:`best_seconds`)."""
+    return best_seconds({name: functools.partial(e.encode, PROBE_BATCH) for name, e in encoders.items()})
 
 
 def _int8_or_float(config: ServerConfig, make: Callable[[str], HFEncoder]) -> HFEncoder:
@@ -389,7 +389,7 @@ def _int8_or_float(config: ServerConfig, make: Callable[[str], HFEncoder]) -> HF
         return floating or make("auto")
     if floating is None:
         return int8  # int8 measured faster at an earlier start
-    timings = {"int8": seconds_per_probe_batch(int8), "auto": seconds_per_probe_batch(floating)}
+    timings = seconds_per_probe_batch({"int8": int8, "auto": floating})
     precision_cache.remember(key, timings)
     speedup = timings["auto"] / timings["int8"]
     chosen = int8 if speedup >= INT8_MIN_SPEEDUP else floating

@@ -215,9 +215,9 @@ def test_with_bf16_but_no_amx_auto_times_int8_against_the_float_choice_once(
 
     timed = []
 
-    def seconds(enc):  # the timings this test's CPU "measures"
-        timed.append(enc.precision)
-        return 0.050 if (enc.precision == "int8") == int8_faster else 0.100
+    def seconds(encoders):  # the timings this test's CPU "measures"
+        timed.extend(e.precision for e in encoders.values())
+        return {name: 0.050 if (e.precision == "int8") == int8_faster else 0.100 for name, e in encoders.items()}
 
     monkeypatch.setattr(encoder_module, "seconds_per_probe_batch", seconds)
     config = ServerConfig(retriever_name="minilm", retriever_model=str(minilm_path), device="cpu")
