@@ -44,10 +44,10 @@ $(STAMP): setup.py constraints.txt
 	touch $(STAMP)
 
 test: install
-	$(PY) -m pytest -m "not slow and not gpu" -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not gpu" -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-all: install
-	$(PY) -m pytest -m "not gpu" -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu" -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # A real tiny model rolling out with our tool and loop and trained by GRPO through verl's own trainer: `make train`'s
 # warm start (its base model the one shipped in verl_search/train/shipped_base_model, see `make base-model`; the SFT

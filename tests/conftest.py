@@ -1,7 +1,8 @@
 """Suite-wide collection order: the tests that run verl's trainer end to end (minutes each) go first.
 
-`make test` runs the suite on two pytest-xdist workers, one test file at a time per worker, in collection order.
-Started last, a trainer test would leave one worker running alone for its last minutes; started first, the two
+`make test` runs the suite on two pytest-xdist workers, one test file at a time per worker, in collection order
+(`--no-loadscope-reorder`: xdist would otherwise start the files with the most tests first, and these files hold one
+each). Started last, a trainer test leaves one worker running alone for its last minutes; started first, the two
 workers finish together. Order does not change what any test checks.
 """
 
