@@ -6,8 +6,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
-# pytest-xdist workers for `make test` / `make test-all` (each takes whole test files); 0 runs in this process, which
-# `-x`, `--pdb` and print debugging want.
+# pytest-xdist workers for `make test` (each takes whole test files); 0 runs in this process, which `-x`, `--pdb` and
+# print debugging want. `make test-all` stays in one process: its slow tests' time limits assume the machine's cores.
 TEST_WORKERS ?= 2
 ROLLOUT ?= sglang
 TRAIN_ARGS ?=
@@ -47,7 +47,7 @@ test: install
 	$(PY) -m pytest -m "not slow and not gpu" -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-all: install
-	$(PY) -m pytest -m "not gpu" -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not gpu" -q $(PYTEST_ARGS)
 
 # A real tiny model rolling out with our tool and loop and trained by GRPO through verl's own trainer: `make train`'s
 # warm start (its base model the one shipped in verl_search/train/shipped_base_model, see `make base-model`; the SFT
