@@ -205,6 +205,17 @@ def vnni_and_bf16_without_amx(monkeypatch, tmp_path):
         pytest.skip("this CPU has no AVX512-BF16 or no VNNI")
 
 
+def test_the_timed_encoders_take_turns_after_a_warm_up_each():
+    """A machine that slows down during the first-start timing must slow both sides alike: the runs alternate, and
+    each one's first pass (its warm-up) is not counted."""
+    from local_dense_retriever.encoder import best_seconds
+
+    calls = []
+    timings = best_seconds({"int8": lambda: calls.append("int8"), "auto": lambda: calls.append("auto")}, repeats=3)
+    assert calls == ["int8", "auto"] * 4
+    assert list(timings) == ["int8", "auto"] and all(0 <= t < float("inf") for t in timings.values())
+
+
 @pytest.mark.parametrize("int8_faster", [True, False], ids=["int8-faster", "float-faster"])
 def test_with_bf16_but_no_amx_auto_times_int8_against_the_float_choice_once(
     minilm_path, vnni_and_bf16_without_amx, monkeypatch, caplog, int8_faster
