@@ -123,9 +123,8 @@ def failure_text(error: SearchError, config: SearchToolConfig) -> str:
 
 async def run_search(config: SearchToolConfig, queries: Any) -> SearchOutcome:
     """Search ``queries`` (a list of strings, or anything the model sent) and return the text for the model."""
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    deadline = started + config.timeout
+    started = time.perf_counter()  # not loop.time(): under uvloop it moves in whole ms, and only between iterations
+    deadline = asyncio.get_running_loop().time() + config.timeout
     num_queries = len(queries) if isinstance(queries, list) else 0
     try:
         fitted = fit_queries(
@@ -149,7 +148,7 @@ async def run_search(config: SearchToolConfig, queries: Any) -> SearchOutcome:
             failure="internal",
             num_queries=num_queries,
         )
-    outcome.latency_s = loop.time() - started
+    outcome.latency_s = time.perf_counter() - started
     STATS.log_interval = config.stats_log_interval
     STATS.record_call(latency_s=outcome.latency_s, num_queries=outcome.num_queries, failure=outcome.failure)
     return outcome

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from verl_search import SearchTool, search_stats
 from verl_search.tool.cache import LRUCache
+from verl_search.tool.client import RetrievalClient
+from verl_search.tool.config import SearchToolConfig
+from verl_search.tool.search_tool import run_search
 
 
 async def test_repeated_query_is_served_from_the_cache(stub, make_config):
@@ -100,3 +105,21 @@ async def test_the_tools_cache_keeps_to_cache_max_bytes(stub, make_config):
 
     cache = RetrievalClient.shared(make_config(cache_max_bytes=20_000)).cache
     assert 0 < cache.bytes <= 20_000 and 0 < len(cache) < 200
+
+
+def test_a_cache_hit_under_uvloop_records_its_own_latency(stub):
+    """An agent-loop worker may run uvloop, whose loop clock moves in whole milliseconds and only between iterations:
+    a call answered from the cache never waits, so it recorded 0.0 s there, and a step where half the calls hit the
+    cache logged a search latency p50 of 0 (found by CI in the CPU trainer test)."""
+    uvloop = pytest.importorskip("uvloop")
+    config = SearchToolConfig.from_dict({"retrieval_service_url": stub.url, "timeout": 2.0})
+
+    async def twice():
+        try:
+            return [await run_search(config, ["Paris"]) for _ in range(2)]
+        finally:
+            await RetrievalClient.close_all()
+
+    first, second = uvloop.run(twice())
+    assert (first.cached, second.cached) == (0, 1)
+    assert first.latency_s > 0 and second.latency_s > 0
