@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Literal, Protocol, get_args
 
@@ -135,6 +135,15 @@ def resolve_encoder_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages under ``tensors``: views of one storage count once."""
+    sizes = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        sizes[storage.data_ptr()] = storage.nbytes()
+    return sum(sizes.values())
+
+
 class HFEncoder:
     """A Hugging Face ``AutoModel`` query/passage encoder. Call ``encode`` from one worker thread at a time."""
 
@@ -210,6 +219,12 @@ class HFEncoder:
         self.precision = str(self.dtype).removeprefix("torch.")
         if int8:
             self._quantize(reason)
+        logger.info("encoder weights: %.0f MiB (%s)", self.weight_bytes() / 2**20, self.precision)
+
+    def weight_bytes(self) -> int:
+        """Bytes of the weights this encoder holds: the model's and the packed layers', each storage counted once."""
+        modules = [self.model] + ([] if self.packed is None else [m for layer in self.packed.layers for m in layer])
+        return storage_bytes(t for m in modules for t in (*m.parameters(), *m.buffers()))
 
     def _quantize(self, unpacked: str | None) -> None:
         """The packed encoder's linear layers in int8 (:mod:`~local_dense_retriever.int8_linear`), smoothed by the
@@ -239,6 +254,14 @@ class HFEncoder:
             )  # fmt: skip
         self.packed.layers = layers
         check_int8_agrees(check_int8_runs(lambda: self.encode(list(CALIBRATION_QUERIES))), reference)
+        # the float32 layers the int8 ones replace are not kept (e5-base-v2: 340 MB of 500): from here the model is
+        # run only through the packed layers, which hold the parts they still use (LayerNorms), and its embeddings.
+        # Those few are copied out of the model file's memory map, which is then unmapped (its pages left the
+        # process's resident set: e5-base-v2 1,063 -> ~770 MB; benchmarks/encoder_weights.py)
+        self.model.encoder = None
+        for module in [self.model, *(part for layer in layers for part in layer)]:
+            for weight in module.parameters():
+                weight.data = weight.data.clone()
         self.precision = "int8"
         logger.info(
             "encoder precision int8: %s-bit weights (a scale per output), int8 inputs (a scale per token)%s",

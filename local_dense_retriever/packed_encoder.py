@@ -55,14 +55,20 @@ def token_rows(tokens: int, multiple: int) -> int:
 
 
 def fused_qkv(attention) -> torch.nn.Linear:
-    """One Linear computing a self-attention's query, key and value projections side by side (one matmul)."""
+    """One Linear computing a self-attention's query, key and value projections side by side (one matmul). The three
+    projections' weights and biases become views of its own, so the model keeps one copy of them, not two, and its own
+    forward still computes the same (the model must not change dtype or device afterwards: that would copy them)."""
     parts = (attention.query, attention.key, attention.value)
     first = parts[0].weight
     fused = torch.nn.Linear(first.shape[1], 3 * first.shape[0], device=first.device, dtype=first.dtype)
     with torch.no_grad():
         fused.weight.copy_(torch.cat([p.weight for p in parts]))
         fused.bias.copy_(torch.cat([p.bias for p in parts]))
-    return fused.requires_grad_(False)
+    fused.requires_grad_(False)
+    for name in ("weight", "bias"):
+        for part, view in zip(parts, getattr(fused, name).split(first.shape[0]), strict=True):
+            setattr(part, name, torch.nn.Parameter(view, requires_grad=False))
+    return fused
 
 
 class FeedForward(torch.nn.Module):

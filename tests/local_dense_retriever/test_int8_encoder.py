@@ -10,6 +10,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -55,6 +56,30 @@ def test_int8_runs_every_linear_layer_of_the_packed_encoder_in_int8(int8_encoder
             assert linear.input_scale is not None and linear.input_scale.shape == (linear.in_features,)
     index = TorchFlatIndex(torch.randn(10, 384), device=torch.device("cpu"))
     assert "(int8 on cpu)" in DenseSearch(int8_encoder, index).describe()
+
+
+def mapped_from(path: Path, tensors) -> int:
+    """How many of ``tensors`` lie in memory this process maps from the file ``path``."""
+    spans = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) > 5 and Path(fields[5]) == path:
+                start, stop = (int(a, 16) for a in fields[0].split("-"))
+                spans.append((start, stop))
+    return sum(any(start <= t.data_ptr() < stop for start, stop in spans) for t in tensors)
+
+
+def test_int8_keeps_no_float32_copy_of_what_it_replaced(int8_encoder, minilm_encoder, minilm_path):
+    """The float32 layers the int8 ones replace are dropped, and the rest is copied out of the model file's memory
+    map, so the file is no longer held in the process's memory for it."""
+    assert int8_encoder.weight_bytes() < 0.7 * minilm_encoder.weight_bytes()
+    weights = minilm_path.resolve() / "model.safetensors"
+    if not mapped_from(weights, minilm_encoder.model.parameters()):
+        pytest.skip("transformers read the float32 weights into memory instead of mapping the file")
+    held = [t for layer in int8_encoder.packed.layers for part in layer for t in part.parameters()]
+    assert mapped_from(weights, [*int8_encoder.model.parameters(), *held]) == 0
+    assert int8_encoder.encode(["who wrote the novel the old man and the sea"]).shape == (1, 384)
 
 
 def test_int8_vectors_and_rankings_are_float32s(int8_encoder, minilm_encoder, minilm_index, questions, toy_questions,

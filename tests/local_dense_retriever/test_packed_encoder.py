@@ -22,6 +22,8 @@ def hidden_states_agree(model, batch: dict, *, token_multiple: int, atol: float)
     with torch.inference_mode():
         expected = model(**batch).last_hidden_state
         got = PackedEncoder(model, token_multiple=token_multiple)(**batch)
+        again = model(**batch).last_hidden_state  # its projections are now views of the fused one's weights
+    torch.testing.assert_close(again, expected, atol=0, rtol=0)
     real = batch["attention_mask"].bool()
     assert got.shape == expected.shape
     torch.testing.assert_close(got[real], expected[real], atol=atol, rtol=1e-4)
@@ -97,6 +99,15 @@ def test_models_it_cannot_reproduce_are_refused(model_type, extra, reason):
     assert reason in unsupported_reason(model)
     with pytest.raises(ValueError, match="cannot run this model packed"):
         PackedEncoder(model)
+
+
+def test_packing_keeps_one_copy_of_the_attention_projections(minilm_encoder):
+    """The fused query/key/value projection holds the model's own weights, not a second copy of them."""
+    from local_dense_retriever.encoder import storage_bytes
+
+    model = minilm_encoder.model
+    assert storage_bytes(model.parameters()) == sum(p.nbytes for p in model.parameters())  # no weight shares another's
+    assert minilm_encoder.weight_bytes() == storage_bytes([*model.parameters(), *model.buffers()])
 
 
 def test_the_encoder_runs_an_unsupported_bert_padded(minilm_path, tmp_path):
