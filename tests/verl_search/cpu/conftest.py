@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -159,6 +161,10 @@ def _launch_once(
     full_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CUDA_VISIBLE_DEVICES")}
     full_env.update(env, PYTHON=sys.executable, RUN_DIR=str(run_dir), TOTAL_STEPS=str(total_steps))
     full_env["VERL_FILE_LOGGER_PATH"] = str(run_dir / f"metrics-{total_steps}.jsonl")
+    # Ray's session folder (logs, sockets; 2-3 MB a run) in a folder of this run's, not left in /tmp/ray for good; a
+    # short path, since Ray's Unix sockets live under it and a socket's path is limited to 107 bytes
+    ray_root = Path(tempfile.mkdtemp(prefix="vs-ray-"))
+    full_env["RAY_TMPDIR"] = str(ray_root)
     process = subprocess.Popen(
         ["bash", str(REPO / "run_scripts" / script), *overrides],
         cwd=run_dir.parent,
@@ -175,6 +181,10 @@ def _launch_once(
             os.killpg(process.pid, signal.SIGKILL)
         for segment in _shm_segments() - before:  # vLLM leaves them behind (~170-250 MB each); its processes are gone
             segment.unlink(missing_ok=True)
+    if process.returncode == 0:
+        shutil.rmtree(ray_root, ignore_errors=True)
+    else:  # its workers' logs are kept for whoever reads the failure
+        output += f"\n[test] Ray's session folder (worker logs) is kept in {ray_root}\n"
     (run_dir.parent / f"{run_dir.name}-{total_steps}.log").write_text(output)
     return subprocess.CompletedProcess(process.args, process.returncode, output, "")
 
