@@ -22,7 +22,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from local_dense_retriever.encoder import HFEncoder, bundled_minilm_path, cpu_bf16_flags, cpu_has_amx  # noqa: E402
+from local_dense_retriever.cpu_features import cpu_has_amx  # noqa: E402
+from local_dense_retriever.encoder import HFEncoder, bundled_minilm_path  # noqa: E402
+from local_dense_retriever.encoder_precision import cpu_bf16_flags  # noqa: E402
 from local_dense_retriever.toy.questions import generate_questions  # noqa: E402
 from local_dense_retriever.toy.world import ToyWorld  # noqa: E402
 

@@ -150,7 +150,8 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
 
     ``index`` replaces the index of ``config.index_path`` (the Serve router's fan-out over shards); the encoder and
     the corpus still come from ``config``."""
-    from local_dense_retriever.encoder import encoder_for, resolve_device
+    from local_dense_retriever.encoder import resolve_device
+    from local_dense_retriever.encoder_precision import encoder_for
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)

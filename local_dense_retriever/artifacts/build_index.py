@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     from local_dense_retriever.config import ServerConfig
-    from local_dense_retriever.encoder import encoder_for
+    from local_dense_retriever.encoder_precision import encoder_for
 
     try:
         CorpusStore(args.corpus_path).close()  # fail fast (and build the offsets table) before loading a model

@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from local_dense_retriever import cpu_features, encoder
-from local_dense_retriever.encoder import choose_cpu_precision, cpu_bf16_flags
+from local_dense_retriever import cpu_features, encoder_precision
+from local_dense_retriever.encoder_precision import choose_cpu_precision, cpu_bf16_flags
 from local_dense_retriever.index import torch_flat
 
 #: what a Sapphire Rapids reports: AMX, AVX-512 BF16 and VNNI
@@ -22,7 +22,7 @@ SAPPHIRE_RAPIDS = {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", 
 def amx_cpu(monkeypatch):
     """This process on a CPU with AMX, whatever it runs on; oneDNN uncapped until a test sets a cap."""
     monkeypatch.setattr(cpu_features, "_probe", {"_is_amx_tile_supported": True, "_is_vnni_supported": True}.get)
-    monkeypatch.setattr(encoder, "cpu_flags", lambda: set(SAPPHIRE_RAPIDS))
+    monkeypatch.setattr(encoder_precision, "cpu_flags", lambda: set(SAPPHIRE_RAPIDS))
     monkeypatch.setattr(torch_flat, "int8_matmul_exact", lambda: True)
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)

@@ -222,7 +222,7 @@ def vnni_and_bf16_without_amx(monkeypatch, tmp_path):
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("oneDNN's ISA cap is x86's")
     from local_dense_retriever.cpu_features import FULL_LEVELS, cpu_has_vnni, exact_int8_levels
-    from local_dense_retriever.encoder import cpu_bf16_flags
+    from local_dense_retriever.encoder_precision import cpu_bf16_flags
 
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
     monkeypatch.setenv("VERL_SEARCH_CACHE", str(tmp_path / "cache"))
@@ -233,7 +233,7 @@ def vnni_and_bf16_without_amx(monkeypatch, tmp_path):
 def test_the_timed_encoders_take_turns_after_a_warm_up_each():
     """A machine that slows down during the first-start timing must slow both sides alike: the runs alternate, and
     each one's first pass (its warm-up) is not counted."""
-    from local_dense_retriever.encoder import best_seconds
+    from local_dense_retriever.encoder_precision import best_seconds
 
     calls = []
     timings = best_seconds({"int8": lambda: calls.append("int8"), "auto": lambda: calls.append("auto")}, repeats=3)
@@ -247,7 +247,7 @@ def test_with_bf16_but_no_amx_auto_times_int8_against_the_float_choice_once(
 ):
     """Whether int8 beats bf16 there depends on the CPU, so 'auto' measures it at the first start (the served encode
     of a 64-query batch), keeps int8 only from 1.10x faster, and the next start builds only the one it kept."""
-    from local_dense_retriever import encoder as encoder_module
+    from local_dense_retriever import encoder_precision
 
     timed = []
 
@@ -255,7 +255,7 @@ def test_with_bf16_but_no_amx_auto_times_int8_against_the_float_choice_once(
         timed.extend(e.precision for e in encoders.values())
         return {name: 0.050 if (e.precision == "int8") == int8_faster else 0.100 for name, e in encoders.items()}
 
-    monkeypatch.setattr(encoder_module, "seconds_per_probe_batch", seconds)
+    monkeypatch.setattr(encoder_precision, "seconds_per_probe_batch", seconds)
     config = ServerConfig(retriever_name="minilm", retriever_model=str(minilm_path), device="cpu")
     with caplog.at_level("INFO", logger="local_dense_retriever"):
         first = encoder_for(config)

@@ -21,7 +21,7 @@ def memory_stats_available() -> bool:
 
 
 def cpu_has_bf16() -> bool:
-    from local_dense_retriever.encoder import cpu_bf16_flags
+    from local_dense_retriever.encoder_precision import cpu_bf16_flags
 
     return bool(cpu_bf16_flags())
 
@@ -241,7 +241,7 @@ def test_encoder_dtype_resolution():
 def test_cpu_precision_follows_bf16_support_and_the_measured_speed():
     """'auto' on a CPU chooses by what is fast there: an AMD EPYC with avx512_bf16 and no AMX gets bf16 when it is
     faster (it stayed float32 when the choice keyed on AMX), and the reason is stated for the log."""
-    from local_dense_retriever.encoder import choose_cpu_precision, cpu_bf16_flags
+    from local_dense_retriever.encoder_precision import choose_cpu_precision, cpu_bf16_flags
 
     dtype, why = choose_cpu_precision([], None)
     assert dtype == torch.float32 and "no bf16 instructions" in why
