@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import threading
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
 
@@ -21,11 +19,25 @@ import torch
 from local_dense_retriever.config import Prefilter
 from local_dense_retriever.cpu_features import cpu_has_amx, cpu_has_vnni, int8_matmul_exact
 from local_dense_retriever.index.base import IndexLoadError
+from local_dense_retriever.index.flat_file import (  # read_flat_header and the rest: imported from here too
+    STAGING_BYTES,
+    FlatHeader,
+    VectorFile,
+    read_flat_header,
+    read_flat_vectors,
+    row_blocks,
+    vector_file,
+)
 from local_dense_retriever.index.prefilter import Bf16Copy, CoarseCopy, Int8Copy, prefiltered_topk
 from local_dense_retriever.index.topk import block_topk, grouped_topk, merge_topk
 from local_dense_retriever.memory import release_mapped_pages
 
 logger = logging.getLogger(__name__)
+__all__ = [
+    "CPU_CHUNK_ROWS", "SCORE_BYTES", "STAGING_BYTES", "FlatHeader", "TorchFlatIndex", "VectorFile",
+    "auto_prefilter_dtype", "index_source", "read_flat_header", "read_flat_vectors", "resolve_index_dtype",
+    "resolve_prefilter", "vector_file",
+]  # fmt: skip
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 #: rows scored per matmul on CPU, bounding the (queries x rows) score buffer
@@ -34,13 +46,6 @@ CPU_CHUNK_ROWS = 1 << 18
 #: scanned in as many steps as this needs (at wiki-18 scale, one step over a whole 21M-row shard would need
 #: batch x 21M x 2 bytes, 21 GB at 512 queries, beside the 32 GB index); the server's --score_buffer_mb
 SCORE_BYTES = 1 << 30
-
-
-#: fourccs of faiss IndexFlat files (faiss/impl/index_write.cpp): inner product, L2, any other metric
-_FLAT_FOURCC = {b"IxFI", b"IxF2", b"IxFl"}
-_HEADER = struct.Struct("<iqqqBi")  # d, ntotal, two dummy idx_t, is_trained, metric_type
-#: host memory one step of loading an index onto devices (or into another dtype) may use, whatever the index's size
-STAGING_BYTES = 64 << 20
 
 
 #: the largest CPU score buffer a thread keeps for reuse: glibc's largest mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on
@@ -70,60 +75,6 @@ class ScoreBuffers(threading.local):
             self.buffer = None  # the old one is freed before the larger one is taken
             self.buffer = torch.empty(need, dtype=torch.uint8)
         return self.buffer[:need].view(dtype).view(queries, rows)
-
-
-@dataclass(frozen=True)
-class FlatHeader:
-    """What a faiss IndexFlat file says about itself, and where its float32 vectors start."""
-
-    metric: str  # 'inner_product', 'L2' or 'other-metric'
-    dim: int
-    ntotal: int
-    offset: int
-
-
-def read_flat_header(path: Path) -> FlatHeader:
-    """Parse the header of a faiss IndexFlat file without reading its vectors (faiss's writer: fourcc, d, ntotal,
-    two dummies, is_trained, metric_type, [metric_arg if metric_type > 1], then the vector size and the floats)."""
-    with open(path, "rb") as f:
-        head = f.read(4 + _HEADER.size + 4 + 8)
-    fourcc = head[:4]
-    if fourcc not in _FLAT_FOURCC:
-        if len(fourcc) == 4 and fourcc.startswith(b"I") and fourcc.isalnum():  # every faiss index type starts so
-            raise IndexLoadError(f"{path} is a faiss {fourcc.decode()} index, not a flat index: use --backend faiss")
-        raise IndexLoadError(f"{path} is not a faiss index file (it starts with {fourcc!r})")
-    if len(head) < 4 + _HEADER.size + 8:
-        raise IndexLoadError(f"{path} is truncated: too short for a faiss flat index header")
-    d, ntotal, _, _, _, metric_type = _HEADER.unpack_from(head, 4)
-    pos = 4 + _HEADER.size + (4 if metric_type > 1 else 0)  # metric_arg (float) follows for metrics beyond L2
-    (size,) = struct.unpack_from("<Q", head, pos)
-    offset = pos + 8
-    if d <= 0 or ntotal < 0 or size != ntotal * d:
-        raise IndexLoadError(f"{path} has an inconsistent flat index header (d={d}, ntotal={ntotal}, floats={size})")
-    if path.stat().st_size < offset + size * 4:
-        raise IndexLoadError(f"{path} is truncated: too short for {ntotal} x {d} vectors")
-    metric = {0: "inner_product", 1: "L2"}.get(metric_type, "other-metric")
-    return FlatHeader(metric=metric, dim=d, ntotal=ntotal, offset=offset)
-
-
-def read_flat_vectors(path: Path) -> np.ndarray:
-    """Vectors (n, d) of a ``.npy`` file or a faiss flat inner-product index file, memory-mapped (no copy, one header
-    read: nothing of the file is loaded before queries touch it)."""
-    path = Path(path)
-    if not path.is_file():
-        raise IndexLoadError(f"index file not found: {path}")
-    if path.suffix == ".npy":
-        try:
-            arr = np.load(path, mmap_mode="r")
-        except ValueError as e:
-            raise IndexLoadError(f"{path} is not a readable .npy array: {e}") from e
-        if arr.ndim != 2:
-            raise IndexLoadError(f"{path} holds an array of shape {arr.shape}; expected (passages, dim)")
-        return arr
-    source = vector_file(path)  # the faiss header, checked for an inner-product flat index
-    if source.rows == 0:
-        return np.zeros((0, source.dim), dtype=np.float32)
-    return np.memmap(path, dtype=np.float32, mode="r", offset=source.offset, shape=source.shape)
 
 
 def resolve_index_dtype(dtype: str, device: torch.device) -> str:
@@ -202,75 +153,6 @@ def index_source(path: Path, device: torch.device, dtype: str = "auto") -> np.nd
     return vector_file(path)
 
 
-def _steps(vectors: np.ndarray | VectorFile, lo: int, hi: int, staging_bytes: int, *, pin: bool = False):
-    """``(row, block)`` over rows ``[lo, hi)``, at most ``staging_bytes`` per block."""
-    if isinstance(vectors, VectorFile):
-        yield from vectors.steps(lo, hi, staging_bytes, pin=pin and torch.cuda.is_available())
-        return
-    per_step = max(1, staging_bytes // (vectors.shape[1] * vectors.itemsize))
-    for a in range(lo, hi, per_step):
-        yield a, np.ascontiguousarray(vectors[a : min(hi, a + per_step)], dtype=np.float32)
-
-
-@dataclass(frozen=True)
-class VectorFile:
-    """The float32 row-major vectors of an index file (``.npy`` or faiss flat), read by offset: rows are streamed
-    through one staging buffer, never mapped, so loading them elsewhere (GPUs, another dtype) leaves nothing of the
-    file in this process and in the page cache."""
-
-    path: Path
-    offset: int
-    rows: int
-    dim: int
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.rows, self.dim
-
-    def window(self, lo: int, hi: int) -> VectorFile:
-        """Rows ``[lo, hi)`` as a file of their own."""
-        return VectorFile(self.path, self.offset + lo * self.dim * 4, hi - lo, self.dim)
-
-    def steps(self, lo: int, hi: int, staging_bytes: int = STAGING_BYTES, *, pin: bool = False):
-        """``(row, block)`` for rows ``[lo, hi)`` in order; every block is a view of the same staging buffer of at
-        most ``staging_bytes`` (one row if a row is larger), valid until the next step. ``pin``: page-locked staging
-        (faster copies to a GPU)."""
-        per_step = max(1, staging_bytes // (self.dim * 4))
-        staging = torch.empty((min(per_step, max(hi - lo, 1)), self.dim), dtype=torch.float32, pin_memory=pin)
-        buf = staging.numpy()
-        with open(self.path, "rb", buffering=0) as f:
-            for a in range(lo, hi, per_step):
-                block = buf[: min(per_step, hi - a)]
-                start, view = self.offset + a * self.dim * 4, memoryview(block).cast("B")
-                f.seek(start)
-                got = 0
-                while got < len(view):
-                    n = f.readinto(view[got:])
-                    if not n:
-                        raise IndexLoadError(f"{self.path} ended at byte {start + got}: truncated while loading")
-                    got += n
-                if hasattr(os, "posix_fadvise"):  # read once: do not let the index crowd out the page cache
-                    os.posix_fadvise(f.fileno(), start, len(view), os.POSIX_FADV_DONTNEED)
-                yield a, block
-
-
-def vector_file(path: Path) -> VectorFile:
-    """Where the vectors of a ``.npy`` (float32, C order) or faiss flat inner-product index file are."""
-    path = Path(path)
-    if not path.is_file():
-        raise IndexLoadError(f"index file not found: {path}")
-    if path.suffix == ".npy":
-        arr = read_flat_vectors(path)  # validates the array; its memory map gives dtype, order and data offset
-        if arr.dtype != np.float32 or not arr.flags.c_contiguous or not isinstance(arr, np.memmap):
-            raise IndexLoadError(f"{path} holds {arr.dtype} vectors; the flat index streams float32 rows")
-        return VectorFile(path, int(arr.offset), int(arr.shape[0]), int(arr.shape[1]))
-    header = read_flat_header(path)
-    if header.metric != "inner_product":
-        raise IndexLoadError(f"{path} is a flat {header.metric} index; the torch backend scores inner product: use "
-                             "--backend faiss")  # fmt: skip
-    return VectorFile(path, header.offset, header.ntotal, header.dim)
-
-
 def _as_tensor(rows: np.ndarray) -> torch.Tensor:
     with warnings.catch_warnings():  # memory-mapped arrays are read-only; we never write to them
         warnings.simplefilter("ignore", UserWarning)
@@ -317,7 +199,7 @@ class TorchFlatIndex:
                 part = _as_tensor(vectors[lo:hi])
             else:  # host memory used by the copy does not grow with the index
                 part = torch.empty((hi - lo, self.dim), dtype=self.dtype, device=dev)
-                for a, block in _steps(vectors, lo, hi, staging_bytes, pin=dev.type == "cuda"):
+                for a, block in row_blocks(vectors, lo, hi, staging_bytes, pin=dev.type == "cuda"):
                     part[a - lo : a - lo + len(block)].copy_(torch.from_numpy(block))
             self._shards.append((lo, part))
         #: the coarse copy of the one CPU shard, when searches pre-scan it

@@ -29,7 +29,7 @@ def shard_bounds(passages: int, shards: int) -> list[tuple[int, int]]:
 
 def check_shardable(config: ServerConfig, shards: int) -> int:
     """Passages of ``config``'s index when it can be cut into ``shards``; else a ShardingError naming the cause."""
-    from local_dense_retriever.index.torch_flat import read_flat_vectors
+    from local_dense_retriever.index.flat_file import read_flat_vectors
 
     if config.index_path is None or config.resolved_backend() == "bm25":
         raise ShardingError("sharded mode splits a dense flat index; bm25 indexes cannot be sharded")

@@ -157,7 +157,7 @@ def test_bm25_missing_index_without_build(tmp_path, animal_corpus):
 )
 @pytest.mark.parametrize("n", [0, 1, 777])
 def test_flat_header_reader_agrees_with_faiss(tmp_path, rng, make, metric, n):
-    from local_dense_retriever.index.torch_flat import read_flat_header
+    from local_dense_retriever.index.flat_file import read_flat_header
 
     d = 24
     index = make(d)
@@ -178,7 +178,7 @@ def test_flat_header_reader_agrees_with_faiss(tmp_path, rng, make, metric, n):
 
 
 def test_flat_header_reader_refuses_other_and_broken_files(tmp_path, rng):
-    from local_dense_retriever.index.torch_flat import read_flat_header
+    from local_dense_retriever.index.flat_file import read_flat_header
 
     hnsw = faiss.IndexHNSWFlat(8, 4, faiss.METRIC_INNER_PRODUCT)
     hnsw.add(_unit(rng, 10, 8))
