@@ -6,9 +6,10 @@
 Each encoder is built in a fresh process, exactly as the server builds it (``HFEncoder``: packed on the CPU; int8
 quantised, compiled and checked against float32), encodes 64 toy questions three times, and returns its free heap
 (``malloc_trim``). Printed: the bytes of weights the encoder holds (``HFEncoder.weight_bytes``: each storage once),
-and how much the process's resident set grew from just before the model was loaded (all of it, and the anonymous part:
-memory of its own rather than pages of mapped files). No model hub is reachable here, so the e5-base-v2 row is a BERT of
-e5-base-v2's exact shape with seeded random weights (``benchmarks/gpu_search_path.py``): its sizes are e5-base-v2's.
+how much the process's resident set grew from just before the model was loaded (all of it, and the anonymous part:
+memory of its own rather than pages of mapped files), and how much of the resident set is pages of the model's own
+files. No model hub is reachable here, so the e5-base-v2 row is a BERT of e5-base-v2's exact shape with seeded random
+weights (``benchmarks/gpu_search_path.py``): its sizes are e5-base-v2's.
 """
 
 from __future__ import annotations
@@ -52,7 +53,21 @@ def measure(model: str, dtype: str) -> dict:
         "weights": encoder.weight_bytes(),
         "rss": after["rss"] - before["rss"],
         "rss_anon": after["rss_anon"] - before["rss_anon"],
+        "model_file": mapped_resident(Path(model)),
     }
+
+
+def mapped_resident(folder: Path) -> int:
+    """Bytes of this process's resident set that are pages of files in ``folder`` (the model's weights, mapped)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if fields and "-" in fields[0] and len(fields) >= 5:  # a mapping's first line: range, perms, ..., path
+                inside = len(fields) > 5 and Path(fields[5]).parent == folder.resolve()
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1]) * 1024
+    return total
 
 
 def main() -> int:
@@ -74,7 +89,8 @@ def main() -> int:
     now = datetime.now(timezone.utc)
     print(f"# encoder weights: {cpu}, {os.cpu_count()} CPUs, {platform.python_version()}, torch {torch.__version__}, "
           f"commit {commit}, {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
-    print(f"{'model':9} {'precision':9} {'weights MiB':>11} {'RSS growth MiB':>14} {'anonymous MiB':>13}")
+    print(f"{'model':9} {'precision':9} {'weights MiB':>11} {'RSS growth MiB':>14} {'anonymous MiB':>13} "
+          f"{'model file MiB':>14}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         paths = {"minilm": bundled_minilm_path()}
         if "e5-base" in args.models:
@@ -90,7 +106,7 @@ def main() -> int:
                     continue
                 r = json.loads(done.stdout.strip().splitlines()[-1])
                 print(f"{model:9} {r['precision']:9} {r['weights'] / MIB:>11.1f} {r['rss'] / MIB:>14.1f} "
-                      f"{r['rss_anon'] / MIB:>13.1f}")  # fmt: skip
+                      f"{r['rss_anon'] / MIB:>13.1f} {r['model_file'] / MIB:>14.1f}")  # fmt: skip
     return 0
 
 
