@@ -117,6 +117,12 @@ def test_a_rebuild_of_another_float_path_matches_within_the_tolerance():
     far = shipped_base.Comparison(False, 0.125, 0.100)
     assert near.matches and "matches" in near.describe()
     assert not far.matches and "DOES NOT MATCH" in far.describe()
+    elsewhere = shipped_base.Comparison(False, 0.3136, 0.2209, "AMD EPYC", "Intel(R) Xeon(R) Processor")
+    assert not elsewhere.matches
+    assert "shipped from AMD EPYC, rebuilt on Intel(R) Xeon(R) Processor" in elsewhere.describe()
+    assert "On another CPU this is expected" in elsewhere.describe()
+    same_cpu = shipped_base.Comparison(False, 0.3136, 0.2209, "AMD EPYC", "AMD EPYC")
+    assert "expected" not in same_cpu.describe()  # on the builder's CPU a mismatch is a defect
 
 
 def test_tampered_weights_and_a_changed_recipe_are_named(tmp_path, quick_shipped):
