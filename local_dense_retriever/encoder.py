@@ -200,8 +200,11 @@ class HFEncoder:
 
     def weight_bytes(self) -> int:
         """Bytes of the weights this encoder holds: the model's and the packed layers', each storage counted once."""
-        modules = [self.model] + ([] if self.packed is None else [m for layer in self.packed.layers for m in layer])
-        return storage_bytes(t for m in modules for t in (*m.parameters(), *m.buffers()))
+        return storage_bytes(t for m in self._weight_holders() for t in (*m.parameters(), *m.buffers()))
+
+    def _weight_holders(self) -> list[torch.nn.Module]:
+        """The modules that hold this encoder's weights: the model and the packed layers' parts."""
+        return [self.model] + ([] if self.packed is None else [part for layer in self.packed.layers for part in layer])
 
     def _quantize(self, unpacked: str | None) -> None:
         """The packed encoder's linear layers in int8 (:mod:`~local_dense_retriever.int8_linear`), smoothed by the
@@ -236,7 +239,7 @@ class HFEncoder:
         # Those few are copied out of the model file's memory map, which is then unmapped: an e5-base-v2-shaped
         # int8 encoder grows its process by 539 MiB instead of 857 (benchmarks/encoder_weights.py)
         self.model.encoder = None
-        for module in [self.model, *(part for layer in layers for part in layer)]:
+        for module in self._weight_holders():
             for weight in module.parameters():
                 weight.data = weight.data.clone()
         self.precision = "int8"

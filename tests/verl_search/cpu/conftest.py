@@ -174,14 +174,24 @@ def _launch_once(
         text=True,
         start_new_session=True,
     )
+    timed_out = False
     try:
         output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:  # a failed run like any other: its output so far, its log and its Ray folder
+        timed_out = True
+        os.killpg(process.pid, signal.SIGKILL)
+        try:  # what it printed so far; a daemon outside the group may still hold the pipe, so not for ever
+            output, _ = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            output = "[test] the run's output could not be read after it was killed\n"
     finally:
         if process.poll() is None:  # only our own process group: never `ray stop`, which ends other users' Ray too
             os.killpg(process.pid, signal.SIGKILL)
         for segment in _shm_segments() - before:  # vLLM leaves them behind (~170-250 MB each); its processes are gone
             segment.unlink(missing_ok=True)
-    if process.returncode == 0:
+    if timed_out:
+        output += f"\n[test] the run was killed after its {timeout:.0f} s\n"
+    if process.returncode == 0 and not timed_out:
         shutil.rmtree(ray_root, ignore_errors=True)
     else:  # its workers' logs are kept for whoever reads the failure
         output += f"\n[test] Ray's session folder (worker logs) is kept in {ray_root}\n"
