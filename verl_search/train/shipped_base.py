@@ -84,7 +84,12 @@ class Manifest:
     weights_sha256: str
     tokenizer: str
     heldout: dict[str, Any]  # {"world", "rows", "loss"}
-    built: dict[str, Any]  # {"cpu", "torch", "transformers", "seconds", "date"}
+    built: dict[str, Any]  # {"cpu", "float_path", "torch", "transformers", "seconds", "date"}
+
+    @property
+    def float_path(self) -> str | None:
+        """The float path that built the model (:func:`float_path`), where the manifest names it."""
+        return self.built.get("float_path")
 
     @classmethod
     def read(cls, folder: Path = SHIPPED) -> Manifest:
@@ -208,7 +213,7 @@ def restore(config: TrainConfig, rows: RowSettings, out: Path, folder: Path = SH
         "base model: the one shipped in the repository (%s; built on %s, held-out loss %.3f); "
         "make base-model rebuilds it from the code",
         folder,
-        manifest.built.get("cpu", "?"),
+        manifest.float_path or manifest.built.get("cpu", "?"),
         manifest.heldout["loss"],
     )
     return True
@@ -251,8 +256,21 @@ def _built_on(seconds: float) -> dict[str, Any]:
     from local_dense_retriever.precision_cache import cpu_model
 
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    return {"cpu": cpu_model(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "seconds": round(seconds), "date": date}  # fmt: skip
+    return {"cpu": cpu_model(), "float_path": float_path(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "seconds": round(seconds), "date": date}  # fmt: skip
+
+
+def float_path() -> str:
+    """What decides the bits of a CPU training run here: the CPU's model name, the instruction set torch's own kernels
+    dispatch to, and MKL's cap where one is set. The model name alone does not: a KVM guest names a Zen 3 (AVX2) and a
+    Zen 4 (AVX-512) both "AMD EPYC"."""
+    import torch
+
+    from local_dense_retriever.precision_cache import cpu_model
+
+    path = f"{cpu_model()}, ATen {torch.backends.cpu.get_cpu_capability()}"
+    mkl = os.environ.get("MKL_ENABLE_INSTRUCTIONS")
+    return f"{path}, MKL {mkl}" if mkl else path
 
 
 @dataclass(frozen=True)
@@ -262,7 +280,7 @@ class Comparison:
     same_weights: bool
     rebuilt_loss: float
     shipped_loss: float | None
-    #: the CPU models that built the shipped model and the rebuild (``manifest.json``'s ``built.cpu``), where known
+    #: the float paths that built the shipped model and the rebuild (:func:`float_path`), where known
     shipped_on: str | None = None
     rebuilt_on: str | None = None
 
@@ -290,7 +308,7 @@ class Comparison:
         )
         if not self.matches and self.shipped_on != self.rebuilt_on and self.rebuilt_on is not None:
             text += (
-                ". On another CPU this is expected: rebuilds along other float paths have landed 15-42% apart "
+                ". On another float path this is expected: rebuilds along other float paths have landed 15-42% apart "
                 "(benchmarks/RESULTS.md); runs with the default settings still restore the shipped model"
             )
         return text
@@ -327,9 +345,7 @@ def rebuild(out: Path, folder: Path = SHIPPED, config: TrainConfig | None = None
     same = (folder / "base_model" / "model.safetensors").is_file() and manifest.weights_sha256 == file_sha256(
         folder / "base_model" / "model.safetensors"
     )
-    return Comparison(
-        same, score["loss"], shipped.heldout["loss"], shipped.built.get("cpu"), manifest.built["cpu"]
-    ), manifest
+    return Comparison(same, score["loss"], shipped.heldout["loss"], shipped.float_path, manifest.float_path), manifest
 
 
 def ship(built: Path, manifest: Manifest, folder: Path = SHIPPED) -> None:
