@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 
 import torch
 
@@ -74,13 +75,64 @@ FULL_LEVELS = 127
 SEVEN_BIT_LEVELS = 63
 
 
+#: a precision named explicitly (``--encoder_dtype``, ``--index_prefilter``) whose matmuls take at least this many
+#: times float32's on this CPU is refused: the server would answer several times slower than in float32. Where the
+#: hardware has the instructions, a bf16 or int8 matmul takes 0.3-1.5x float32's time; where it has not, torch falls
+#: back to plain loops (on an AMD Zen 3: int8 10-45x, bf16 18-88x at the encoder's shapes; ``benchmarks/RESULTS.md``)
+SLOW_MATMUL_FACTOR = 4.0
+#: the matmul :func:`matmul_slowdown` times: a batch of 64 tokens through a 384-wide layer (MiniLM's)
+_PROBE_SHAPE = (64, 384, 384)
+
+
+@functools.cache
+def matmul_slowdown(dtype: str) -> float:
+    """How many times float32's time a matmul takes in ``dtype`` (``bfloat16``, or ``int8`` through ``torch._int_mm``)
+    on this CPU, at :data:`_PROBE_SHAPE`, best of three after a warm-up, the two taking turns; once per process (under
+    100 ms where it is slow). On an AMD Zen 3 (AVX2, no VNNI) torch 2.13 runs ``torch._int_mm`` without oneDNN
+    (``ONEDNN_VERBOSE=1`` shows no primitive) in a loop 10-45x slower than float32 at the encoder's shapes, and bf16
+    matmuls 18-88x (``benchmarks/matmul_precisions.py``). On a CPU with VNNI it takes oneDNN's kernels, also when
+    ``ONEDNN_MAX_CPU_ISA`` holds oneDNN to AVX2, which is why that cap does not stand for a CPU without VNNI here."""
+    m, k, n = _PROBE_SHAPE
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(m, k, generator=generator), torch.randn(k, n, generator=generator)
+    if dtype == "int8":
+        a8, b8 = (a * 30).round().to(torch.int8), (b * 30).round().to(torch.int8)
+        run = functools.partial(torch._int_mm, a8, b8)
+    elif dtype == "bfloat16":
+        run = functools.partial(torch.mm, a.bfloat16(), b.bfloat16())
+    else:
+        raise ValueError(f"no matmul probe for {dtype!r}")
+    steps = {"float32": functools.partial(torch.mm, a, b), dtype: run}
+    best = dict.fromkeys(steps, float("inf"))
+    for rep in range(4):  # taking turns, so a machine busy for a moment slows both alike; the first pass warms up
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            if rep:
+                best[name] = min(best[name], time.perf_counter() - t0)
+    return best[dtype] / max(best["float32"], 1e-9)
+
+
+def slow_precision(dtype: str) -> str | None:
+    """Why ``dtype``'s matmuls are too slow to serve with on this CPU (:data:`SLOW_MATMUL_FACTOR`), or None."""
+    try:
+        factor = matmul_slowdown(dtype)
+    except RuntimeError:  # no kernel at all: the layers' own start-up check says so
+        return None
+    if factor < SLOW_MATMUL_FACTOR:
+        return None
+    lacks = "AVX512-VNNI or AMX" if dtype == "int8" else "AVX512-BF16 or AMX"
+    article = "an" if dtype == "int8" else "a"
+    return f"{article} {dtype} matmul takes {factor:.0f}x float32's time on this CPU (no fast kernel without {lacks})"
+
+
 @functools.cache
 def int8_matmul_exact(weight_max: int = FULL_LEVELS) -> bool:
     """Whether ``torch._int_mm``'s int32 sums are exact here for inputs in [-127, 127] and weights in
-    [-``weight_max``, ``weight_max``]. With VNNI or AMX they are. Without (AVX2 alone, AVX512 without VNNI, or oneDNN
-    held to those by ``ONEDNN_MAX_CPU_ISA``) oneDNN adds pairs of int8 products in 16 bits, which saturate for full
-    range weights (the int8 query encoder then gave NaN vectors) but not for weights within +-64. Checked once per
-    process and range on extreme values."""
+    [-``weight_max``, ``weight_max``]. With VNNI or AMX they are, and so are those of torch's own slow loop on CPUs
+    without VNNI (:func:`matmul_slowdown`). oneDNN held to AVX2 or AVX-512 by ``ONEDNN_MAX_CPU_ISA`` on a CPU with VNNI
+    adds pairs of int8 products in 16 bits, which saturate for full range weights (the int8 query encoder then gave
+    NaN vectors) but not for weights within +-64. Checked once per process and range on extreme values."""
     generator = torch.Generator().manual_seed(0)
     a = torch.randint(-127, 128, (32, 256), generator=generator, dtype=torch.int8)
     b = torch.randint(-weight_max, weight_max + 1, (256, 32), generator=generator, dtype=torch.int8)

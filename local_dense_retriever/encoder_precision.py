@@ -5,7 +5,9 @@ where bf16 matmuls exist and a start-up probe finds them faster than float32; in
 no bf16 matmuls do, or where both exist without AMX and int8 is measured faster; float32 elsewhere. Each measurement
 is taken once per model, CPU, torch version and thread count and remembered (:mod:`precision_cache`).
 
-Invariant: ``auto`` never gives a passage encoder (the index builder's) int8, and a named precision is always kept.
+Invariant: ``auto`` never gives a passage encoder (the index builder's) int8, and a named precision is kept, or
+refused with the reason where its matmuls are several times slower than float32's on this CPU
+(:func:`~local_dense_retriever.cpu_features.slow_precision`): never served slowly without a word.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from local_dense_retriever.cpu_features import (
     cpu_has_vnni,
     exact_int8_levels,
     onednn_may_use,
+    slow_precision,
 )
 from local_dense_retriever.errors import EncoderError
 
@@ -76,7 +79,13 @@ INT8_MIN_SPEEDUP = 1.10
 def int8_contends(device: torch.device) -> bool:
     """Whether an int8 query encoder can be the fast one on ``device``: a CPU with VNNI and exact 8-bit int8 sums whose
     oneDNN may not use AMX (with AMX bf16 is faster: int8 0.84x in an A/B)."""
-    return device.type == "cpu" and not cpu_has_amx() and cpu_has_vnni() and exact_int8_levels() == FULL_LEVELS
+    return (
+        device.type == "cpu"
+        and not cpu_has_amx()
+        and cpu_has_vnni()
+        and exact_int8_levels() == FULL_LEVELS
+        and slow_precision("int8") is None
+    )
 
 
 def _int8_or_none(make: Callable[[str], HFEncoder]) -> HFEncoder | None:
@@ -171,7 +180,13 @@ def encoder_for(
         )
 
     dtype = config.requested_encoder_dtype()
-    if not queries or dtype != "auto" or not int8_contends(resolve_device(device or config.device)):
+    resolved = resolve_device(device or config.device)
+    if dtype in ("bfloat16", "int8") and resolved.type == "cpu" and (slow := slow_precision(dtype)) is not None:
+        raise EncoderError(
+            f"--encoder_dtype {dtype}: {slow}, so the encoder would run several times slower than in float32 "
+            "(use --encoder_dtype auto, which measures what is fast here, or float32)"
+        )
+    if not queries or dtype != "auto" or not int8_contends(resolved):
         return make(dtype)
     if cpu_bf16_flags():  # bf16 matmuls without AMX: the faster of the two, measured
         return _int8_or_float(config, make)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from local_dense_retriever.config import Prefilter
-from local_dense_retriever.cpu_features import cpu_has_amx, cpu_has_vnni, int8_matmul_exact
+from local_dense_retriever.cpu_features import cpu_has_amx, cpu_has_vnni, int8_matmul_exact, slow_precision
 from local_dense_retriever.index.base import IndexLoadError
 from local_dense_retriever.index.flat_file import (  # read_flat_header and the rest: imported from here too
     STAGING_BYTES,
@@ -112,7 +112,7 @@ def auto_prefilter_dtype() -> str | None:
     (without AMX a bf16 matmul is slower than float32's: 0.27-0.67x, ``benchmarks/cpu_flat_scan.py``)."""
     if cpu_has_amx():
         return "bfloat16"
-    if cpu_has_vnni() and int8_matmul_exact():  # the sums exact as used (not so with oneDNN held to AVX2)
+    if cpu_has_vnni() and int8_matmul_exact() and slow_precision("int8") is None:  # exact sums, oneDNN's kernels
         return "int8"
     return None
 
@@ -129,6 +129,11 @@ def resolve_prefilter(prefilter: str, device: torch.device, dtype: str, shape: t
         raise IndexLoadError(
             f"--index_prefilter {prefilter} pre-scans a float32 index on the CPU; this index is "
             f"{resolve_index_dtype(dtype, device)} on {device.type} (use --index_prefilter off or auto)"
+        )
+    if prefilter in COPIES and applies and (slow := slow_precision(prefilter)) is not None:
+        raise IndexLoadError(
+            f"--index_prefilter {prefilter}: {slow}, so the pre-scan would be slower than the float32 scan it "
+            "stands for (use --index_prefilter off or auto)"
         )
     if prefilter == "int8" and not int8_matmul_exact():
         raise IndexLoadError(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import torch
 
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.corpus_store import CorpusStore
+from local_dense_retriever.cpu_features import slow_precision
 from local_dense_retriever.encoder import HFEncoder, encoder_for
 from local_dense_retriever.engine import RetrievalEngine
 from local_dense_retriever.errors import EncoderError
@@ -143,11 +145,12 @@ def test_int8_on_a_gpu_is_refused_before_the_model_loads(minilm_path, monkeypatc
         HFEncoder(minilm_path, device="cuda", dtype="int8")
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="oneDNN's ISA cap is x86's")
+@pytest.mark.skipif(not torch.cpu._is_vnni_supported(), reason="oneDNN runs torch's int8 matmuls only with VNNI")
 def test_where_8_bit_weights_saturate_the_int8_sums_7_bit_weights_keep_them_exact(minilm_path):
-    """Without VNNI or AMX (oneDNN held to AVX2 here) int8 matmuls add pairs of products in 16 bits: with full-range
-    weights the sums saturate (the encoder gave NaN vectors), with weights within +-64 they stay exact. Found by the
-    CPU's own arithmetic, not by its flags; the encoder then runs with 7-bit weights, close to float32."""
+    """oneDNN held to AVX2 on a CPU with VNNI adds pairs of int8 products in 16 bits: with full-range weights the sums
+    saturate (the encoder gave NaN vectors), with weights within +-64 they stay exact. Found by the CPU's own
+    arithmetic, not by its flags; the encoder then runs with 7-bit weights, close to float32. (A CPU without VNNI
+    never takes oneDNN's path there: torch's own loop is exact, and slow, ``cpu_features.matmul_slowdown``.)"""
     code = (
         "from local_dense_retriever.cpu_features import int8_matmul_exact\n"
         "assert not int8_matmul_exact() and int8_matmul_exact(63)\n"
@@ -294,6 +297,14 @@ def test_the_server_serves_int8_as_float32_ranks(tmp_path, minilm_index, toy_dat
         if dtype == "int8" and auto_on_vnni:
             request.getfixturevalue("vnni_without_bf16")  # the server inherits the cap
         args = [] if dtype == "int8" and auto_on_vnni else ["--encoder_dtype", dtype]
+        if dtype == "int8" and not auto_on_vnni and slow_precision("int8") is not None:
+            # a CPU without VNNI (an AMD Zen 3): the server refuses int8 with the reason, it does not serve slowly
+            with pytest.raises(AssertionError, match="server exited 1"):
+                start_cli_server([*common, *args], tmp_path / "int8.log")
+            last = (tmp_path / "int8.log").read_text().strip().splitlines()[-1]
+            refused = r"retrieval_server: error: --encoder_dtype int8: an int8 matmul takes \d+x float32's time"
+            assert re.match(refused, last), last
+            return
         proc, url = start_cli_server([*common, *args], tmp_path / f"{dtype}.log")
         try:
             with httpx.Client(base_url=url, timeout=60) as client:

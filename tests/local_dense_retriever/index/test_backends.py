@@ -199,6 +199,8 @@ import sys, resource, torch
 from pathlib import Path
 from local_dense_retriever.index.torch_flat import TorchFlatIndex
 from verl_search.atomic import exclusive
+from local_dense_retriever import cpu_features
+cpu_features.SLOW_MATMUL_FACTOR = float("inf")  # the copy's memory is measured, on CPUs where it would scan slowly too
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 index = TorchFlatIndex.from_file(Path(sys.argv[1]), device=torch.device("cpu"), prefilter=sys.argv[2])
 print(len(index), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
