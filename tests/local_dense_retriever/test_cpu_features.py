@@ -91,16 +91,16 @@ def test_a_precision_is_slow_where_its_matmuls_take_four_times_float32s(monkeypa
     factors = {"int8": 48.0, "bfloat16": 1.2}
     monkeypatch.setattr(cpu_features, "matmul_slowdown", factors.get)
     assert cpu_features.slow_precision("int8") == (
-        "an int8 matmul takes 48x float32's time on this CPU (no fast kernel without AVX512-VNNI or AMX)"
+        "an int8 matmul takes 48x float32's time on this CPU (torch's fast ones need AVX512-VNNI or AMX)"
     )
     assert cpu_features.slow_precision("bfloat16") is None
     factors.update(int8=0.6, bfloat16=8.0)
     assert cpu_features.slow_precision("int8") is None
     assert "a bfloat16 matmul takes 8x" in cpu_features.slow_precision("bfloat16")
-    assert "AVX512-BF16 or AMX" in cpu_features.slow_precision("bfloat16")
+    assert "need AVX512-BF16 or AMX" in cpu_features.slow_precision("bfloat16")
 
 
-SLOW = "an int8 matmul takes 48x float32's time on this CPU (no fast kernel without AVX512-VNNI or AMX)"
+SLOW = "an int8 matmul takes 48x float32's time on this CPU (torch's fast ones need AVX512-VNNI or AMX)"
 
 
 @pytest.mark.parametrize("dtype", ["int8", "bfloat16"])
