@@ -60,7 +60,7 @@ demo: $(TRAIN_INSTALL)
 # one, by weights where this CPU gives the same floats, else by held-out score; UPDATE=1 ships the rebuild.
 UPDATE ?=
 base-model: install
-	$(PY) -m verl_search.train.shipped_base --out .cache/base-model $(if $(filter 1,$(UPDATE)),--update)
+	$(PY) -m verl_search.train.base_rebuild --out .cache/base-model $(if $(filter 1,$(UPDATE)),--update)
 
 # The former name of `make demo`.
 demo-model: demo
