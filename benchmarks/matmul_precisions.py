@@ -13,18 +13,18 @@ child process): on CPUs without AVX512-VNNI torch runs its own loop instead.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from local_dense_retriever.cpu_features import cpu_flags, matmul_slowdown  # noqa: E402
+from local_dense_retriever.cpu_features import best_seconds, cpu_flags, matmul_slowdown  # noqa: E402
 from local_dense_retriever.precision_cache import cpu_model  # noqa: E402
 
 SHAPES = {
@@ -48,16 +48,9 @@ def operands(m: int, k: int, n: int) -> dict[str, tuple[torch.Tensor, torch.Tens
 
 
 def best_ms(shape: tuple[int, int, int], rounds: int) -> dict[str, float]:
-    pairs = operands(*shape)
     calls = {"float32": torch.mm, "bfloat16": torch.mm, "int8": torch._int_mm}
-    best = dict.fromkeys(pairs, float("inf"))
-    for rep in range(rounds + 1):
-        for name, (a, b) in pairs.items():
-            t0 = time.perf_counter()
-            calls[name](a, b)
-            if rep:
-                best[name] = min(best[name], (time.perf_counter() - t0) * 1e3)
-    return best
+    runs = {name: functools.partial(calls[name], a, b) for name, (a, b) in operands(*shape).items()}
+    return {name: seconds * 1e3 for name, seconds in best_seconds(runs, repeats=rounds).items()}
 
 
 def onednn_runs_int8() -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -75,6 +76,19 @@ FULL_LEVELS = 127
 SEVEN_BIT_LEVELS = 63
 
 
+def best_seconds(runs: Mapping[str, Callable[[], object]], repeats: int = 3) -> dict[str, float]:
+    """Each run's best time of ``repeats``, after a warm-up each. The runs take turns, so a machine that slows down
+    or speeds up during the measurement (other processes, frequency changes) tilts none of them."""
+    best = dict.fromkeys(runs, float("inf"))
+    for rep in range(repeats + 1):
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            run()
+            if rep:  # the first pass of each is its warm-up
+                best[name] = min(best[name], time.perf_counter() - t0)
+    return best
+
+
 #: a precision named explicitly (``--encoder_dtype``, ``--index_prefilter``) whose matmuls take at least this many
 #: times float32's on this CPU is refused: the server would answer several times slower than in float32. Where the
 #: hardware has the instructions, a bf16 or int8 matmul takes 0.3-1.5x float32's time; where it has not, torch falls
@@ -96,20 +110,13 @@ def matmul_slowdown(dtype: str) -> float:
     generator = torch.Generator().manual_seed(0)
     a, b = torch.randn(m, k, generator=generator), torch.randn(k, n, generator=generator)
     if dtype == "int8":
-        a8, b8 = (a * 30).round().to(torch.int8), (b * 30).round().to(torch.int8)
+        a8, b8 = ((x * 30).round().clamp(-127, 127).to(torch.int8) for x in (a, b))
         run = functools.partial(torch._int_mm, a8, b8)
     elif dtype == "bfloat16":
         run = functools.partial(torch.mm, a.bfloat16(), b.bfloat16())
     else:
         raise ValueError(f"no matmul probe for {dtype!r}")
-    steps = {"float32": functools.partial(torch.mm, a, b), dtype: run}
-    best = dict.fromkeys(steps, float("inf"))
-    for rep in range(4):  # taking turns, so a machine busy for a moment slows both alike; the first pass warms up
-        for name, step in steps.items():
-            t0 = time.perf_counter()
-            step()
-            if rep:
-                best[name] = min(best[name], time.perf_counter() - t0)
+    best = best_seconds({"float32": functools.partial(torch.mm, a, b), dtype: run}, repeats=3)
     return best[dtype] / max(best["float32"], 1e-9)
 
 

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import torch
 
 from local_dense_retriever.config import ServerConfig
-from local_dense_retriever.cpu_features import (
+from local_dense_retriever.cpu_features import (  # best_seconds: imported from here too
     FULL_LEVELS,
+    best_seconds,
     cpu_flags,
     cpu_has_amx,
     cpu_has_vnni,
@@ -95,19 +95,6 @@ def _int8_or_none(make: Callable[[str], HFEncoder]) -> HFEncoder | None:
     except EncoderError as e:
         logger.warning("query encoder: int8 cannot run here, so 'auto' decides among the float precisions: %s", e)
         return None
-
-
-def best_seconds(runs: Mapping[str, Callable[[], object]], repeats: int = 3) -> dict[str, float]:
-    """Each run's best time of ``repeats``, after a warm-up each. The runs take turns, so a machine that slows down
-    or speeds up during the measurement (other processes, frequency changes) tilts none of them."""
-    best = dict.fromkeys(runs, float("inf"))
-    for rep in range(repeats + 1):
-        for name, run in runs.items():
-            t0 = time.perf_counter()
-            run()
-            if rep:  # the first pass of each is its warm-up
-                best[name] = min(best[name], time.perf_counter() - t0)
-    return best
 
 
 def seconds_per_probe_batch(encoders: Mapping[str, HFEncoder]) -> dict[str, float]:
