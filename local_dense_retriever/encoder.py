@@ -31,17 +31,8 @@ from local_dense_retriever.encoder_precision import (  # encoder_for and the res
     seconds_per_probe_batch,
 )
 from local_dense_retriever.errors import EncoderError
-from local_dense_retriever.int8_linear import (
-    ACTIVATIONS,
-    CALIBRATION_QUERIES,
-    InputRanges,
-    Int8FeedForward,
-    Int8Linear,
-    Int8SelfOutput,
-    check_int8_agrees,
-    check_int8_runs,
-    quantize_linears,
-)
+from local_dense_retriever.int8_calibration import CALIBRATION_QUERIES, InputRanges, check_int8_agrees, check_int8_runs
+from local_dense_retriever.int8_linear import ACTIVATIONS, Int8FeedForward, Int8Linear, Int8SelfOutput, quantize_linears
 from local_dense_retriever.memory import bound_kernel_caches
 from local_dense_retriever.packed_encoder import PackedEncoder, token_groups, unsupported_reason
 

@@ -26,13 +26,8 @@ from local_dense_retriever.engine import RetrievalEngine
 from local_dense_retriever.errors import EncoderError
 from local_dense_retriever.index.base import DenseSearch
 from local_dense_retriever.index.torch_flat import TorchFlatIndex
-from local_dense_retriever.int8_linear import (
-    InputRanges,
-    Int8FeedForward,
-    Int8Linear,
-    Int8SelfOutput,
-    check_int8_runs,
-)
+from local_dense_retriever.int8_calibration import InputRanges, check_int8_runs
+from local_dense_retriever.int8_linear import Int8FeedForward, Int8Linear, Int8SelfOutput
 
 
 @pytest.fixture(scope="module")
