@@ -12,7 +12,7 @@ import torch
 
 from local_dense_retriever import cpu_features, encoder_precision
 from local_dense_retriever.encoder_precision import choose_cpu_precision, cpu_bf16_flags
-from local_dense_retriever.index import torch_flat
+from local_dense_retriever.index import prefilter_choice
 
 #: what a Sapphire Rapids reports: AMX, AVX-512 BF16 and VNNI
 SAPPHIRE_RAPIDS = {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"}
@@ -23,8 +23,8 @@ def amx_cpu(monkeypatch):
     """This process on a CPU with AMX, whatever it runs on; oneDNN uncapped until a test sets a cap."""
     monkeypatch.setattr(cpu_features, "_probe", {"_is_amx_tile_supported": True, "_is_vnni_supported": True}.get)
     monkeypatch.setattr(encoder_precision, "cpu_flags", lambda: set(SAPPHIRE_RAPIDS))
-    monkeypatch.setattr(torch_flat, "int8_matmul_exact", lambda: True)
-    for module in (torch_flat, encoder_precision):  # its int8 and bf16 matmuls have kernels (oneDNN's)
+    monkeypatch.setattr(prefilter_choice, "int8_matmul_exact", lambda: True)
+    for module in (prefilter_choice, encoder_precision):  # its int8 and bf16 matmuls have kernels (oneDNN's)
         monkeypatch.setattr(module, "slow_precision", lambda dtype: None)
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
@@ -32,7 +32,8 @@ def amx_cpu(monkeypatch):
 
 def choices() -> tuple[bool, bool, list[str], str | None]:
     """AMX, VNNI, the encoder's bf16 flags and the index's automatic pre-scan, as the server would decide them."""
-    return cpu_features.cpu_has_amx(), cpu_features.cpu_has_vnni(), cpu_bf16_flags(), torch_flat.auto_prefilter_dtype()
+    auto_prefilter = prefilter_choice.auto_prefilter_dtype()
+    return cpu_features.cpu_has_amx(), cpu_features.cpu_has_vnni(), cpu_bf16_flags(), auto_prefilter
 
 
 @pytest.mark.parametrize("cap", [None, "ALL", "all", "NOT_AN_ISA"])  # oneDNN runs uncapped under the last three too
@@ -123,8 +124,8 @@ def test_a_named_precision_that_is_slow_here_is_refused_before_the_model_loads(m
 def test_a_named_pre_scan_that_is_slow_here_is_refused(monkeypatch, coarse):
     from local_dense_retriever.errors import IndexLoadError
 
-    monkeypatch.setattr(torch_flat, "slow_precision", lambda d: SLOW.replace("int8", d) if d == coarse else None)
+    monkeypatch.setattr(prefilter_choice, "slow_precision", lambda d: SLOW.replace("int8", d) if d == coarse else None)
     with pytest.raises(IndexLoadError, match=f"--index_prefilter {coarse}: an? {coarse} matmul takes 48x.*off or auto"):
-        torch_flat.resolve_prefilter(coarse, torch.device("cpu"), "auto", (200_000, 384))
+        prefilter_choice.resolve_prefilter(coarse, torch.device("cpu"), "auto", (200_000, 384))
     if coarse == "int8":
-        assert torch_flat.auto_prefilter_dtype() != "int8"
+        assert prefilter_choice.auto_prefilter_dtype() != "int8"

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from local_dense_retriever.config import ServerConfig
-from local_dense_retriever.index import prefilter, torch_flat
+from local_dense_retriever.index import prefilter, prefilter_choice, torch_flat
 from local_dense_retriever.index.base import IndexLoadError
 from local_dense_retriever.index.prefilter import Bf16Copy, Int8Copy, kept_rows, score_bounds
-from local_dense_retriever.index.torch_flat import TorchFlatIndex, resolve_prefilter
+from local_dense_retriever.index.prefilter_choice import resolve_prefilter
+from local_dense_retriever.index.torch_flat import TorchFlatIndex
 
 CPU = torch.device("cpu")
 
@@ -20,7 +21,7 @@ CPU = torch.device("cpu")
 def pre_scans_on_every_cpu(monkeypatch):
     """These tests are about the pre-scan's answers, which must hold on every CPU: also where the server would refuse
     a named pre-scan for its speed (int8 without VNNI, bf16 without bf16 hardware)."""
-    monkeypatch.setattr(torch_flat, "slow_precision", lambda dtype: None)
+    monkeypatch.setattr(prefilter_choice, "slow_precision", lambda dtype: None)
 
 
 #: every coarse copy: each must give the float32 scan's answers
@@ -107,8 +108,8 @@ def test_a_query_whose_scores_crowd_gets_every_row_within_its_margin(rng, monkey
 def test_auto_gives_the_pre_scan_up_when_most_queries_crowd_and_a_named_one_keeps_it(rng, monkeypatch, caplog, coarse):
     """An encoder whose scores sit closer than the copy can tell apart crowds most queries: under 'auto' the index
     says so once and searches in float32 from then on (the same answers); asked for by name, the pre-scan stays."""
-    monkeypatch.setattr(torch_flat, "auto_prefilter_dtype", lambda: coarse)
-    monkeypatch.setattr(torch_flat, "PREFILTER_MIN_ROWS", 1_000)
+    monkeypatch.setattr(prefilter_choice, "auto_prefilter_dtype", lambda: coarse)
+    monkeypatch.setattr(prefilter_choice, "PREFILTER_MIN_ROWS", 1_000)
     monkeypatch.setattr(torch_flat, "CROWDED_TRIAL", 40)
     base = _unit(rng, 1, 32)[0]
     vectors = np.concatenate([_unit(rng, 1_000, 32), base + rng.standard_normal((500, 32)).astype(np.float32) * 1e-3])
@@ -132,8 +133,8 @@ def test_auto_gives_the_pre_scan_up_when_most_queries_crowd_and_a_named_one_keep
 def test_auto_keeps_a_pre_scan_whose_queries_crowd_in_one_block_of_many(rng, monkeypatch, caplog):
     """Every query crowds, but in one block of ten: that costs about a tenth of a float32 scan, so under 'auto' the
     pre-scan stays (it is the share of crowded blocks that gives it up, not of crowded queries)."""
-    monkeypatch.setattr(torch_flat, "auto_prefilter_dtype", lambda: "int8")
-    monkeypatch.setattr(torch_flat, "PREFILTER_MIN_ROWS", 1_000)
+    monkeypatch.setattr(prefilter_choice, "auto_prefilter_dtype", lambda: "int8")
+    monkeypatch.setattr(prefilter_choice, "PREFILTER_MIN_ROWS", 1_000)
     monkeypatch.setattr(torch_flat, "CROWDED_TRIAL", 40)
     base = _unit(rng, 1, 32)[0]
     vectors = _unit(rng, 20_000, 32)
@@ -216,9 +217,9 @@ def test_the_score_bound_holds_for_the_coarse_matmuls_and_float32_re_scores(rng,
 
 
 def test_auto_pre_scans_large_float32_indexes_in_bf16_with_amx_and_in_int8_with_vnni(monkeypatch):
-    monkeypatch.setattr(torch_flat, "cpu_has_amx", lambda: True)
-    monkeypatch.setattr(torch_flat, "cpu_has_vnni", lambda: True)  # every CPU with AMX has VNNI too
-    monkeypatch.setattr(torch_flat, "physical_memory", lambda: 64 << 30)
+    monkeypatch.setattr(prefilter_choice, "cpu_has_amx", lambda: True)
+    monkeypatch.setattr(prefilter_choice, "cpu_has_vnni", lambda: True)  # every CPU with AMX has VNNI too
+    monkeypatch.setattr(prefilter_choice, "physical_memory", lambda: 64 << 30)
     large, wiki18 = (100_000, 384), (21_015_324, 768)  # wiki-18 with e5
     assert resolve_prefilter("auto", CPU, "auto", large) == "bfloat16"
     assert resolve_prefilter("auto", CPU, "auto", (1_000, 384)) is None  # a small scan gains nothing worth a copy
@@ -226,20 +227,20 @@ def test_auto_pre_scans_large_float32_indexes_in_bf16_with_amx_and_in_int8_with_
     assert resolve_prefilter("off", CPU, "auto", large) is None
     # wiki-18's bf16 copy (32 GB) is more than a quarter of 64 GB; on 256 GB it is on
     assert resolve_prefilter("auto", CPU, "auto", wiki18) is None
-    monkeypatch.setattr(torch_flat, "physical_memory", lambda: 256 << 30)
+    monkeypatch.setattr(prefilter_choice, "physical_memory", lambda: 256 << 30)
     assert resolve_prefilter("auto", CPU, "auto", wiki18) == "bfloat16"
     # without AMX a bf16 matmul is slower than float32's: int8 where the CPU has VNNI (wiki-18's copy: 16 GB)
-    monkeypatch.setattr(torch_flat, "cpu_has_amx", lambda: False)
-    monkeypatch.setattr(torch_flat, "physical_memory", lambda: 64 << 30)
+    monkeypatch.setattr(prefilter_choice, "cpu_has_amx", lambda: False)
+    monkeypatch.setattr(prefilter_choice, "physical_memory", lambda: 64 << 30)
     assert resolve_prefilter("auto", CPU, "auto", large) == "int8"
     assert resolve_prefilter("auto", CPU, "auto", wiki18) == "int8"
-    monkeypatch.setattr(torch_flat, "cpu_has_vnni", lambda: False)
+    monkeypatch.setattr(prefilter_choice, "cpu_has_vnni", lambda: False)
     assert resolve_prefilter("auto", CPU, "auto", large) is None
     for named in ("bfloat16", "int8"):  # asked for: on, whatever the CPU
         assert resolve_prefilter(named, CPU, "float32", (10, 8)) == named
     # where int8 sums saturate (oneDNN held to AVX2 on a VNNI CPU): never int8, and a named int8 is refused
-    monkeypatch.setattr(torch_flat, "cpu_has_vnni", lambda: True)
-    monkeypatch.setattr(torch_flat, "int8_matmul_exact", lambda: False)
+    monkeypatch.setattr(prefilter_choice, "cpu_has_vnni", lambda: True)
+    monkeypatch.setattr(prefilter_choice, "int8_matmul_exact", lambda: False)
     assert resolve_prefilter("auto", CPU, "auto", large) is None
     with pytest.raises(IndexLoadError, match="needs exact int8 sums .*saturates"):
         resolve_prefilter("int8", CPU, "float32", (10, 8))
