@@ -21,8 +21,9 @@ from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from local_dense_retriever.batcher import Batcher, DirectRunner, estimate_tokens
+from local_dense_retriever.batcher import Batcher, estimate_tokens
 from local_dense_retriever.config import ServerConfig
+from local_dense_retriever.direct_runner import DirectRunner
 from local_dense_retriever.engine import RetrievalEngine
 from local_dense_retriever.memory import release_free_memory_every
 from local_dense_retriever.metrics import Metrics

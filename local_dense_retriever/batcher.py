@@ -25,6 +25,8 @@ from local_dense_retriever.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
+#: the engine's search as the batcher and the per-request mode call it: (queries, k) -> per query, (document, score)
+#: pairs, best first
 SearchFn = Callable[[list[str], int], list[list[tuple[dict, float]]]]
 CostFn = Callable[[str], int]
 
@@ -271,45 +273,10 @@ class Batcher:
         self._queue.clear(lambda req: self._fail(req, error))
 
 
-class DirectRunner:
-    """Per-request reference mode: each request encodes and searches on its own in a thread pool (no batching)."""
+def __getattr__(name: str):
+    """``DirectRunner`` moved to :mod:`local_dense_retriever.direct_runner`; still importable from here."""
+    if name == "DirectRunner":
+        from local_dense_retriever.direct_runner import DirectRunner
 
-    def __init__(self, search: SearchFn, *, threads: int, max_queue: int, metrics: Metrics) -> None:
-        self._search = search
-        self.max_queue = max_queue
-        self._metrics = metrics
-        self._inflight = 0
-        self.threads = threads
-        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="retriever-request")
-        metrics.queue_depth = lambda: self._inflight
-
-    running = True
-
-    def start(self) -> None:
-        pass
-
-    def stalled_for(self, now: float) -> float:
-        """Always 0: requests run on their own threads, with no queue a worker could stop draining."""
-        return 0.0
-
-    def describe_state(self) -> dict:
-        return {"in_flight": self._inflight}
-
-    async def stop(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-    async def submit(self, queries: list[str], k: int) -> list[list[tuple[dict, float]]]:
-        if not queries:
-            return []
-        if self._inflight + len(queries) > self.max_queue:
-            raise Overloaded(f"{self._inflight} queries in flight (max_queue={self.max_queue})")
-        self._inflight += len(queries)
-        try:
-            result = await asyncio.get_running_loop().run_in_executor(self._executor, self._search, queries, k)
-        except Exception:
-            self._metrics.observe_batch(len(queries), failed=True)
-            raise
-        finally:
-            self._inflight -= len(queries)
-        self._metrics.observe_batch(len(queries))
-        return result
+        return DirectRunner
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

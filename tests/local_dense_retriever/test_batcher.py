@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from local_dense_retriever.batcher import Batcher, BatcherStopped, DirectRunner, Overloaded, QueryRejected
+from local_dense_retriever.batcher import Batcher, BatcherStopped, Overloaded, QueryRejected
+from local_dense_retriever.direct_runner import DirectRunner
 from local_dense_retriever.metrics import Metrics
 
 

@@ -1,0 +1,60 @@
+"""The per-request reference mode (``--no_batching``): each request encodes and searches on its own thread of a
+pool, with no batching, as the public retrieval servers do; the server's batched mode is
+:class:`local_dense_retriever.batcher.Batcher`, and "x per-request" in the benchmarks is measured against this.
+
+Invariant: a request is refused with ``Overloaded`` before any work when it would take the queries in flight past
+``max_queue``; every request that is run is counted in the metrics, failed or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+from local_dense_retriever.batcher import SearchFn
+from local_dense_retriever.errors import Overloaded
+from local_dense_retriever.metrics import Metrics
+
+
+class DirectRunner:
+    """Per-request reference mode: each request encodes and searches on its own in a thread pool (no batching)."""
+
+    def __init__(self, search: SearchFn, *, threads: int, max_queue: int, metrics: Metrics) -> None:
+        self._search = search
+        self.max_queue = max_queue
+        self._metrics = metrics
+        self._inflight = 0
+        self.threads = threads
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="retriever-request")
+        metrics.queue_depth = lambda: self._inflight
+
+    running = True
+
+    def start(self) -> None:
+        pass
+
+    def stalled_for(self, now: float) -> float:
+        """Always 0: requests run on their own threads, with no queue a worker could stop draining."""
+        return 0.0
+
+    def describe_state(self) -> dict:
+        return {"in_flight": self._inflight}
+
+    async def stop(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def submit(self, queries: list[str], k: int) -> list[list[tuple[dict, float]]]:
+        if not queries:
+            return []
+        if self._inflight + len(queries) > self.max_queue:
+            raise Overloaded(f"{self._inflight} queries in flight (max_queue={self.max_queue})")
+        self._inflight += len(queries)
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(self._executor, self._search, queries, k)
+        except Exception:
+            self._metrics.observe_batch(len(queries), failed=True)
+            raise
+        finally:
+            self._inflight -= len(queries)
+        self._metrics.observe_batch(len(queries))
+        return result
