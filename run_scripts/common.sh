@@ -91,11 +91,11 @@ vs_search_overrides() {
 }
 
 # vs_trainer_overrides DEVICES TRAIN_BATCH_SIZE PPO_MINI_BATCH_SIZE DEVICE(cpu|cuda): set VS_TRAINER_ARGS to the
-# overrides of TRAINER and its knobs (verl_search.launch.trainer_mode; put them after the script's own, before "$@")
+# overrides of TRAINER and its knobs (verl_search.launch.trainer_overrides; put them after the script's own, before "$@")
 # and VS_ROLLOUT_GPUS to the devices per node of a separate rollout pool (0 unless one_step_off or fully_async).
 vs_trainer_overrides() {
     local out arg
-    out="$("$PYTHON" -m verl_search.launch.trainer_mode --from-env --devices "$1" --train-batch-size "$2" \
+    out="$("$PYTHON" -m verl_search.launch.trainer_overrides --from-env --devices "$1" --train-batch-size "$2" \
         --mini-batch-size "$3" --device "$4")" || vs_die "the trainer knobs above cannot run (TRAINER=${TRAINER:-sync})"
     mapfile -t VS_TRAINER_ARGS <<<"$out"
     VS_ROLLOUT_GPUS=0

@@ -20,7 +20,8 @@ from typing import Any
 from verl_search.atomic import atomic_path
 from verl_search.launch.cpu_run import CpuRunKnobs, cpu_overrides
 from verl_search.launch.search_overrides import search_overrides
-from verl_search.launch.trainer_mode import TrainerSettings, trainer_overrides
+from verl_search.launch.trainer_mode import TrainerSettings
+from verl_search.launch.trainer_overrides import trainer_overrides
 from verl_search.train.config import TrainConfig
 from verl_search.train.live_metrics import MetricsTail
 from verl_search.train.processes import StageError, run_stage
