@@ -42,7 +42,7 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--encoder_dtype", choices=["auto", "float32", "bfloat16", "int8"], default="bfloat16")
+    p.add_argument("--encoder_dtype", choices=["auto", "float32", "bfloat16", "int8"], default="auto")
     p.add_argument(
         "--server_flags",
         action="append",

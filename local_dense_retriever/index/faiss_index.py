@@ -15,6 +15,12 @@ from local_dense_retriever.index.base import IndexLoadError
 
 logger = logging.getLogger(__name__)
 
+#: the server's ``faiss.cvar.distance_compute_blas_threshold`` (process-wide): from this many queries on, faiss
+#: scores a batch with BLAS matmuls over blocks of rows. faiss-cpu 1.15 ships 128,000, with which a batch's time grew
+#: with every query: over 100k x 384 rows on a 2-core Zen 3, 64 queries took 567 ms against 61 ms, 16 queries 154
+#: against 37, one query 21.5 against 20.8 (``benchmarks/faiss_blas.py``; same ids)
+BLAS_MIN_QUERIES = 8
+
 
 class FaissIndex:
     """Wraps a faiss index read from disk."""
@@ -30,6 +36,8 @@ class FaissIndex:
         except RuntimeError as e:
             raise IndexLoadError(f"{path} is not a faiss index file: {str(e).splitlines()[0]}") from e
         self._where = "cpu"
+        if hasattr(faiss.cvar, "distance_compute_blas_threshold"):
+            faiss.cvar.distance_compute_blas_threshold = BLAS_MIN_QUERIES
         if gpu:
             ngpu = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
             if ngpu == 0:
