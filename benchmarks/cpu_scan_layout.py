@@ -4,7 +4,8 @@ rows first, ``rows @ queries.T`` in blocks of rows, each block copied back trans
     python benchmarks/cpu_scan_layout.py [--rows 100000] [--dim 384] [--block 8192] [--rounds 7]
 
 Which is faster depends on the CPU's BLAS (MKL packs the transposed operand of the first). Random unit vectors, k = 3,
-best of ``--rounds`` per batch size, the two layouts taking turns in one process; both must give the same ids.
+best of ``--rounds`` per batch size after a warm-up, the two layouts taking turns (``cpu_features.best_seconds``); both
+must give the same ids.
 """
 
 from __future__ import annotations
@@ -13,14 +14,15 @@ import argparse
 import os
 import platform
 import sys
-import time
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from local_dense_retriever.cpu_features import best_seconds  # noqa: E402
 from local_dense_retriever.index.topk import block_topk  # noqa: E402
 
 
@@ -56,15 +58,11 @@ def main() -> None:
     for n in (1, 8, 40, 64, 256):
         queries = torch.nn.functional.normalize(torch.randn(n, args.dim), dim=1)
         scores = torch.empty(n, args.rows)
-        best = {queries_first: float("inf"), rows_first: float("inf")}
-        found = {}
-        for _ in range(args.rounds + 1):  # the first round warms both up
-            for layout in best:
-                t0 = time.perf_counter()
-                found[layout] = layout(queries, rows, scores, args.block)[1].clone()
-                best[layout] = min(best[layout], time.perf_counter() - t0)
-        a, b = best[queries_first] * 1e3, best[rows_first] * 1e3
-        same = bool(torch.equal(found[queries_first], found[rows_first]))
+        layouts = {"queries first": queries_first, "rows first": rows_first}
+        runs = {name: partial(layout, queries, rows, scores, args.block) for name, layout in layouts.items()}
+        best = best_seconds(runs, repeats=args.rounds)
+        a, b = best["queries first"] * 1e3, best["rows first"] * 1e3
+        same = bool(torch.equal(runs["queries first"]()[1], runs["rows first"]()[1]))
         print(f"| {n} | {a:.1f} | {b:.1f} | {a / b:.2f}x | {'yes' if same else 'NO'} |")
 
 

@@ -5,7 +5,8 @@
 
 faiss picks its way of scoring a batch by ``faiss.cvar.distance_compute_blas_threshold`` (process-wide); faiss-cpu
 1.15 ships 128,000 queries. This times ``IndexFlatIP.search`` (k = 5, random unit vectors) with the shipped value and
-with ``BLAS_MIN_QUERIES``, best of ``--rounds``, both in one process, and checks that both give the same ids.
+with ``BLAS_MIN_QUERIES``, best of ``--rounds`` after a warm-up, the two taking turns
+(``cpu_features.best_seconds``), and checks that both give the same ids.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import argparse
 import os
 import platform
 import sys
-import time
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
 import faiss
@@ -23,18 +24,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from local_dense_retriever.cpu_features import best_seconds  # noqa: E402
 from local_dense_retriever.index.faiss_index import BLAS_MIN_QUERIES  # noqa: E402
 
 
-def search_ms(index, batch: np.ndarray, rounds: int) -> tuple[float, np.ndarray]:
-    """Best of ``rounds`` for ``index.search(batch, 5)`` in ms, and the ids it returned."""
-    _, ids = index.search(batch, 5)
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        index.search(batch, 5)
-        times.append(time.perf_counter() - t0)
-    return min(times) * 1e3, ids
+def search_ids(index, batch: np.ndarray, threshold: int) -> np.ndarray:
+    """The ids of ``index.search(batch, 5)`` with faiss's BLAS threshold set to ``threshold``."""
+    faiss.cvar.distance_compute_blas_threshold = threshold
+    return index.search(batch, 5)[1]
 
 
 def main() -> None:
@@ -59,12 +56,13 @@ def main() -> None:
     print(f"| queries | threshold {shipped:,}, ms | threshold {BLAS_MIN_QUERIES}, ms | speed-up | same ids |")
     print("|---:|---:|---:|---:|---|")
     for n in (1, 2, 4, 8, 16, 32, 64):
-        batch = queries[:n]
-        faiss.cvar.distance_compute_blas_threshold = shipped
-        shipped_ms, shipped_ids = search_ms(index, batch, args.rounds)
-        faiss.cvar.distance_compute_blas_threshold = BLAS_MIN_QUERIES
-        set_ms, set_ids = search_ms(index, batch, args.rounds)
-        same = bool((shipped_ids == set_ids).all())
+        runs = {
+            name: partial(search_ids, index, queries[:n], t)
+            for name, t in (("shipped", shipped), ("set", BLAS_MIN_QUERIES))
+        }
+        best = best_seconds(runs, repeats=args.rounds)
+        shipped_ms, set_ms = best["shipped"] * 1e3, best["set"] * 1e3
+        same = bool((runs["shipped"]() == runs["set"]()).all())
         print(f"| {n} | {shipped_ms:.1f} | {set_ms:.1f} | {shipped_ms / set_ms:.2f}x | {'yes' if same else 'NO'} |")
     faiss.cvar.distance_compute_blas_threshold = shipped
 

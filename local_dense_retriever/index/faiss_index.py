@@ -17,8 +17,9 @@ logger = logging.getLogger(__name__)
 
 #: the server's ``faiss.cvar.distance_compute_blas_threshold`` (process-wide): from this many queries on, faiss
 #: scores a batch with BLAS matmuls over blocks of rows. faiss-cpu 1.15 ships 128,000, with which a batch's time grew
-#: with every query: over 100k x 384 rows on a 2-core Zen 3, 64 queries took 567 ms against 61 ms, 16 queries 154
-#: against 37, one query 21.5 against 20.8 (``benchmarks/faiss_blas.py``; same ids)
+#: with every query: over 100k x 384 rows on a 2-core Zen 3, 64 queries took 496 ms against 65 ms, 16 queries 138
+#: against 38, one query 21 either way; a batch of exactly two is the exception, 16 against 31 ms
+#: (``benchmarks/faiss_blas.py``; same ids)
 BLAS_MIN_QUERIES = 8
 
 
