@@ -83,7 +83,8 @@ class ServiceState:
     def healthy(self) -> bool:
         """Ready, its worker running, and the watchdog sees nothing stuck (what a supervisor's check asks)."""
         runner = self.runner
-        return self.status == "ready" and runner is not None and runner.running and self.watchdog.problem is None
+        ready = self.status == "ready" and runner is not None and runner.running
+        return ready and self.watchdog.current_problem() is None
 
     def set_ready(self, engine: RetrievalEngine) -> None:
         c = self.config
@@ -113,7 +114,7 @@ def health_report(state: ServiceState) -> dict:
     """The body of GET /health (its status code: 200 when ``state.healthy``, else 503)."""
     body = {"status": state.status, "detail": state.detail}
     if state.status == "ready" and not state.healthy:
-        problem = state.watchdog.problem or "the batching worker is not running"
+        problem = state.watchdog.current_problem() or "the batching worker is not running"
         body = {"status": "stuck", "detail": f"{problem}; restart the server if this lasts"}
     if state.engine is not None:
         body["passages"] = len(state.engine.corpus)

@@ -87,14 +87,27 @@ class Watchdog:
         while not self._stop.wait(self.period_s):
             self.check(time.monotonic())
 
+    def current_problem(self) -> str | None:
+        """What is stuck at this instant, for a health check (``problem`` is as of the thread's last look).
+
+        Called on the event loop's own thread, the loop is evidently running: a block the last look saw has ended,
+        and reporting it would fail the very check that proves the loop is back (the check queued behind the block
+        runs first when it ends, before the heartbeat and the next look). Nothing is logged here."""
+        on_loop = threading.get_ident() == self._loop_thread
+        return self._diagnose(time.monotonic(), loop_running=on_loop)
+
+    def _diagnose(self, now: float, *, loop_running: bool = False) -> str | None:
+        blocked = 0.0 if loop_running else now - self._beat
+        if blocked > self.loop_block_s:
+            return f"the event loop has not run for {blocked:.1f} s"
+        if (stalled := self._stalled_for(now)) > self.stall_s:
+            return f"the batching worker has made no progress for {stalled:.1f} s with queries waiting"
+        return None
+
     def check(self, now: float) -> str | None:
         """One look: update ``problem``, log a new episode once, end the process if a SIGTERM cannot be honoured."""
         blocked = now - self._beat
-        problem = None
-        if blocked > self.loop_block_s:
-            problem = f"the event loop has not run for {blocked:.1f} s"
-        elif (stalled := self._stalled_for(now)) > self.stall_s:
-            problem = f"the batching worker has made no progress for {stalled:.1f} s with queries waiting"
+        problem = self._diagnose(now)
         if problem is not None and self.problem is None:
             self.episodes += 1
             logger.error("retriever stuck: %s; state %s; /health answers 503 until it recovers%s",

@@ -70,7 +70,8 @@ class Retriever:
         stuck."""
         service = self._service.state.service
         if not service.healthy:
-            raise RuntimeError(f"retriever replica unhealthy: {service.watchdog.problem or 'batching worker stopped'}")
+            problem = service.watchdog.current_problem() or "batching worker stopped"
+            raise RuntimeError(f"retriever replica unhealthy: {problem}")
 
     async def __del__(self) -> None:
         self._reporter.cancel()

@@ -71,6 +71,43 @@ def test_sigterm_ends_the_process_only_when_the_blocked_loop_cannot():
     assert exits == [FORCED_EXIT_STATUS]
 
 
+def test_a_check_run_on_the_loop_thread_sees_that_a_block_has_ended():
+    probe, exits = Probe(), []
+    dog = make_watchdog(probe, exits)
+    dog._loop_thread = threading.get_ident()  # this thread plays the event loop's
+    dog._beat = time.monotonic() - 1.5
+    assert "event loop has not run" in dog.check(time.monotonic())  # the thread's look during the block
+    assert dog.current_problem() is None  # the loop runs this call: the block is over
+    seen: list = []
+    other = threading.Thread(target=lambda: seen.append(dog.current_problem()))
+    other.start()
+    other.join()
+    assert "event loop has not run" in seen[0]  # from another thread, with no beat since, it still lasts
+    probe.stalled = 6.0
+    assert "no progress for 6.0 s" in dog.current_problem()  # a stuck worker is seen from the loop too
+
+
+def test_health_right_after_a_blocked_loop_recovers_is_200(animal_corpus, make_hash_engine):
+    # the /health requests that arrive during the block are the first thing the loop runs when it ends, before the
+    # heartbeat: they must not report the block that has just ended (Serve failed a replica's start-up this way)
+    app = create_app(ServerConfig(watchdog_loop_block_s=0.5), engine=make_hash_engine(animal_corpus))
+
+    async def block() -> dict:
+        time.sleep(1.5)  # a stand-in for start-up work or a load spike that keeps the loop from running
+        return {}
+
+    app.add_api_route("/test-block", block)
+    with BackgroundServer(app) as srv:
+        assert httpx.get(f"{srv.url}/health").status_code == 200
+        blocker = threading.Thread(target=lambda: httpx.get(f"{srv.url}/test-block", timeout=30))
+        blocker.start()
+        time.sleep(0.3)
+        during = httpx.get(f"{srv.url}/health", timeout=30)  # sent during the block, answered when it ends
+        blocker.join(30)
+        assert during.status_code == 200 and during.json()["status"] == "ready"
+        assert app.state.service.watchdog.episodes == 1  # the block itself was seen and logged
+
+
 def test_health_says_stuck_while_the_worker_makes_no_progress(animal_corpus, make_hash_engine, steerable_backend):
     engine = make_hash_engine(animal_corpus)
     gate = steerable_backend(engine.backend)
