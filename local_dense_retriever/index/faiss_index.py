@@ -5,6 +5,7 @@ Invariant: ids returned are corpus rows; faiss's -1 padding never reaches caller
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
@@ -15,12 +16,47 @@ from local_dense_retriever.index.base import IndexLoadError
 
 logger = logging.getLogger(__name__)
 
-#: the server's ``faiss.cvar.distance_compute_blas_threshold`` (process-wide): from this many queries on, faiss
-#: scores a batch with BLAS matmuls over blocks of rows. faiss-cpu 1.15 ships 128,000, with which a batch's time grew
-#: with every query: over 100k x 384 rows on a 2-core Zen 3, 64 queries took 496 ms against 65 ms, 16 queries 138
-#: against 38, one query 21 either way; a batch of exactly two is the exception, 16 against 31 ms
-#: (``benchmarks/faiss_blas.py``; same ids)
-BLAS_MIN_QUERIES = 8
+#: from this many queries on, the server has faiss score a batch with BLAS matmuls over blocks of rows instead of
+#: row by row (``faiss.cvar.distance_compute_blas_threshold``, process-wide, set by ``set_blas_threshold``). The
+#: threshold faiss-cpu 1.15 ships keeps batches below 333 queries of dimension 384 off BLAS, and a batch's time then
+#: grows with every query: over 100k x 384 rows on a 2-core Zen 3, 64 queries took 599 ms against 75 ms with BLAS.
+#: BLAS wins there from 3 queries on (1.2x) and loses at 2 (``benchmarks/faiss_blas.py``; same ids)
+BLAS_MIN_QUERIES = 3
+#: the threshold faiss ships -> what it counts: a batch's queries, or its query elements, queries x dimension (faiss
+#: PR #5022 made the change; faiss-cpu 1.15 ships 128,000). The server leaves a faiss with another value alone.
+SHIPPED_RULES = {20: "queries", 128_000: "elements"}
+
+
+@functools.cache
+def shipped_blas_threshold() -> int:
+    """faiss's own threshold, read before the server first sets it."""
+    import faiss
+
+    return int(faiss.cvar.distance_compute_blas_threshold)
+
+
+def blas_threshold(dim: int, *, shipped: int, min_queries: int = BLAS_MIN_QUERIES) -> int | None:
+    """The value of faiss's threshold that sends batches of ``min_queries`` or more vectors of ``dim`` to BLAS, or
+    None where faiss ships a value whose rule is not known here."""
+    rule = SHIPPED_RULES.get(shipped)
+    if rule is None:
+        return None
+    return min_queries * dim if rule == "elements" else min_queries
+
+
+def set_blas_threshold(dim: int) -> None:
+    """Have this process's faiss score batches of ``BLAS_MIN_QUERIES`` or more with BLAS (where its rule is known)."""
+    import faiss
+
+    if not hasattr(faiss.cvar, "distance_compute_blas_threshold"):
+        return
+    shipped = shipped_blas_threshold()
+    value = blas_threshold(dim, shipped=shipped)
+    if value is None:
+        logger.warning("faiss %s ships distance_compute_blas_threshold = %d, a rule this server does not know: left "
+                       "as it is (batches may be scored row by row)", faiss.__version__, shipped)  # fmt: skip
+        return
+    faiss.cvar.distance_compute_blas_threshold = value
 
 
 class FaissIndex:
@@ -37,8 +73,7 @@ class FaissIndex:
         except RuntimeError as e:
             raise IndexLoadError(f"{path} is not a faiss index file: {str(e).splitlines()[0]}") from e
         self._where = "cpu"
-        if hasattr(faiss.cvar, "distance_compute_blas_threshold"):
-            faiss.cvar.distance_compute_blas_threshold = BLAS_MIN_QUERIES
+        set_blas_threshold(int(index.d))
         if gpu:
             ngpu = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
             if ngpu == 0:

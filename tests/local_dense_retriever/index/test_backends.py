@@ -13,7 +13,7 @@ import torch
 from local_dense_retriever.corpus_store import CorpusStore
 from local_dense_retriever.index.base import IndexLoadError
 from local_dense_retriever.index.bm25 import BM25Search, bm25_dir_for, build_bm25
-from local_dense_retriever.index.faiss_index import FaissIndex
+from local_dense_retriever.index.faiss_index import FaissIndex, blas_threshold, shipped_blas_threshold
 from local_dense_retriever.index.torch_flat import TorchFlatIndex
 from verl_search.atomic import exclusive
 
@@ -78,6 +78,22 @@ def test_half_precision_keeps_the_nearest_neighbour(flat_files):
     index = TorchFlatIndex(vectors, device=CPU, dtype="bfloat16")
     _, ids = index.search(torch.from_numpy(vectors[:20]), 1)
     assert ids[:, 0].tolist() == list(range(20))
+
+
+def test_a_faiss_index_has_batches_of_three_queries_or_more_scored_by_blas(flat_files):
+    shipped = shipped_blas_threshold()
+    assert blas_threshold(384, shipped=shipped) is not None, f"faiss {faiss.__version__} ships a new rule: {shipped}"
+    try:
+        FaissIndex(flat_files[1])
+        assert faiss.cvar.distance_compute_blas_threshold == blas_threshold(32, shipped=shipped)
+    finally:
+        faiss.cvar.distance_compute_blas_threshold = shipped
+
+
+def test_the_blas_threshold_is_set_in_the_unit_faiss_counts():
+    assert blas_threshold(384, shipped=20) == 3  # faiss before PR #5022: a batch's queries
+    assert blas_threshold(384, shipped=128_000) == 3 * 384  # faiss-cpu 1.15: queries x dimension
+    assert blas_threshold(384, shipped=800) is None  # a rule not known here: faiss's own value is kept
 
 
 def test_faiss_backend_serves_hnsw_and_torch_refuses_it(tmp_path, rng):
