@@ -93,8 +93,9 @@ class Watchdog:
         Called on the event loop's own thread, the loop is evidently running: a block the last look saw has ended,
         and reporting it would fail the very check that proves the loop is back (the check queued behind the block
         runs first when it ends, before the heartbeat and the next look). Nothing is logged here."""
+        watched = self._loop_thread is not None and not self._stop.is_set()  # a heartbeat beats only in between
         on_loop = threading.get_ident() == self._loop_thread
-        return self._diagnose(time.monotonic(), loop_running=on_loop)
+        return self._diagnose(time.monotonic(), loop_running=on_loop or not watched)
 
     def _diagnose(self, now: float, *, loop_running: bool = False) -> str | None:
         blocked = 0.0 if loop_running else now - self._beat

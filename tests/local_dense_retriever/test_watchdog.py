@@ -87,6 +87,17 @@ def test_a_check_run_on_the_loop_thread_sees_that_a_block_has_ended():
     assert "no progress for 6.0 s" in dog.current_problem()  # a stuck worker is seen from the loop too
 
 
+def test_a_watchdog_that_is_not_watching_reports_no_blocked_loop():
+    probe, exits = Probe(), []
+    dog = make_watchdog(probe, exits)
+    dog._beat = time.monotonic() - 5  # no heartbeat runs before start() or after stop()
+    assert dog.current_problem() is None
+    dog._loop_thread = threading.get_ident() + 1  # started on another thread
+    assert "event loop has not run" in dog.current_problem()
+    dog._stop.set()
+    assert dog.current_problem() is None
+
+
 def test_health_right_after_a_blocked_loop_recovers_is_200(animal_corpus, make_hash_engine):
     # the /health requests that arrive during the block are the first thing the loop runs when it ends, before the
     # heartbeat: they must not report the block that has just ended (Serve failed a replica's start-up this way)
