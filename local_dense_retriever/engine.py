@@ -198,6 +198,7 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
                         dtype=config.index_dtype,
                         score_bytes=config.score_buffer_bytes,
                         prefilter=config.index_prefilter,
+                        scan_layout=config.index_scan_layout,
                     )
                 else:
                     from local_dense_retriever.index.faiss_index import FaissIndex

@@ -1,7 +1,8 @@
 """The encoder's start-up precision probes, remembered per machine: the float32 and bfloat16 timings of one model on
 one CPU (and, where int8 contends, the int8 and float encoders' timings) are measured once and reused by every later
 start (every restart and every replica of a fleet used to repeat them, and a probe taken while the machine is busy can
-flip the choice from one start to the next).
+flip the choice from one start to the next). The flat scan's layout probe (``index.scan_layout``) is kept the same
+way, in a file of its own.
 
 Invariants: an entry is reused only for the same model (its path and config), CPU (model name and bf16 flags), torch
 version and thread count; the file is replaced atomically and keeps the newest :data:`MAX_ENTRIES` probes; an
@@ -49,8 +50,8 @@ def probe_key(model_name_or_path: str | Path, model_config: str, flags: list[str
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
-def _path(cache_dir: Path | None) -> Path:
-    return (cache_dir or default_cache_dir()) / FILE_NAME
+def _path(cache_dir: Path | None, file_name: str = FILE_NAME) -> Path:
+    return (cache_dir or default_cache_dir()) / file_name
 
 
 def _entries(path: Path) -> dict:
@@ -64,22 +65,34 @@ def _entries(path: Path) -> dict:
 
 
 def cached_timings(
-    key: str, cache_dir: Path | None = None, names: tuple[str, ...] = ("float32", "bfloat16")
+    key: str,
+    cache_dir: Path | None = None,
+    names: tuple[str, ...] = ("float32", "bfloat16"),
+    file_name: str = FILE_NAME,
+    what: str = "the encoder precision",
 ) -> dict[str, float] | None:
-    """The timings (seconds per probe batch, one per name in ``names``) measured earlier for ``key``, or None."""
-    entry = _entries(_path(cache_dir)).get(key)
+    """The timings (seconds per probe batch, one per name in ``names``) measured earlier for ``key``, or None.
+    ``file_name``: the file of one kind of probe (the flat scan's layout keeps its own); ``what`` it decides, for the
+    log."""
+    entry = _entries(_path(cache_dir, file_name)).get(key)
     if not isinstance(entry, dict):
         return None
     timings = entry.get("timings")
     if not isinstance(timings, dict) or not all(isinstance(timings.get(k), float) for k in names):
         return None
-    logger.info("reusing the timings measured on this machine at %s for the encoder precision", entry.get("measured"))
+    logger.info("reusing the timings measured on this machine at %s for %s", entry.get("measured"), what)
     return {k: timings[k] for k in names}
 
 
-def remember(key: str, timings: dict[str, float], cache_dir: Path | None = None) -> None:
+def remember(
+    key: str,
+    timings: dict[str, float],
+    cache_dir: Path | None = None,
+    file_name: str = FILE_NAME,
+    what: str = "encoder precision probe",
+) -> None:
     """Store ``timings`` for ``key`` (a cache that cannot be written is only logged: the probe ran anyway)."""
-    path = _path(cache_dir)
+    path = _path(cache_dir, file_name)
     probes = _entries(path)
     probes.pop(key, None)  # the newest last
     probes[key] = {"timings": timings, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -89,4 +102,4 @@ def remember(key: str, timings: dict[str, float], cache_dir: Path | None = None)
         with atomic_path(path) as tmp:
             tmp.write_text(json.dumps({"format": FORMAT, "probes": probes}, indent=1), encoding="utf-8")
     except OSError as e:
-        logger.warning("encoder precision probe: cannot cache the timings in %s: %s", path, e)
+        logger.warning("%s: cannot cache the timings in %s: %s", what, path, e)

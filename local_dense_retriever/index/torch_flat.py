@@ -30,6 +30,7 @@ from local_dense_retriever.index.prefilter_choice import (  # the choice of a pr
     resolve_index_dtype,
     resolve_prefilter,
 )
+from local_dense_retriever.index.scan_layout import LayoutChoice, choose_layout
 from local_dense_retriever.index.topk import block_topk, grouped_topk, merge_topk
 from local_dense_retriever.memory import release_mapped_pages
 
@@ -111,17 +112,20 @@ class TorchFlatIndex:
         staging_bytes: int = STAGING_BYTES,
         score_bytes: int = SCORE_BYTES,
         prefilter: str = "auto",
+        scan_layout: str = "auto",
     ) -> None:
         """Shards of ``vectors``: a float32 array on the CPU is used as is (a memory map stays one); anything else
         (GPUs, another dtype) is filled step by step through ``staging_bytes`` of host memory, from a file without
         mapping it (:class:`VectorFile`). ``score_bytes`` bounds the score buffer of one step of a search
         (:data:`SCORE_BYTES`). ``prefilter`` (:func:`resolve_prefilter`): a float32 CPU index also keeps a coarse
         copy (bfloat16: half its size again; int8: a quarter) that every search scans first, scoring in float32 only
-        the rows that can be in the top k; the answers stay float32's."""
+        the rows that can be in the top k; the answers stay float32's. ``scan_layout`` (``index.scan_layout``): how
+        the CPU scan's matmul is laid out, per batch size ('auto': timed on this CPU once, then remembered)."""
         self.dtype = _DTYPES[resolve_index_dtype(dtype, device)]
         self._chunk = max(1, cpu_chunk_rows)
         self._score_bytes = max(1, score_bytes)
         self._buffers = ScoreBuffers()
+        self._scratch = ScoreBuffers()  # the rows-first layout's (block x queries) products
         self.dim = int(vectors.shape[1])
         self._n = int(vectors.shape[0])
         self.device = device
@@ -141,6 +145,10 @@ class TorchFlatIndex:
                 for a, block in row_blocks(vectors, lo, hi, staging_bytes, pin=dev.type == "cuda"):
                     part[a - lo : a - lo + len(block)].copy_(torch.from_numpy(block))
             self._shards.append((lo, part))
+        #: the CPU scan's matmul layout per batch size (a GPU's scan is always queries first)
+        self.layout: LayoutChoice = LayoutChoice.fixed("queries_first")
+        if device.type == "cpu":
+            self.layout = choose_layout(scan_layout, self._shards[0][1], self._scratch_for)
         #: the coarse copy of the one CPU shard, when searches pre-scan it
         self._prefilter: CoarseCopy | None = None
         #: 'auto' turns the pre-scan off if most queries crowd (``_give_up_if_crowded``); a named dtype never does
@@ -166,10 +174,13 @@ class TorchFlatIndex:
         dtype: str = "auto",
         score_bytes: int = SCORE_BYTES,
         prefilter: str = "auto",
+        scan_layout: str = "auto",
     ) -> TorchFlatIndex:
         """The index of ``path``: memory-mapped when it stays float32 on the CPU (no copy, instant), else streamed."""
         source = index_source(Path(path), device, dtype)
-        return cls(source, device=device, dtype=dtype, score_bytes=score_bytes, prefilter=prefilter)
+        return cls(
+            source, device=device, dtype=dtype, score_bytes=score_bytes, prefilter=prefilter, scan_layout=scan_layout
+        )
 
     def __len__(self) -> int:
         return self._n
@@ -177,7 +188,13 @@ class TorchFlatIndex:
     def describe(self) -> str:
         where = f"{len(self._shards)} x {self.device.type}"
         pre = f", {self._prefilter.name} pre-scan" if self._prefilter is not None else ""
-        return f"torch flat IP, {self._n:,} x {self.dim} {str(self.dtype).removeprefix('torch.')} on {where}{pre}"
+        layout = f", scan {self.layout.describe()}" if self.device.type == "cpu" else ""
+        dtype = str(self.dtype).removeprefix("torch.")
+        return f"torch flat IP, {self._n:,} x {self.dim} {dtype} on {where}{pre}{layout}"
+
+    def _scratch_for(self, rows: int, queries: int) -> torch.Tensor:
+        """This thread's reusable ``(rows x queries)`` buffer for the rows-first layout's block products."""
+        return self._scratch.scores(rows, queries, self.dtype)
 
     @property
     def coarse_copy(self) -> CoarseCopy | None:
@@ -264,7 +281,8 @@ class TorchFlatIndex:
             for lo in range(0, shard.shape[0], step):
                 rows = shard[lo : lo + step]
                 if shard.device.type == "cpu":  # into this thread's buffer (a GPU's caching allocator reuses its own)
-                    scores = torch.matmul(q, rows.T, out=self._buffers.scores(len(q), len(rows), self.dtype))
+                    out = self._buffers.scores(len(q), len(rows), self.dtype)
+                    scores = self.layout.product(len(q))(q, rows, out, self._scratch_for)
                 else:
                     scores = q @ rows.T
                 # top-k in the index's dtype (its matmul's own rounding), then only k scores per query made float32

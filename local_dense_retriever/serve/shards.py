@@ -73,6 +73,7 @@ class ShardSearcher:
             dtype=config.index_dtype,
             score_bytes=config.score_buffer_bytes,
             prefilter=config.index_prefilter,
+            scan_layout=config.index_scan_layout,
         )
 
     def info(self) -> ShardInfo:
