@@ -7,7 +7,7 @@ at 32-64, while at 1 and at 256 queries the two are even (``benchmarks/cpu_scan_
 them otherwise, so ``auto`` times both at a few batch sizes on a sample of the index, once per CPU, torch version,
 thread count and dimension (remembered beside the encoder's precision probes; not when the machine was busy, which can
 rank them by what the other work did), and each batch takes the layout that won at the probed size nearest to its own:
-rows first only where it was at least 1.1x faster.
+rows first only where it was at least 1.1x faster, and not above the largest probed size.
 
 Invariant: both layouts give every query the same top-k as each other and as faiss's exact scan, up to float rounding
 (the scores of one (query, row) pair may differ in the last bits between layouts and batch sizes, as BLAS kernels do).
@@ -79,14 +79,18 @@ def nearest_probe(n: int) -> int:
 
 @dataclass(frozen=True)
 class LayoutChoice:
-    """The layout per probed batch size, and the probe's timings (seconds; empty when a layout was named)."""
+    """The layout per probed batch size, the one above the largest (``beyond``), and the probe's timings (seconds;
+    empty when a layout was named)."""
 
     by_size: dict[int, str]
     timings: dict[str, float]
+    #: batches above the largest probed size: queries first, as written, unless a layout was named (not measured
+    #: there; on the Zen 3 rows first lost at 256 queries, 0.89-0.92x)
+    beyond: str = "queries_first"
 
     @classmethod
     def fixed(cls, layout: str) -> LayoutChoice:
-        return cls(dict.fromkeys(PROBE_SIZES, layout), {})
+        return cls(dict.fromkeys(PROBE_SIZES, layout), {}, layout)
 
     @classmethod
     def from_timings(cls, timings: dict[str, float]) -> LayoutChoice:
@@ -98,7 +102,8 @@ class LayoutChoice:
         return cls(by_size, dict(timings))
 
     def layout(self, n_queries: int) -> str:
-        return self.by_size[nearest_probe(n_queries)]
+        """The layout of a batch of ``n_queries``."""
+        return self.beyond if n_queries > PROBE_SIZES[-1] else self.by_size[nearest_probe(n_queries)]
 
     def product(self, n_queries: int):
         return PRODUCTS[self.layout(n_queries)]
@@ -106,7 +111,7 @@ class LayoutChoice:
     def describe(self) -> str:
         """e.g. ``rows first at 2-64 queries, else queries first``, or ``queries first``."""
         runs: list[list[int]] = []  # [first, last] batch sizes of each run of rows first
-        for n in range(1, 4 * PROBE_SIZES[-1] + 1):  # beyond the largest probe every size takes its layout
+        for n in range(1, PROBE_SIZES[-1] + 2):  # and one beyond the largest probe
             if self.layout(n) == "rows_first":
                 if runs and runs[-1][1] == n - 1:
                     runs[-1][1] = n
@@ -114,9 +119,9 @@ class LayoutChoice:
                     runs.append([n, n])
         if not runs:
             return "queries first"
-        if runs == [[1, 4 * PROBE_SIZES[-1]]]:
+        if runs == [[1, PROBE_SIZES[-1] + 1]]:
             return "rows first"
-        last = 4 * PROBE_SIZES[-1]
+        last = PROBE_SIZES[-1] + 1
         spans = [f"{a}+" if b == last else (f"{a}" if a == b else f"{a}-{b}") for a, b in runs]
         return f"rows first at {', '.join(spans)} queries, else queries first"
 

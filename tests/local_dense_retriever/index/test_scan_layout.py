@@ -64,6 +64,11 @@ def test_a_batch_takes_the_layout_that_won_at_the_nearest_probed_size():
     choice = LayoutChoice.from_timings(timings)
     assert [choice.layout(n) for n in (1, 2, 40, 64, 65, 512)] == ["queries_first", *["rows_first"] * 3,
                                                                     "queries_first", "queries_first"]  # fmt: skip
+    timings["rows_first@128"] = 0.5  # rows first up to the largest probed size, as written above it (not measured)
+    assert [LayoutChoice.from_timings(timings).layout(n) for n in (128, 129, 2560)] == ["rows_first", "queries_first",
+                                                                                         "queries_first"]  # fmt: skip
+    assert LayoutChoice.fixed("rows_first").layout(2560) == "rows_first"  # a named layout holds at every size
+    timings["rows_first@128"] = 1.2
     assert choice.describe() == "rows first at 2-64 queries, else queries first"
     timings["rows_first@8"] = 1.0 / 1.05  # within the margin: the product as written stays
     assert LayoutChoice.from_timings(timings).describe() == "rows first at 2-4, 17-64 queries, else queries first"
