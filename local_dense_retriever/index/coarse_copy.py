@@ -20,6 +20,13 @@ INT8_LEVELS = 127
 INT8_STEP_BYTES = 8 << 20
 #: ``scores_out(queries, rows, dtype)``: the buffer a step's matmul writes into
 ScoresOut = Callable[[int, int, torch.dtype], torch.Tensor]
+#: ``(lo, hi)``: told that the copy is done reading rows ``lo:hi`` of the float32 vectors (a memory-mapped index
+#: drops their pages, so that making the copy does not leave the whole file resident beside it)
+RowsRead = Callable[[int, int], object]
+
+
+def _nothing(lo: int, hi: int) -> None:
+    pass
 
 
 class CoarseCopy(Protocol):
@@ -83,10 +90,11 @@ class Bf16Copy:
     extra_groups = 32
 
     @classmethod
-    def of(cls, vectors: torch.Tensor, rows_per_step: int) -> Bf16Copy:
+    def of(cls, vectors: torch.Tensor, rows_per_step: int, rows_read: RowsRead = _nothing) -> Bf16Copy:
         """The copy of ``vectors`` (float32), made ``rows_per_step`` rows at a time: no float32 copy of the whole
-        index is ever made. The norms are computed in float32 and raised by its worst relative error over ``dim``
-        terms (the residual ``x - bf16(x)`` itself is exact in float32: it is the low bits of ``x``)."""
+        index is ever made (``rows_read`` is told after each step). The norms are computed in float32 and raised by
+        its worst relative error over ``dim`` terms (the residual ``x - bf16(x)`` itself is exact in float32: it is
+        the low bits of ``x``)."""
         rows = torch.empty(vectors.shape, dtype=torch.bfloat16)
         max_norm = max_residual = 0.0
         for lo in range(0, len(vectors), rows_per_step):
@@ -94,6 +102,7 @@ class Bf16Copy:
             rounded = rows[lo : lo + len(block)]
             rounded.copy_(block)
             max_norm, max_residual = _largest_norms(block, rounded.float(), max_norm, max_residual)
+            rows_read(lo, lo + len(block))
         slack = _slack(vectors.shape[1])
         return cls(rows, max_norm * slack, max_residual * slack)
 
@@ -148,14 +157,16 @@ class Int8Copy:
     extra_groups = 64
 
     @classmethod
-    def of(cls, vectors: torch.Tensor, rows_per_step: int) -> Int8Copy:
+    def of(cls, vectors: torch.Tensor, rows_per_step: int, rows_read: RowsRead = _nothing) -> Int8Copy:
         """The copy of ``vectors`` (float32) in two passes of ``rows_per_step`` rows (the scale, then the rows): no
-        float32 copy of the whole index is ever made. The norms are computed in float64 from the exact residuals, a
-        step of at most :data:`INT8_STEP_BYTES` of them at a time."""
+        float32 copy of the whole index is ever made (``rows_read`` is told after each step of each pass). The norms
+        are computed in float64 from the exact residuals, a step of at most :data:`INT8_STEP_BYTES` of them at a
+        time."""
         rows_per_step = max(1, min(rows_per_step, INT8_STEP_BYTES // (8 * vectors.shape[1])))
         largest = 0.0
         for lo in range(0, len(vectors), rows_per_step):
             largest = max(largest, float(vectors[lo : lo + rows_per_step].abs().max()))
+            rows_read(lo, min(lo + rows_per_step, len(vectors)))
         scale = largest / INT8_LEVELS if largest > 0 else 1.0
         rows = torch.empty(vectors.shape, dtype=torch.int8)
         max_norm = max_residual = 0.0
@@ -165,6 +176,7 @@ class Int8Copy:
             rows[lo : lo + len(block)] = rounded
             near = rounded.double() * scale  # exact: an int of 8 bits times a float32
             max_norm, max_residual = _largest_norms(block.double(), near, max_norm, max_residual)
+            rows_read(lo, lo + len(block))
         return cls(rows, scale, max_norm * (1 + 2.0**-40), max_residual * (1 + 2.0**-40))
 
     def prepared(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -129,13 +129,20 @@ class LayoutChoice:
 def probe_timings(sample: torch.Tensor, scratch: Scratch, repeats: int = 3) -> dict[str, float]:
     """Both layouts' best time of ``repeats`` at each of :data:`PROBE_SIZES`, taking turns, over ``sample``'s rows."""
     gen = torch.Generator().manual_seed(0)
+    scores = torch.empty(PROBE_SIZES[-1], len(sample), dtype=sample.dtype)  # each size writes its first rows
     runs = {}
     for size in PROBE_SIZES:
         queries = torch.randn(size, sample.shape[1], generator=gen, dtype=sample.dtype)
-        out = torch.empty(size, len(sample), dtype=sample.dtype)
         for name, product in PRODUCTS.items():
-            runs[f"{name}@{size}"] = lambda p=product, q=queries, o=out: p(q, sample, o, scratch)
+            runs[f"{name}@{size}"] = lambda p=product, q=queries, o=scores[:size]: p(q, sample, o, scratch)
     return best_seconds(runs, repeats=repeats)
+
+
+def probe_bytes(dim: int, itemsize: int = 4) -> int:
+    """The most memory a probe adds while it runs, whatever the index's size: the sample's rows read, the scores of
+    the largest probed batch and the rows-first scratch at that batch (68 MiB at 384 dimensions in float32)."""
+    most = PROBE_SIZES[-1]
+    return (PROBE_ROWS * dim + most * PROBE_ROWS + BLOCK_ROWS * most) * itemsize
 
 
 def probe_key(dim: int, dtype: torch.dtype) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ from local_dense_retriever.index.prefilter_choice import (  # the choice of a pr
     resolve_index_dtype,
     resolve_prefilter,
 )
-from local_dense_retriever.index.scan_layout import LayoutChoice, choose_layout
+from local_dense_retriever.index.scan_layout import PROBE_ROWS, LayoutChoice, choose_layout
 from local_dense_retriever.index.topk import block_topk, grouped_topk, merge_topk
 from local_dense_retriever.memory import release_mapped_pages
 
@@ -99,6 +100,12 @@ def _as_tensor(rows: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.asarray(rows))
 
 
+def _release_rows(vectors: np.ndarray | VectorFile, lo: int, hi: int) -> None:
+    """Drop this process's pages of rows ``lo:hi`` of a read-only memory-mapped index (``release_mapped_pages``)."""
+    if isinstance(vectors, np.memmap):
+        release_mapped_pages(vectors[lo:hi])
+
+
 class TorchFlatIndex:
     """Flat IP index held as torch shards: one on CPU, or one per visible GPU."""
 
@@ -149,15 +156,16 @@ class TorchFlatIndex:
         self.layout: LayoutChoice = LayoutChoice.fixed("queries_first")
         if device.type == "cpu":
             self.layout = choose_layout(scan_layout, self._shards[0][1], self._scratch_for)
+            _release_rows(vectors, 0, PROBE_ROWS)  # what the probe read (a memory map's own pages: no-op else)
         #: the coarse copy of the one CPU shard, when searches pre-scan it
         self._prefilter: CoarseCopy | None = None
         #: 'auto' turns the pre-scan off if most queries crowd (``_give_up_if_crowded``); a named dtype never does
         self._prefilter_auto = prefilter == "auto"
         coarse = resolve_prefilter(prefilter, device, dtype, (self._n, self.dim))
         if coarse is not None:
-            self._prefilter = COPIES[coarse].of(self._shards[0][1], max(1, staging_bytes // (self.dim * 4)))
-            # reading the rows mapped the whole file; searches read only their candidates' rows from it
-            release_mapped_pages(vectors)
+            # each step's rows leave RSS once read: searches read only their candidates' rows from the file
+            rows_read = partial(_release_rows, vectors)
+            self._prefilter = COPIES[coarse].of(self._shards[0][1], max(1, staging_bytes // (self.dim * 4)), rows_read)
         #: queries whose scores crowded within the pre-scan's margin beyond the rows it keeps (``index.prefilter``)
         self.crowded_queries = 0
         self._prefiltered_queries = 0

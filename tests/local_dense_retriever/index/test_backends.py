@@ -211,24 +211,38 @@ def test_flat_header_reader_refuses_other_and_broken_files(tmp_path, rng):
 
 
 _RSS_PROBE = """
-import sys, resource, torch
+import sys, torch
 from pathlib import Path
-from local_dense_retriever.index.torch_flat import TorchFlatIndex
-from verl_search.atomic import exclusive
+from local_dense_retriever.index.torch_flat import TorchFlatIndex, index_source
 from local_dense_retriever import cpu_features
 cpu_features.SLOW_MATMUL_FACTOR = float("inf")  # the copy's memory is measured, on CPUs where it would scan slowly too
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-index = TorchFlatIndex.from_file(Path(sys.argv[1]), device=torch.device("cpu"), prefilter=sys.argv[2])
-print(len(index), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+
+
+def peak():  # this process's own high-water mark (getrusage's ru_maxrss starts at the parent's after fork and exec)
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmHWM:"))
+
+
+path, prefilter, layout, staging = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+before = peak()
+source = index_source(path, torch.device("cpu"), "auto")
+index = TorchFlatIndex(source, device=torch.device("cpu"), prefilter=prefilter, scan_layout=layout,
+                       staging_bytes=staging)
+print(len(index), peak() - before)
 """
 
 
 def test_loading_a_large_flat_index_does_not_read_it_into_memory(tmp_path):
-    """A 200k x 384 IndexFlatIP (307 MB) written by faiss: start-up maps it, peak RSS grows far less than the file;
-    with a pre-scan, by its copy (bf16: half the file; int8: a quarter) and little more: the rows are read through
-    the map (int8: twice, for the scale first), and leave RSS again."""
+    """A 200k x 384 IndexFlatIP (307 MB) written by faiss: start-up maps it, and its peak RSS (the process's own) grows
+    far less than the file; with a pre-scan, by its copy (bf16: half the file; int8: a quarter) and a few steps of
+    the copy's work, not by the file: each step's rows leave RSS once read (they stayed until the end before: 480 MB
+    for the bf16 copy). The layout probe of 'auto' adds a fixed cost whatever the index's size: its sample and
+    buffers (``scan_layout.probe_bytes``) and the BLAS's first use."""
+    import os
     import subprocess
     import sys
+
+    from local_dense_retriever.index.scan_layout import probe_bytes
 
     n, d = 200_000, 384
     index = faiss.IndexFlatIP(d)
@@ -238,13 +252,21 @@ def test_loading_a_large_flat_index_does_not_read_it_into_memory(tmp_path):
     path = tmp_path / "big.index"
     faiss.write_index(index, str(path))
     del index
-    size = path.stat().st_size
-    limits = {"off": size // 10, "bfloat16": size // 2 + size // 10, "int8": size // 4 + size // 10}
-    for prefilter, most in limits.items():
-        out = subprocess.run([sys.executable, "-c", _RSS_PROBE, str(path), prefilter], capture_output=True, text=True,
-                             check=True, timeout=300).stdout.split()  # fmt: skip
+    size, step = path.stat().st_size, 8 << 20
+    steps = 8 * step  # the copy's temporaries, and what malloc keeps of them
+    limits = {
+        ("off", "queries_first"): size // 10,
+        ("off", "auto"): size // 10 + 2 * probe_bytes(d),
+        ("bfloat16", "queries_first"): size // 2 + size // 10 + steps,
+        ("int8", "queries_first"): size // 4 + size // 10 + steps,
+    }
+    env = {**os.environ, "VERL_SEARCH_CACHE": str(tmp_path / "cache")}  # 'auto' probes: no layout remembered
+    for (prefilter, layout), most in limits.items():
+        command = [sys.executable, "-c", _RSS_PROBE, str(path), prefilter, layout, str(step)]
+        out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=300, env=env).stdout.split()
         assert int(out[0]) == n
-        assert int(out[1]) < most, f"peak RSS grew by {int(out[1]) >> 20} MB loading a {size >> 20} MB index"
+        grew = int(out[1])
+        assert grew < most, f"{prefilter}, {layout}: peak RSS grew by {grew >> 20} MB loading a {size >> 20} MB index"
 
 
 def test_equal_scores_come_in_id_order_whatever_the_chunking(rng):
