@@ -145,10 +145,12 @@ def probe_bytes(dim: int, itemsize: int = 4) -> int:
     return (PROBE_ROWS * dim + most * PROBE_ROWS + BLOCK_ROWS * most) * itemsize
 
 
-def probe_key(dim: int, dtype: torch.dtype) -> str:
-    """What the probe's result depends on, hashed: the CPU, torch's version and thread count, the vectors' shape."""
+def probe_key(dim: int, dtype: torch.dtype, mapped: bool) -> str:
+    """What the probe's result depends on, hashed: the CPU, torch's version and thread count, the vectors' shape, and
+    whether they are a file's memory map or the process's own memory (a scan of a mapped index runs at another pace,
+    and the layouts can rank otherwise there)."""
     parts = ["flat scan layout", precision_cache.cpu_model(), torch.__version__, str(torch.get_num_threads()),
-             str(dim), str(dtype), str(PROBE_ROWS), str(BLOCK_ROWS)]  # fmt: skip
+             str(dim), str(dtype), str(PROBE_ROWS), str(BLOCK_ROWS), "mapped" if mapped else "own"]  # fmt: skip
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
@@ -165,16 +167,17 @@ def machine_busy() -> bool:
 _probed: dict[str, dict[str, float]] = {}
 
 
-def choose_layout(layout: str, shard: torch.Tensor, scratch: Scratch) -> LayoutChoice:
+def choose_layout(layout: str, shard: torch.Tensor, scratch: Scratch, mapped: bool = False) -> LayoutChoice:
     """The layout for scanning ``shard`` (a CPU tensor): a named one as is; under ``auto``, queries first for a small
-    index, else the probe's choice, measured once per machine (:func:`probe_key`) and remembered. A probe taken while
+    index, else the probe's choice, measured once per machine (:func:`probe_key`; ``mapped``: ``shard`` is a file's
+    memory map) and remembered. A probe taken while
     the machine is busy (:func:`machine_busy`) serves this process but is not remembered: a later start measures
     again."""
     if layout != "auto":
         return LayoutChoice.fixed(layout)
     if len(shard) < PROBE_MIN_ROWS:
         return LayoutChoice.fixed("queries_first")
-    key = probe_key(shard.shape[1], shard.dtype)
+    key = probe_key(shard.shape[1], shard.dtype, mapped)
     names = tuple(f"{name}@{size}" for size in PROBE_SIZES for name in LAYOUTS)
     timings = _probed.get(key) or precision_cache.cached_timings(
         key, names=names, file_name=PROBE_FILE, what="the flat scan's layout"

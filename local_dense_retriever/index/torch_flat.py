@@ -155,7 +155,8 @@ class TorchFlatIndex:
         #: the CPU scan's matmul layout per batch size (a GPU's scan is always queries first)
         self.layout: LayoutChoice = LayoutChoice.fixed("queries_first")
         if device.type == "cpu":
-            self.layout = choose_layout(scan_layout, self._shards[0][1], self._scratch_for)
+            mapped = zero_copy and isinstance(vectors, np.memmap)
+            self.layout = choose_layout(scan_layout, self._shards[0][1], self._scratch_for, mapped)
             _release_rows(vectors, 0, PROBE_ROWS)  # what the probe read (a memory map's own pages: no-op else)
         #: the coarse copy of the one CPU shard, when searches pre-scan it
         self._prefilter: CoarseCopy | None = None

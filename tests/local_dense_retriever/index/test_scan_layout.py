@@ -143,6 +143,20 @@ def test_auto_probes_again_on_another_thread_count(rng, counted_probe):
     assert counted_probe == [64, 64]
 
 
+def test_a_memory_mapped_index_is_probed_apart_from_one_in_memory(rng, tmp_path, counted_probe):
+    """A scan of a file's memory map runs at another pace than one of the process's own memory: a probe taken on
+    one is not reused for the other."""
+    vectors = _unit(rng, 300, 16)
+    np.save(tmp_path / "flat.npy", vectors)
+    TorchFlatIndex(vectors, device=CPU, prefilter="off")
+    mapped = TorchFlatIndex.from_file(tmp_path / "flat.npy", device=CPU, prefilter="off")
+    assert counted_probe == [64, 64]
+    TorchFlatIndex.from_file(tmp_path / "flat.npy", device=CPU, prefilter="off")
+    assert counted_probe == [64, 64]
+    queries = torch.from_numpy(_unit(rng, 8, 16))
+    np.testing.assert_array_equal(mapped.search(queries, 4)[1], _exact_ids(vectors, queries.numpy(), 4))
+
+
 def test_auto_does_not_probe_a_small_index_or_a_named_layout(rng, counted_probe):
     assert TorchFlatIndex(_unit(rng, 63, 16), device=CPU).layout.describe() == "queries first"
     assert TorchFlatIndex(_unit(rng, 300, 16), device=CPU, scan_layout="rows_first").layout.describe() == "rows first"
