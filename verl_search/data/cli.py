@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from verl_search.data.errors import PreprocessError
 from verl_search.data.pipeline import DEFAULT_LOCAL_DIR, VAL_SUBSET_NAME, PreprocessConfig, run_preprocess
 from verl_search.data.sources import DEFAULT_HF_REPO_ID
-from verl_search.data.templates import load_templates
+from verl_search.data.templates import find_template_file, load_templates
 
 DESCRIPTION = f"""\
 Turn Search-R1 QA data into verl RLHFDataset parquet files that route to the `search` tool.
@@ -29,14 +29,16 @@ Outputs in --local_dir: train.parquet, test.parquet and, with --val_per_source N
 rows per data source, chosen reproducibly by --seed). Nothing is written unless every row is valid."""
 
 
-def _parser(default_config: Path | None) -> argparse.ArgumentParser:
+def _parser(default_config: Path | None, config_dirs: Sequence[Path]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = "".join(f", then in {d}" for d in config_dirs)
     parser.add_argument(
         "--config",
         type=Path,
         default=default_config,
         required=default_config is None,
-        help=f"prompt templates YAML (default: {default_config})",
+        help=f"prompt templates YAML; a relative path is looked for from the working directory{where} "
+        f"(default: {default_config})",
     )
     parser.add_argument("--template", help="template name in --config (default: the file's `default`)")
     parser.add_argument("--list_templates", action="store_true", help="list the templates in --config and exit")
@@ -61,9 +63,9 @@ def _parser(default_config: Path | None) -> argparse.ArgumentParser:
     return parser
 
 
-def _config(args: argparse.Namespace) -> PreprocessConfig:
+def _config(args: argparse.Namespace, config_dirs: Sequence[Path]) -> PreprocessConfig:
     return PreprocessConfig(
-        template_file=args.config,
+        template_file=find_template_file(args.config, config_dirs),
         template=args.template,
         input_dir=args.input_dir,
         input_jsonl=args.input_jsonl,
@@ -77,19 +79,22 @@ def _config(args: argparse.Namespace) -> PreprocessConfig:
     )
 
 
-def main(argv: Sequence[str] | None = None, default_config: Path | None = None) -> int:
-    """Parse flags, run, print the written files with row counts per data source; returns the exit code."""
-    parser = _parser(default_config)
+def main(
+    argv: Sequence[str] | None = None, default_config: Path | None = None, config_dirs: Sequence[Path] = ()
+) -> int:
+    """Parse flags, run, print the written files with row counts per data source; returns the exit code.
+    ``config_dirs``: folders a relative ``--config`` is looked for in after the working directory."""
+    parser = _parser(default_config, config_dirs)
     args = parser.parse_args(argv)
     try:
         if args.list_templates:
-            templates = load_templates(args.config)
+            templates = load_templates(find_template_file(args.config, config_dirs))
             for name, template in templates.templates.items():
                 mark = " (default)" if name == templates.default else ""
                 print(f"{name}{mark}: agent_name={template.agent_name}; {template.description}")
             return 0
         try:
-            config = _config(args)
+            config = _config(args, config_dirs)
         except ValidationError as e:
             first = e.errors()[0]
             field = ".".join(str(p) for p in first["loc"])

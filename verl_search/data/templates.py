@@ -5,6 +5,7 @@ Rendering never uses ``str.format``, so templates may show JSON (``{"name": "sea
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -65,6 +66,18 @@ class TemplateFile(BaseModel):
         if chosen not in self.templates:
             raise TemplateError(f"unknown template {chosen!r}; choose one of {sorted(self.templates)}")
         return chosen, self.templates[chosen]
+
+
+def find_template_file(path: str | Path, folders: Sequence[Path] = ()) -> Path:
+    """``path`` as given when it is absolute or names a file from the working directory, else the first of
+    ``folders`` holding it (a script's own folder, so ``--config prompt.yaml`` works from anywhere); raises
+    TemplateError naming every place looked when none has it."""
+    path = Path(path).expanduser()
+    places = [path] if path.is_absolute() else [Path.cwd() / path, *(Path(f) / path for f in folders)]
+    for place in places:
+        if place.is_file():
+            return place
+    raise TemplateError(f"template file {path} not found (looked for {', '.join(map(str, dict.fromkeys(places)))})")
 
 
 def load_templates(path: str | Path) -> TemplateFile:
