@@ -21,7 +21,7 @@ def test_search_r1_parquet_becomes_verl_rows_routed_to_the_search_tool(search_r1
     out = tmp_path / "out"
     code, stdout, _ = run_cli("--input_dir", search_r1_dir, "--local_dir", out)
     assert code == 0
-    assert sorted(p.name for p in out.iterdir()) == ["test.parquet", "train.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == ["test.parquet", "train.parquet", "val_subset.parquet"]
     assert pq.read_schema(out / "test.parquet").names == OUTPUT_SCHEMA.names
 
     test_rows = read_rows(out / "test.parquet")

@@ -135,7 +135,7 @@ def test_missing_jsonl(tmp_path, run_cli):
     [
         (["--splits", "train", "--val_per_source", "5"], "test is not among the splits"),
         (["--data_source", "nq"], "data_source applies only to input_jsonl"),
-        (["--val_per_source", "0"], "val_per_source"),
+        (["--val_per_source", "-1"], "val_per_source: Input should be greater than or equal to 0"),
         (["--splits", "test", "test"], "splits listed twice"),
         (["--hf_revision", "main"], "hf_revision applies only to hub input"),
     ],

@@ -54,4 +54,4 @@ def test_a_rerun_removes_what_a_killed_run_left(search_r1_dir, tmp_path, run_cli
     proc.wait()
     assert [p.name.startswith(".test.parquet.tmp-") for p in out.iterdir()] == [True]
     assert run_cli("--input_dir", search_r1_dir, "--local_dir", out)[0] == 0
-    assert sorted(p.name for p in out.iterdir()) == ["test.parquet", "train.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == ["test.parquet", "train.parquet", "val_subset.parquet"]

@@ -17,6 +17,9 @@ from verl_search.data.pipeline import DEFAULT_LOCAL_DIR, VAL_SUBSET_NAME, Prepro
 from verl_search.data.sources import DEFAULT_HF_REPO_ID
 from verl_search.data.templates import find_template_file, load_templates
 
+#: rows per data source in the validation subset the CLI writes unless told otherwise (what training validates on)
+DEFAULT_VAL_PER_SOURCE = 500
+
 DESCRIPTION = f"""\
 Turn Search-R1 QA data into verl RLHFDataset parquet files that route to the `search` tool.
 
@@ -25,8 +28,9 @@ into verl rows by verl <=0.5 or SkyRL (questions and answers are read from extra
 reward_spec; validation.parquet is the test split when there is no test.parquet); --input_jsonl FILE in the
 FlashRAG format (question, golden_answers[, id, data_source]); or, by default, the hub dataset --hf_repo_id
 ({DEFAULT_HF_REPO_ID}; cached under $HF_HOME, mirrors via $HF_ENDPOINT; offline without a cache is an error).
-Outputs in --local_dir: train.parquet, test.parquet and, with --val_per_source N, {VAL_SUBSET_NAME} (at most N test
-rows per data source, chosen reproducibly by --seed). Nothing is written unless every row is valid."""
+Outputs in --local_dir: train.parquet, test.parquet and {VAL_SUBSET_NAME} (at most --val_per_source test rows per
+data source, default {DEFAULT_VAL_PER_SOURCE}, chosen reproducibly by --seed; the training script validates on it).
+Nothing is written unless every row is valid."""
 
 
 def _parser(default_config: Path | None, config_dirs: Sequence[Path]) -> argparse.ArgumentParser:
@@ -57,10 +61,22 @@ def _parser(default_config: Path | None, config_dirs: Sequence[Path]) -> argpars
         help="splits to write (default: train test; for --input_jsonl: test, its rows go to each split listed)",
     )
     parser.add_argument("--local_dir", type=Path, default=Path(DEFAULT_LOCAL_DIR), help="output dir (%(default)s)")
-    parser.add_argument("--val_per_source", type=int, help=f"write {VAL_SUBSET_NAME} with at most N rows per source")
+    parser.add_argument(
+        "--val_per_source",
+        type=int,
+        help=f"rows per data source in {VAL_SUBSET_NAME}, a seeded subsample of the test split "
+        f"(default: {DEFAULT_VAL_PER_SOURCE} when the test split is written; 0 writes none)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the validation subset (default: %(default)s)")
     parser.add_argument("--no_progress", action="store_true", help="no progress bars")
     return parser
+
+
+def _val_per_source(args: argparse.Namespace) -> int:
+    """The flag as given, else the default subset when the test split is written (every default split list has it)."""
+    if args.val_per_source is not None:
+        return args.val_per_source
+    return DEFAULT_VAL_PER_SOURCE if args.splits is None or "test" in args.splits else 0
 
 
 def _config(args: argparse.Namespace, config_dirs: Sequence[Path]) -> PreprocessConfig:
@@ -74,7 +90,7 @@ def _config(args: argparse.Namespace, config_dirs: Sequence[Path]) -> Preprocess
         data_source=args.data_source,
         splits=tuple(args.splits) if args.splits else None,
         local_dir=args.local_dir,
-        val_per_source=args.val_per_source,
+        val_per_source=_val_per_source(args),
         seed=args.seed,
     )
 
@@ -107,4 +123,11 @@ def main(
         print(f"{output.path}  ({output.split}, {output.total} rows)")
         for source, count in output.counts.items():
             print(f"    {source:<32} {count:>8}")
+    if config.val_per_source == 0 and "test" in config.resolved_splits:
+        stale = config.local_dir.expanduser() / VAL_SUBSET_NAME
+        print(
+            f"no {VAL_SUBSET_NAME} written (--val_per_source 0); the training script validates on "
+            f"DATA_DIR/{VAL_SUBSET_NAME} by default"
+            + (f"; the {stale} already there is from an earlier run, left unchanged" if stale.is_file() else "")
+        )
     return 0

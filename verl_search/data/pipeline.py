@@ -62,8 +62,10 @@ class PreprocessConfig(BaseModel):
         "(a jsonl file's rows go to every split listed).",
     )
     local_dir: Path = Field(default=Path(DEFAULT_LOCAL_DIR), description="Output directory.")
-    val_per_source: int | None = Field(
-        default=None, ge=1, description="Also write val_subset.parquet: at most this many test rows per data source."
+    val_per_source: int = Field(
+        default=0,
+        ge=0,
+        description="Also write val_subset.parquet: at most this many test rows per data source; 0 writes none.",
     )
     seed: int = Field(default=0, description="Seed of the validation subset choice.")
 
@@ -77,7 +79,7 @@ class PreprocessConfig(BaseModel):
             raise ValueError("data_source applies only to input_jsonl")
         if self.splits is not None and len(set(self.splits)) != len(self.splits):
             raise ValueError(f"splits listed twice: {list(self.splits)}")
-        if self.val_per_source is not None and "test" not in self.resolved_splits:
+        if self.val_per_source and "test" not in self.resolved_splits:
             raise ValueError("val_per_source subsamples the test split, but test is not among the splits")
         return self
 
@@ -179,7 +181,7 @@ def run_preprocess(config: PreprocessConfig, progress: bool = False) -> list[Out
     for split in config.resolved_splits:
         rows = _rows(_input_records(config, split, progress), template, split)
         outputs[local_dir / f"{split}.parquet"] = (split, rows)
-        if split == "test" and config.val_per_source is not None:
+        if split == "test" and config.val_per_source:
             subset = stratified_subsample(
                 rows,
                 config.val_per_source,
