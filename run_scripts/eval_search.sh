@@ -3,8 +3,9 @@
 # generation dumped as JSONL, then summarised with `python -m verl_search.report`.
 #
 #   CHECKPOINT=runs/my-exp/checkpoints RETRIEVER_URL=http://127.0.0.1:8000 bash run_scripts/eval_search.sh
-#   MODEL_PATH=Qwen/Qwen2.5-3B-Instruct VAL_DATA=$HOME/data/searchR1_processed_direct/val_subset.parquet \
-#       bash run_scripts/eval_search.sh
+#       # DATA_DIR/val_subset.parquet: at most 500 test rows per source, written by the preprocessing by default
+#   FULL_TEST=1 CHECKPOINT=runs/my-exp/checkpoints bash run_scripts/eval_search.sh
+#       # the full test set, DATA_DIR/test.parquet (51,713 rows; ~6,000 s per pass on 8xH20 in the published recipe)
 #   DRY_RUN=1 bash run_scripts/eval_search.sh        # checks only, no GPU needed
 #   DEVICE=cpu ROLLOUT=vllm PYTHON=.venv-vllm/bin/python MODEL_PATH=runs/train/sft/model \
 #       CHECKPOINT=runs/train/grpo/checkpoints VAL_DATA=runs/train/data/eval.parquet bash run_scripts/eval_search.sh
@@ -23,16 +24,19 @@ set -euo pipefail
 # shellcheck source=run_scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-# Every knob (DEVICE=cuda|cpu, MODEL_PATH, CHECKPOINT, DATA_DIR, VAL_DATA, OUTPUT_DIR, TOOL_CONFIG, RETRIEVER_URL,
-# N_GPUS, NNODES, MAX_TURNS, AGENT, ROLLOUT=sglang|vllm (cuda) or vllm|hf_cpu (cpu), ATTN_IMPLEMENTATION, PROJECT_NAME,
-# EXPERIMENT_NAME, RUN_DIR, AGENT_LOOP_CONFIG, REWARD_FN_PATH, MAX_PROMPT_LENGTH, MAX_RESPONSE_LENGTH,
-# MAX_TOOL_RESPONSE_LENGTH, ROLLOUT_TP, GPU_MEMORY_UTILIZATION, TRAIN_BATCH_SIZE, LOGGER) is declared once, with its
-# default and meaning, in verl_search/launch/eval_run.py (EvalRunKnobs), which also resolves CHECKPOINT and maps the
-# knobs to verl's overrides. Resolve them here:
+# Every knob (DEVICE=cuda|cpu, MODEL_PATH, CHECKPOINT, DATA_DIR, VAL_DATA, FULL_TEST, OUTPUT_DIR, TOOL_CONFIG,
+# RETRIEVER_URL, N_GPUS, NNODES, MAX_TURNS, AGENT, ROLLOUT=sglang|vllm (cuda) or vllm|hf_cpu (cpu),
+# ATTN_IMPLEMENTATION, PROJECT_NAME, EXPERIMENT_NAME, RUN_DIR, AGENT_LOOP_CONFIG, REWARD_FN_PATH, MAX_PROMPT_LENGTH,
+# MAX_RESPONSE_LENGTH, MAX_TOOL_RESPONSE_LENGTH, ROLLOUT_TP, GPU_MEMORY_UTILIZATION, TRAIN_BATCH_SIZE, LOGGER) is
+# declared once, with its default and meaning, in verl_search/launch/eval_run.py (EvalRunKnobs), which also resolves
+# CHECKPOINT and maps the knobs to verl's overrides. Resolve them here:
 KNOBS="$("$PYTHON" -m verl_search.launch.eval_run shell)" || vs_die "fix the knob named above"
 eval "$KNOBS"
 mapfile -d '' -t ARGS < <(env "${VS_KNOB_ENV[@]}" "$PYTHON" -m verl_search.launch.eval_run overrides)
 ((${#ARGS[@]})) || vs_die "could not compose the evaluation's overrides"
+# the full test set's rows and time per pass, or how to make a missing VAL_DATA (before the preflight's "no such file")
+env "${VS_KNOB_ENV[@]}" "$PYTHON" -m verl_search.launch.eval_run notes \
+    || vs_die "could not describe VAL_DATA=${VAL_DATA}"
 
 summary_hint() {
     echo "generations: ${OUTPUT_DIR}"

@@ -114,12 +114,13 @@ def test_eval_dry_run_loads_the_latest_checkpoint_greedily(run_script, small_env
         "actor_rollout_ref.rollout.val_kwargs.do_sample=False",
         "actor_rollout_ref.rollout.val_kwargs.temperature=0",
         f"trainer.validation_data_dir={tmp_path}/eval/generations",
-        f"data.val_files={data_dir}/test.parquet",
+        f"data.val_files={data_dir}/val_subset.parquet",
     ):
         assert setting in command, setting
     assert f"-m verl_search.report {tmp_path}/eval/generations" in result.stdout
     # the dumps carry no data_source: the printed report command must name the evaluated data
-    assert f"-m verl_search.report {tmp_path}/eval/generations --data {data_dir}/test.parquet" in result.stdout
+    report = f"-m verl_search.report {tmp_path}/eval/generations --data {data_dir}/val_subset.parquet"
+    assert report in result.stdout
 
 
 def test_eval_rejects_a_checkpoint_that_is_neither_verl_nor_hf(run_script, small_env, tmp_path):
@@ -162,8 +163,8 @@ def test_eval_on_the_cpu_is_the_cpu_run_in_validation_only_mode(run_script, smal
         f"trainer.resume_from_path={checkpoints}/global_step_3",
         "actor_rollout_ref.rollout.val_kwargs.temperature=0",
         f"trainer.validation_data_dir={tmp_path}/eval/generations",
-        f"data.val_files={data_dir}/test.parquet",
-        f"data.train_files={data_dir}/test.parquet",
+        f"data.val_files={data_dir}/val_subset.parquet",
+        f"data.train_files={data_dir}/val_subset.parquet",
     ):
         assert setting in command, setting
     # the knobs' own override comes first and the evaluation's later one wins

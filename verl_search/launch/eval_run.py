@@ -8,19 +8,23 @@ share); ``DEVICE=cpu`` hands the run to ``run_tiny_search_cpu.sh`` (its knobs, D
 evaluation's overrides (:func:`validation_overrides`), which win because they come later.
 
 CLI (what the script calls): ``python -m verl_search.launch.eval_run shell`` prints the resolved knobs as shell
-assignments; ``python -m verl_search.launch.eval_run overrides`` prints the overrides, NUL-separated.
+assignments; ``python -m verl_search.launch.eval_run overrides`` prints the overrides, NUL-separated;
+``python -m verl_search.launch.eval_run notes`` prints what to expect of the evaluated data (the full test set's time
+per pass) on stdout and how to make a missing data file on stderr.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
+from verl_search.data.pipeline import VAL_SUBSET_NAME
 from verl_search.errors import VerlSearchError
 from verl_search.launch.run_knobs import RunKnobs, absolute, data_overrides, knobs_main, value
 
@@ -31,6 +35,12 @@ DEVICE_DEFAULTS = {
     "cuda": {"MODEL_PATH": "Qwen/Qwen2.5-3B-Instruct", "TRAIN_BATCH_SIZE": "64"},
     "cpu": {"TRAIN_BATCH_SIZE": "4"},
 }
+#: the published recipe's full test set (DESIGN §3.5) and the time one validation pass over it took there (8xH20)
+FULL_TEST_NAME = "test.parquet"
+FULL_TEST_ROWS = 51_713
+RECIPE_PASS_SECONDS = 6_000
+#: the checkout holding this package (the scripts put it first on PYTHONPATH), for the commands the notes print
+REPO = Path(__file__).resolve().parents[2]
 
 
 class EvalRunError(VerlSearchError, ValueError):
@@ -55,8 +65,13 @@ class EvalRunKnobs(RunKnobs):
     checkpoint: str = Field("", description="a verl checkpoint folder or a Hugging Face model folder")
     val_data: str = Field(
         "",
-        description="default: DATA_DIR/test.parquet, the full test set (51,713 rows); val_subset.parquet is the "
-        "per-source subsample",
+        description="default: DATA_DIR/val_subset.parquet (at most 500 test rows per source, which the preprocessing "
+        "writes by default); FULL_TEST=1: DATA_DIR/test.parquet",
+    )
+    full_test: bool = Field(
+        False,
+        description="1: evaluate the full test set, DATA_DIR/test.parquet (51,713 rows: the published recipe took "
+        "about 6,000 s per pass on 8xH20); an explicit VAL_DATA still wins",
     )
     output_dir: str = Field("", description="where the generations go (default: RUN_DIR/generations)")
     project_name: str = "search_r1_like_async_rl"
@@ -99,9 +114,15 @@ class EvalRunKnobs(RunKnobs):
         env["ROLLOUT"] = rollout
         for name, default in DEVICE_DEFAULTS[device].items():
             env[name] = env.get(name) or default
-        # the evaluation reads the test set unless told otherwise; verl's idle train loader reads the same file
+        # the evaluation reads the validation subset unless told otherwise (FULL_TEST=1: the whole test split, hours
+        # on 8 GPUs); verl's idle train loader reads the same file
+        try:  # read as the field reads it (1/0, true/false, and the True the shell assignments hand back)
+            full_test = TypeAdapter(bool).validate_python(env.get("FULL_TEST") or False)
+        except ValidationError as e:
+            raise EvalRunError(f"FULL_TEST={env['FULL_TEST']}: choose 1 (the full test set) or 0 (the subset)") from e
         data_dir = env.get("DATA_DIR") or cls.model_fields["data_dir"].default
-        env["VAL_DATA"] = env.get("VAL_DATA") or f"{data_dir}/test.parquet"
+        default_name = FULL_TEST_NAME if full_test else VAL_SUBSET_NAME
+        env["VAL_DATA"] = env.get("VAL_DATA") or f"{data_dir}/{default_name}"
         env["TRAIN_DATA"] = env["VAL_DATA"]
         checkpoint = env.get("CHECKPOINT", "")
         # the default experiment is named after what is evaluated, as given
@@ -190,11 +211,82 @@ def gpu_eval_overrides(knobs: EvalRunKnobs) -> list[str]:
     ]
 
 
+def _rows(path: Path) -> int | None:
+    """The parquet file's row count from its footer; None when it cannot be read (the preflight says why)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception:  # pyarrow raises several types for a damaged or foreign file
+        return None
+
+
+def data_notes(knobs: EvalRunKnobs) -> list[str]:
+    """What to expect of the evaluated data: that an explicit VAL_DATA wins over FULL_TEST=1, and for the full test set
+    (a test.parquet, or a file of its 51,713 rows) its rows and the time per validation pass, the published recipe's
+    figure scaled by rows."""
+    notes = []
+    path = Path(knobs.val_data)
+    if knobs.full_test and path != Path(knobs.data_dir) / FULL_TEST_NAME:
+        notes.append(f"eval: FULL_TEST=1, but VAL_DATA={knobs.val_data} is set and is what gets evaluated")
+    rows = _rows(path) if path.is_file() else None
+    if rows is None or not (path.name == FULL_TEST_NAME or rows == FULL_TEST_ROWS):
+        return notes
+    recipe = f"the published recipe's ~{RECIPE_PASS_SECONDS:,} s per {FULL_TEST_ROWS:,}-row pass on 8xH20"
+    seconds = RECIPE_PASS_SECONDS * rows / FULL_TEST_ROWS
+    hours = f" ({seconds / 3600:.1f} h)" if seconds >= 3600 else ""
+    expect = f"about {seconds:,.0f} s{hours} per validation pass"
+    where = f"({recipe})" if rows == FULL_TEST_ROWS else f"({recipe}, scaled by rows)"
+    notes.append(
+        f"eval: evaluating the full test set {path}: {rows:,} rows, {expect} {where}; "
+        f"DATA_DIR/{VAL_SUBSET_NAME} (the default VAL_DATA, at most 500 rows per source) is the quick check"
+    )
+    return notes
+
+
+def missing_data_hint(knobs: EvalRunKnobs) -> str | None:
+    """How to make VAL_DATA when it is a missing file the preprocessing writes (val_subset.parquet or test.parquet),
+    and for the subset, the full test set as the other choice; None otherwise."""
+    path = Path(knobs.val_data)
+    if path.exists() or path.name not in (VAL_SUBSET_NAME, FULL_TEST_NAME):
+        return None
+    template = " --template search_r1" if knobs.agent == "search_r1_agent" else ""
+    make = (
+        f"cd {REPO} && python data_preprocess/preprocess_searchR1_dataset.py --config data_preprocess/prompt.yaml "
+        f"--local_dir {path.absolute().parent}{template}"
+    )
+    hint = f"eval: VAL_DATA={path} does not exist; make it with `{make}` (train, test and {VAL_SUBSET_NAME})"
+    if path.name == VAL_SUBSET_NAME:
+        hint += f", or evaluate the full test set with FULL_TEST=1 (DATA_DIR/{FULL_TEST_NAME})"
+    return hint
+
+
+def notes_main(prog: str, argv: list[str]) -> int:
+    """``notes``: :func:`data_notes` on stdout, :func:`missing_data_hint` on stderr; exit 1 only for a bad knob."""
+    argparse.ArgumentParser(prog=f"{prog} notes", description=notes_main.__doc__).parse_args(argv)
+    try:
+        knobs = EvalRunKnobs.from_env()
+    except EvalRunError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for note in data_notes(knobs):
+        print(note)
+    hint = missing_data_hint(knobs)
+    if hint:
+        print(hint, file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    prog = "python -m verl_search.launch.eval_run"
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["notes"]:
+        return notes_main(prog, argv[1:])
+
     def compose(knobs: EvalRunKnobs, _: object) -> list[str]:
         return validation_overrides(knobs) if knobs.device == "cpu" else gpu_eval_overrides(knobs)
 
-    prog, description = "python -m verl_search.launch.eval_run", __doc__.split("\n")[0]
+    description = __doc__.split("\n")[0]
     return knobs_main(prog, description, EvalRunKnobs, compose, argv)
 
 

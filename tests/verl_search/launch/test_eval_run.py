@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from verl_search.launch.eval_run import EvalRunError, EvalRunKnobs, gpu_eval_overrides, validation_overrides
+from verl_search.launch.eval_run import (
+    EvalRunError,
+    EvalRunKnobs,
+    data_notes,
+    gpu_eval_overrides,
+    missing_data_hint,
+    validation_overrides,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "run_scripts" / "eval_search.sh"
@@ -21,11 +28,11 @@ def _overrides(overrides: list[str]) -> dict[str, str]:
     return dict(o.split("=", 1) for o in overrides)
 
 
-def test_on_gpus_it_evaluates_the_recipes_model_on_the_test_set_greedily(tmp_path):
+def test_on_gpus_it_evaluates_the_recipes_model_on_the_validation_subset_greedily(tmp_path):
     knobs = EvalRunKnobs.from_env({"DATA_DIR": "/d", "RUN_DIR": str(tmp_path)})
     values = _overrides(gpu_eval_overrides(knobs))
     assert values["actor_rollout_ref.model.path"] == "Qwen/Qwen2.5-3B-Instruct" and knobs.rollout == "sglang"
-    assert values["data.val_files"] == values["data.train_files"] == "/d/test.parquet"
+    assert values["data.val_files"] == values["data.train_files"] == "/d/val_subset.parquet"
     assert values["data.train_max_samples"] == values["data.train_batch_size"] == "64"
     assert values["trainer.val_only"] == "True" and values["actor_rollout_ref.rollout.val_kwargs.do_sample"] == "False"
     assert values["trainer.validation_data_dir"] == f"{tmp_path}/generations"
@@ -95,3 +102,54 @@ def test_the_script_gives_verl_the_knobs_overrides_then_its_own_parts_then_the_u
     assert printed[: len(expected)] == expected
     assert "actor_rollout_ref.rollout.name=vllm" in printed[len(expected) :]
     assert printed[-1] == "trainer.nnodes=2"
+
+
+def _parquet(path: Path, rows: int) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"i": pa.array(range(rows), pa.int32())}), path)
+    return path
+
+
+def test_full_test_means_the_test_split_and_an_explicit_val_data_still_wins():
+    knobs = EvalRunKnobs.from_env({"DATA_DIR": "/d", "FULL_TEST": "1"})
+    assert knobs.full_test and knobs.val_data == knobs.train_data == "/d/test.parquet"
+    knobs = EvalRunKnobs.from_env({"DATA_DIR": "/d", "FULL_TEST": "1", "VAL_DATA": "/e/mine.parquet"})
+    assert knobs.val_data == "/e/mine.parquet"
+    assert data_notes(knobs) == ["eval: FULL_TEST=1, but VAL_DATA=/e/mine.parquet is set and is what gets evaluated"]
+    with pytest.raises(EvalRunError, match="FULL_TEST=maybe: choose 1"):
+        EvalRunKnobs.from_env({"FULL_TEST": "maybe"})
+
+
+def test_the_full_test_set_gets_its_rows_and_the_recipes_time_per_pass(tmp_path):
+    published = _parquet(tmp_path / "all.parquet", 51_713)
+    (note,) = data_notes(EvalRunKnobs.from_env({"VAL_DATA": str(published)}))
+    assert note == (
+        f"eval: evaluating the full test set {published}: 51,713 rows, about 6,000 s (1.7 h) per validation pass "
+        "(the published recipe's ~6,000 s per 51,713-row pass on 8xH20); DATA_DIR/val_subset.parquet (the default "
+        "VAL_DATA, at most 500 rows per source) is the quick check"
+    )
+    _parquet(tmp_path / "test.parquet", 5_171)
+    (note,) = data_notes(EvalRunKnobs.from_env({"DATA_DIR": str(tmp_path), "FULL_TEST": "1"}))
+    assert f"{tmp_path}/test.parquet: 5,171 rows, about 600 s per validation pass" in note
+    assert "8xH20, scaled by rows)" in note
+    _parquet(tmp_path / "val_subset.parquet", 3_125)
+    assert data_notes(EvalRunKnobs.from_env({"DATA_DIR": str(tmp_path)})) == []  # the subset needs no warning
+
+
+def test_a_missing_subset_names_the_command_that_makes_it_and_the_full_test_set(tmp_path):
+    data = tmp_path / "data"
+    hint = missing_data_hint(EvalRunKnobs.from_env({"DATA_DIR": str(data)}))
+    assert hint == (
+        f"eval: VAL_DATA={data}/val_subset.parquet does not exist; make it with `cd {REPO} && python "
+        "data_preprocess/preprocess_searchR1_dataset.py --config data_preprocess/prompt.yaml "
+        f"--local_dir {data}` (train, test and val_subset.parquet), or evaluate the full test set with FULL_TEST=1 "
+        "(DATA_DIR/test.parquet)"
+    )
+    native = missing_data_hint(EvalRunKnobs.from_env({"DATA_DIR": str(data), "AGENT": "search_r1_agent"}))
+    assert f"--local_dir {data} --template search_r1`" in native
+    assert missing_data_hint(EvalRunKnobs.from_env({"VAL_DATA": str(tmp_path / "mine.parquet")})) is None
+    _parquet(data / "val_subset.parquet", 4)
+    assert missing_data_hint(EvalRunKnobs.from_env({"DATA_DIR": str(data)})) is None
