@@ -48,7 +48,9 @@ class ServerConfig(BaseModel):
     retriever_model: str = Field(
         default="intfloat/e5-base-v2", description="HF model id or local folder of the query encoder."
     )
-    faiss_gpu: bool = Field(default=False, description="faiss backend: shard an fp16 copy of the index over all GPUs.")
+    faiss_gpu: bool = Field(
+        default=False, description="faiss backend: shard an fp16 copy of the index over every visible GPU."
+    )
     pages_path: Path | None = Field(
         default=None,
         description="JSONL of full pages, one object with a 'url' key per line (ASearcher/RLinf): served by POST "
@@ -144,6 +146,13 @@ class ServerConfig(BaseModel):
     pooling: Pooling = Field(default="auto", description="'auto' = cls for bge models, mean otherwise.")
     query_max_length: int = Field(default=256, ge=8, le=8192, description="Tokens kept per query.")
     num_threads: int = Field(default=0, ge=0, description="torch/faiss CPU threads; 0 = all cores.")
+
+    load_progress_s: float = Field(
+        default=5.0,
+        ge=0,
+        description="Seconds between the progress lines the server logs while it loads (index read and copied to "
+        "its devices, corpus and url tables built); 0: a line per step read.",
+    )
 
     # --- batching ---
     batching: bool = Field(

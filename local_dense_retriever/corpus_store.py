@@ -15,6 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from local_dense_retriever.errors import CorpusError
+from local_dense_retriever.load_progress import LoadProgress
 from verl_search.atomic import atomic_path
 
 logger = logging.getLogger(__name__)
@@ -27,9 +28,14 @@ def offsets_path_for(corpus_path: Path) -> Path:
     return corpus_path.with_name(corpus_path.name + ".offsets.npy")
 
 
-def build_offsets(corpus_path: Path, out_path: Path, *, progress: bool = True) -> np.ndarray:
-    """Scan ``corpus_path`` once and write ``uint64`` line-start offsets plus the file size as last entry."""
+def build_offsets(
+    corpus_path: Path, out_path: Path, *, progress: bool = True, load_progress: LoadProgress | None = None
+) -> np.ndarray:
+    """Scan ``corpus_path`` once and write ``uint64`` line-start offsets plus the file size as last entry
+    (``load_progress`` told the bytes of each chunk read)."""
     size = corpus_path.stat().st_size
+    if load_progress is not None:
+        load_progress.expect(size)
     starts: list[np.ndarray] = [np.zeros(1, dtype=np.uint64)]
     with (
         open(corpus_path, "rb") as f,
@@ -41,6 +47,8 @@ def build_offsets(corpus_path: Path, out_path: Path, *, progress: bool = True) -
             starts.append(nl + np.uint64(pos + 1))
             pos += len(chunk)
             bar.update(len(chunk))
+            if load_progress is not None:
+                load_progress.add(len(chunk))
     offsets = np.concatenate(starts)
     if offsets[-1] != size:  # file does not end with a newline: close the last row at EOF
         offsets = np.append(offsets, np.uint64(size))
@@ -53,7 +61,15 @@ def build_offsets(corpus_path: Path, out_path: Path, *, progress: bool = True) -
 class CorpusStore:
     """Row-id → document dict, read with ``os.pread`` (thread-safe; no per-row Python objects kept)."""
 
-    def __init__(self, corpus_path: Path | str, *, offsets_path: Path | None = None, progress: bool = True) -> None:
+    def __init__(
+        self,
+        corpus_path: Path | str,
+        *,
+        offsets_path: Path | None = None,
+        progress: bool = True,
+        load_progress: LoadProgress | None = None,
+    ) -> None:
+        """``progress``: a progress bar while the offsets table is built (once); ``load_progress``: log lines."""
         self.path = Path(corpus_path)
         if self.path.suffix == ".gz":
             raise CorpusError(f"{self.path} is gzip-compressed: run `gunzip {self.path}` first")
@@ -64,7 +80,7 @@ class CorpusStore:
         offsets = self._load_offsets(size)
         if offsets is None:
             logger.info("building offsets table %s (once)", self.offsets_path)
-            build_offsets(self.path, self.offsets_path, progress=progress)
+            build_offsets(self.path, self.offsets_path, progress=progress, load_progress=load_progress)
             offsets = self._load_offsets(size)
             if offsets is None:
                 raise CorpusError(f"offsets table {self.offsets_path} does not match {self.path}")

@@ -18,6 +18,7 @@ from local_dense_retriever.config import ServerConfig, is_flat_ip
 from local_dense_retriever.corpus_store import CorpusStore
 from local_dense_retriever.cpu_time import StageClock
 from local_dense_retriever.index.base import DenseSearch, IndexLoadError, SearchBackend, VectorIndex
+from local_dense_retriever.load_progress import LoadProgress
 from local_dense_retriever.page_urls import CorpusPages, url_of
 from local_dense_retriever.pages import PageStore
 
@@ -106,12 +107,17 @@ class RetrievalEngine:
         return f"{self.backend.describe()}; corpus {self.corpus.path.name} ({len(self.corpus):,} rows){pages}"
 
 
-class _Timer:
-    def __init__(self, log: dict[str, float], part: str) -> None:
-        self.log, self.part = log, part
+class _Stage:
+    """One part of the load: logs 'loading PART' as it starts and 'loaded PART in S s' once done (its time kept in
+    ``log``); the :class:`LoadProgress` it gives logs how far its readers have got in between."""
 
-    def __enter__(self) -> None:
+    def __init__(self, log: dict[str, float], part: str, every_s: float, detail: str = "", unit: str = "bytes"):
+        self.log, self.part, self.every_s, self.detail, self.unit = log, part, every_s, detail, unit
+
+    def __enter__(self) -> LoadProgress:
+        logger.info("loading %s%s", self.part, f" ({self.detail})" if self.detail else "")
         self.t0 = time.perf_counter()
+        return LoadProgress(self.part, every_s=self.every_s, unit=self.unit)
 
     def __exit__(self, *exc: object) -> None:
         self.log[self.part] = time.perf_counter() - self.t0
@@ -156,8 +162,9 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     timings: dict[str, float] = {}
+    every_s = config.load_progress_s
     if config.embedded_default:
-        with _Timer(timings, "embedded default"):
+        with _Stage(timings, "embedded default", every_s):
             config = resolve_embedded_default(config, progress=progress)
     assert config.corpus_path is not None
     if config.faiss_gpu and not torch.cuda.is_available():
@@ -165,8 +172,6 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
         config = config.model_copy(update={"faiss_gpu": False})
     if index is None and config.index_path is not None and not Path(config.index_path).exists():  # fail early
         raise IndexLoadError(f"index file not found: {config.index_path}")
-    with _Timer(timings, "corpus"):
-        corpus = CorpusStore(Path(config.corpus_path), progress=progress)
     backend_name = config.resolved_backend()
     if backend_name == "faiss" and _torch_serves_faiss_gpu(config):
         logger.warning(
@@ -175,19 +180,26 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
             torch.cuda.device_count(),
         )
         backend_name = "torch"
+    if index is None and backend_name != "bm25":  # before anything loads: what each device will hold
+        from local_dense_retriever.memory_plan import plan_for
+
+        for line in plan_for(config, backend_name):
+            logger.info("%s", line)
+    with _Stage(timings, "corpus", every_s, Path(config.corpus_path).name) as stage:
+        corpus = CorpusStore(Path(config.corpus_path), progress=progress, load_progress=stage)
     backend: SearchBackend
     if backend_name == "bm25":
         from local_dense_retriever.index.bm25 import BM25Search, bm25_dir_for
 
         index_dir = Path(config.index_path) if config.index_path else bm25_dir_for(Path(config.corpus_path))
-        with _Timer(timings, "bm25 index"):
+        with _Stage(timings, "bm25 index", every_s, index_dir.name):
             backend = BM25Search(index_dir, corpus, progress=progress)
     else:
         assert config.index_path is not None
-        with _Timer(timings, "encoder"):
+        with _Stage(timings, "encoder", every_s, f"{config.retriever_model} on {resolve_device(config.device)}"):
             encoder = encoder_for(config)
         if index is None:
-            with _Timer(timings, f"{backend_name} index"):
+            with _Stage(timings, f"{backend_name} index", every_s, Path(config.index_path).name) as stage:
                 if backend_name == "torch":
                     from local_dense_retriever.index.torch_flat import TorchFlatIndex
 
@@ -199,18 +211,19 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
                         score_bytes=config.score_buffer_bytes,
                         prefilter=config.index_prefilter,
                         scan_layout=config.index_scan_layout,
+                        progress=stage,
                     )
                 else:
                     from local_dense_retriever.index.faiss_index import FaissIndex
 
-                    index = FaissIndex(Path(config.index_path), gpu=config.faiss_gpu)
+                    index = FaissIndex(Path(config.index_path), gpu=config.faiss_gpu, progress=stage)
         backend = DenseSearch(encoder, index)
     pages = None
     if config.pages_path is not None:
-        with _Timer(timings, "pages"):
+        with _Stage(timings, "pages", every_s, Path(config.pages_path).name):
             pages = PageStore(Path(config.pages_path), progress=progress)
-    with _Timer(timings, "page urls"):
-        corpus_pages = CorpusPages(corpus, progress=progress)
+    with _Stage(timings, "page urls", every_s, unit="rows") as stage:
+        corpus_pages = CorpusPages(corpus, progress=progress, load_progress=stage)
     engine = RetrievalEngine(backend, corpus, load_seconds=timings, pages=pages, corpus_pages=corpus_pages)
     logger.info("ready: %s (%.1f s total)", engine.describe(), sum(timings.values()))
     return engine

@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from local_dense_retriever.corpus_store import CorpusStore
 from local_dense_retriever.errors import CorpusError
+from local_dense_retriever.load_progress import LoadProgress
 from local_dense_retriever.pages import hash_span, normalize_url, url_hash
 from verl_search.atomic import atomic_path
 
@@ -36,6 +37,8 @@ logger = logging.getLogger(__name__)
 WIKI_BASE = "https://en.wikipedia.org/wiki/"
 #: rows one page may join (a wiki-18 article has a few hundred 100-word passages at most)
 MAX_PAGE_ROWS = 1024
+#: rows between two counts told to the load's progress while the url table is built
+REPORT_ROWS = 1 << 16
 #: characters Wikipedia leaves unencoded in its article links
 _SAFE = "/:@!$&'()*+,;=-._~"
 
@@ -71,13 +74,21 @@ def table_path_for(corpus_path: Path) -> Path:
     return corpus_path.with_name(corpus_path.name + ".urls.npy")
 
 
-def build_table(corpus: CorpusStore, out_path: Path, *, progress: bool = True) -> None:
+def build_table(
+    corpus: CorpusStore, out_path: Path, *, progress: bool = True, load_progress: LoadProgress | None = None
+) -> None:
     """One pass over the corpus: row 0 of the saved array is ``(file size, rows)``, then ``(url hash, row)`` sorted by
-    hash, saved atomically."""
+    hash, saved atomically. ``load_progress`` is told the rows done, :data:`REPORT_ROWS` at a time."""
     n = len(corpus)
     hashes = np.empty(n, dtype=np.uint64)
+    if load_progress is not None:
+        load_progress.expect(n)
     for row in tqdm(range(n), desc=f"urls of {corpus.path.name}", unit="row", disable=not progress):
         hashes[row] = url_hash(normalize_url(url_of(corpus.get(row))))
+        if load_progress is not None and (row + 1) % REPORT_ROWS == 0:
+            load_progress.add(REPORT_ROWS)
+    if load_progress is not None:
+        load_progress.add(n % REPORT_ROWS)
     order = np.argsort(hashes, kind="stable")
     table = np.empty((n + 1, 2), dtype=np.uint64)
     table[0] = (corpus.path.stat().st_size, n)
@@ -91,13 +102,15 @@ def build_table(corpus: CorpusStore, out_path: Path, *, progress: bool = True) -
 class CorpusPages:
     """url -> the page joined from the corpus rows of that url (see the module's rule)."""
 
-    def __init__(self, corpus: CorpusStore, *, progress: bool = True) -> None:
+    def __init__(
+        self, corpus: CorpusStore, *, progress: bool = True, load_progress: LoadProgress | None = None
+    ) -> None:
         self.corpus = corpus
         path = table_path_for(corpus.path)
         table = self._load(path)
         if table is None:
             logger.info("indexing the page urls of %s (once)", corpus.path.name)
-            build_table(corpus, path, progress=progress)
+            build_table(corpus, path, progress=progress, load_progress=load_progress)
             table = self._load(path)
             if table is None:
                 raise CorpusError(f"url table {path} does not match {corpus.path}")

@@ -85,6 +85,8 @@ class Bf16Copy:
     max_residual: float
     name = "bfloat16"
     dtype = torch.bfloat16
+    #: passes ``of`` makes over the float32 rows
+    passes = 1
     #: rows within its margin in the 100k-passage MiniLM index: median 5, at most 21, none crowded; 64 groups made its
     #: scan 10% slower
     extra_groups = 32
@@ -151,6 +153,8 @@ class Int8Copy:
     max_residual: float
     name = "int8"
     dtype = torch.int8
+    #: passes ``of`` makes over the float32 rows: the scale, then the rows
+    passes = 2
     #: rows within its margin (MiniLM, 100k): median 15, at most 89. 64 groups crowd 1.0% of the MiniLM questions
     #: instead of 10.2% at 32, and 15% of the (query, block) pairs over 2M random rows instead of 40%, at the same
     #: speed; 96 crowd no fewer (``EXTRA_ROWS`` bounds them then). ``benchmarks/cpu_flat_scan.py --int8_groups``

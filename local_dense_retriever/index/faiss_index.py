@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from local_dense_retriever.index.base import IndexLoadError
+from local_dense_retriever.load_progress import LoadProgress
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +26,10 @@ BLAS_MIN_QUERIES = 3
 #: the threshold faiss ships -> what it counts: a batch's queries, or its query elements, queries x dimension (faiss
 #: PR #5022 made the change; faiss-cpu 1.15 ships 128,000). The server leaves a faiss with another value alone.
 SHIPPED_RULES = {20: "queries", 128_000: "elements"}
+#: bytes faiss hands the reader per call when it reads an index file (bounds the Python copy of each read)
+READ_CHUNK_BYTES = 16 << 20
+#: temporary memory faiss's StandardGpuResources reserves on each GPU it uses (its default on GPUs over 8 GiB)
+GPU_SCRATCH_BYTES = 1536 << 20
 
 
 @functools.cache
@@ -59,20 +64,40 @@ def set_blas_threshold(dim: int) -> None:
     faiss.cvar.distance_compute_blas_threshold = value
 
 
+def read_index(path: Path, progress: LoadProgress | None = None, *, chunk_bytes: int = READ_CHUNK_BYTES):
+    """``faiss.read_index`` of ``path`` through a Python reader, so ``progress`` is told each chunk's bytes."""
+    import faiss
+
+    if progress is not None:
+        progress.expect(path.stat().st_size)
+    with open(path, "rb") as f:  # buffered: a read returns all it is asked for, short only at the end of the file
+
+        def read(n: int) -> bytes:
+            chunk = f.read(n)
+            if progress is not None:
+                progress.add(len(chunk))
+            return chunk
+
+        return faiss.read_index(faiss.PyCallbackIOReader(read, chunk_bytes))
+
+
 class FaissIndex:
     """Wraps a faiss index read from disk."""
 
-    def __init__(self, path: Path, *, gpu: bool = False) -> None:
+    def __init__(self, path: Path, *, gpu: bool = False, progress: LoadProgress | None = None) -> None:
+        """``gpu``: an fp16 copy sharded over every visible GPU. ``progress`` is told the bytes of the file read."""
         import faiss
 
         path = Path(path)
         if not path.is_file():
             raise IndexLoadError(f"index file not found: {path}")
         try:
-            index = faiss.read_index(str(path))
+            index = read_index(path, progress)
         except RuntimeError as e:
             raise IndexLoadError(f"{path} is not a faiss index file: {str(e).splitlines()[0]}") from e
         self._where = "cpu"
+        #: the devices holding the index
+        self.devices = [torch.device("cpu")]
         set_blas_threshold(int(index.d))
         if gpu:
             ngpu = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
@@ -81,8 +106,10 @@ class FaissIndex:
             co = faiss.GpuMultipleClonerOptions()
             co.useFloat16 = True
             co.shard = True
+            logger.info("copying the index to %d GPU(s) as fp16 shards (faiss reports nothing until it is done)", ngpu)
             index = faiss.index_cpu_to_all_gpus(index, co=co)
             self._where = f"{ngpu} GPU(s), fp16 shards"
+            self.devices = [torch.device("cuda", i) for i in range(ngpu)]
         self._index = index
         self.dim = int(index.d)
         self._kind = "sharded" if gpu else type(faiss.downcast_index(index)).__name__

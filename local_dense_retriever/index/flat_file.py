@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from local_dense_retriever.index.base import IndexLoadError
+from local_dense_retriever.load_progress import LoadProgress
 
 #: fourccs of faiss IndexFlat files (faiss/impl/index_write.cpp): inner product, L2, any other metric
 _FLAT_FOURCC = {b"IxFI", b"IxF2", b"IxFl"}
@@ -33,6 +34,12 @@ class FlatHeader:
     dim: int
     ntotal: int
     offset: int
+
+
+def is_flat_file(path: Path) -> bool:
+    """Whether ``path`` starts as a faiss IndexFlat file does (any metric)."""
+    with open(path, "rb") as f:
+        return f.read(4) in _FLAT_FOURCC
 
 
 def read_flat_header(path: Path) -> FlatHeader:
@@ -79,14 +86,27 @@ def read_flat_vectors(path: Path) -> np.ndarray:
     return np.memmap(path, dtype=np.float32, mode="r", offset=source.offset, shape=source.shape)
 
 
-def row_blocks(vectors: np.ndarray | VectorFile, lo: int, hi: int, staging_bytes: int, *, pin: bool = False):
-    """``(row, block)`` over rows ``[lo, hi)``, at most ``staging_bytes`` per block."""
+def row_blocks(
+    vectors: np.ndarray | VectorFile,
+    lo: int,
+    hi: int,
+    staging_bytes: int,
+    *,
+    pin: bool = False,
+    progress: LoadProgress | None = None,
+):
+    """``(row, block)`` over rows ``[lo, hi)``, at most ``staging_bytes`` per block; ``progress`` is told the bytes
+    of each block read."""
     if isinstance(vectors, VectorFile):
-        yield from vectors.steps(lo, hi, staging_bytes, pin=pin and torch.cuda.is_available())
+        yield from vectors.steps(lo, hi, staging_bytes, pin=pin and torch.cuda.is_available(), progress=progress)
         return
     per_step = max(1, staging_bytes // (vectors.shape[1] * vectors.itemsize))
     for a in range(lo, hi, per_step):
-        yield a, np.ascontiguousarray(vectors[a : min(hi, a + per_step)], dtype=np.float32)
+        rows = vectors[a : min(hi, a + per_step)]
+        block = np.ascontiguousarray(rows, dtype=np.float32)
+        if progress is not None:
+            progress.add(rows.nbytes)
+        yield a, block
 
 
 @dataclass(frozen=True)
@@ -108,10 +128,18 @@ class VectorFile:
         """Rows ``[lo, hi)`` as a file of their own."""
         return VectorFile(self.path, self.offset + lo * self.dim * 4, hi - lo, self.dim)
 
-    def steps(self, lo: int, hi: int, staging_bytes: int = STAGING_BYTES, *, pin: bool = False):
+    def steps(
+        self,
+        lo: int,
+        hi: int,
+        staging_bytes: int = STAGING_BYTES,
+        *,
+        pin: bool = False,
+        progress: LoadProgress | None = None,
+    ):
         """``(row, block)`` for rows ``[lo, hi)`` in order; every block is a view of the same staging buffer of at
         most ``staging_bytes`` (one row if a row is larger), valid until the next step. ``pin``: page-locked staging
-        (faster copies to a GPU)."""
+        (faster copies to a GPU). ``progress`` is told the bytes of each block once read."""
         per_step = max(1, staging_bytes // (self.dim * 4))
         staging = torch.empty((min(per_step, max(hi - lo, 1)), self.dim), dtype=torch.float32, pin_memory=pin)
         buf = staging.numpy()
@@ -128,6 +156,8 @@ class VectorFile:
                     got += n
                 if hasattr(os, "posix_fadvise"):  # read once: do not let the index crowd out the page cache
                     os.posix_fadvise(f.fileno(), start, len(view), os.POSIX_FADV_DONTNEED)
+                if progress is not None:
+                    progress.add(len(view))
                 yield a, block
 
 

@@ -33,13 +33,14 @@ from local_dense_retriever.index.prefilter_choice import (  # the choice of a pr
 )
 from local_dense_retriever.index.scan_layout import PROBE_ROWS, LayoutChoice, choose_layout
 from local_dense_retriever.index.topk import block_topk, grouped_topk, merge_topk
+from local_dense_retriever.load_progress import LoadProgress
 from local_dense_retriever.memory import release_mapped_pages
 
 logger = logging.getLogger(__name__)
 __all__ = [
     "CPU_CHUNK_ROWS", "SCORE_BYTES", "STAGING_BYTES", "FlatHeader", "TorchFlatIndex", "VectorFile",
     "auto_prefilter_dtype", "index_source", "read_flat_header", "read_flat_vectors", "resolve_index_dtype",
-    "resolve_prefilter", "vector_file",
+    "resolve_prefilter", "shard_bounds", "shard_devices", "vector_file",
 ]  # fmt: skip
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -94,6 +95,25 @@ def index_source(path: Path, device: torch.device, dtype: str = "auto") -> np.nd
     return vector_file(path)
 
 
+def shard_devices(device: torch.device) -> list[torch.device]:
+    """The devices an index on ``device`` is sharded over: every visible GPU for any CUDA device (which ones are
+    visible is CUDA_VISIBLE_DEVICES's choice: launch_retriever.sh's GPUS), else the one CPU."""
+    if device.type == "cuda":
+        return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    return [device]
+
+
+def shard_bounds(rows: int, parts: int) -> list[tuple[int, int]]:
+    """Row ranges ``[lo, hi)`` of ``parts`` contiguous shards of ``rows`` rows, as even as whole rows allow."""
+    bounds = np.linspace(0, rows, parts + 1).astype(np.int64)
+    return [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def _row_bytes(vectors: np.ndarray | VectorFile) -> int:
+    """Bytes of one row of ``vectors`` as stored (a file's rows are float32)."""
+    return int(vectors.shape[1]) * (4 if isinstance(vectors, VectorFile) else vectors.itemsize)
+
+
 def _as_tensor(rows: np.ndarray) -> torch.Tensor:
     with warnings.catch_warnings():  # memory-mapped arrays are read-only; we never write to them
         warnings.simplefilter("ignore", UserWarning)
@@ -104,6 +124,12 @@ def _release_rows(vectors: np.ndarray | VectorFile, lo: int, hi: int) -> None:
     """Drop this process's pages of rows ``lo:hi`` of a read-only memory-mapped index (``release_mapped_pages``)."""
     if isinstance(vectors, np.memmap):
         release_mapped_pages(vectors[lo:hi])
+
+
+def _count_rows(rows_read, progress: LoadProgress, row_bytes: int, lo: int, hi: int) -> None:
+    """``rows_read(lo, hi)``, then ``progress`` told the bytes of rows ``lo:hi``."""
+    rows_read(lo, hi)
+    progress.add((hi - lo) * row_bytes)
 
 
 class TorchFlatIndex:
@@ -120,6 +146,7 @@ class TorchFlatIndex:
         score_bytes: int = SCORE_BYTES,
         prefilter: str = "auto",
         scan_layout: str = "auto",
+        progress: LoadProgress | None = None,
     ) -> None:
         """Shards of ``vectors``: a float32 array on the CPU is used as is (a memory map stays one); anything else
         (GPUs, another dtype) is filled step by step through ``staging_bytes`` of host memory, from a file without
@@ -127,7 +154,8 @@ class TorchFlatIndex:
         (:data:`SCORE_BYTES`). ``prefilter`` (:func:`resolve_prefilter`): a float32 CPU index also keeps a coarse
         copy (bfloat16: half its size again; int8: a quarter) that every search scans first, scoring in float32 only
         the rows that can be in the top k; the answers stay float32's. ``scan_layout`` (``index.scan_layout``): how
-        the CPU scan's matmul is laid out, per batch size ('auto': timed on this CPU once, then remembered)."""
+        the CPU scan's matmul is laid out, per batch size ('auto': timed on this CPU once, then remembered).
+        ``progress`` is told what each copy reads of ``vectors`` (a float32 map kept as it is reads nothing)."""
         self.dtype = _DTYPES[resolve_index_dtype(dtype, device)]
         self._chunk = max(1, cpu_chunk_rows)
         self._score_bytes = max(1, score_bytes)
@@ -136,20 +164,20 @@ class TorchFlatIndex:
         self.dim = int(vectors.shape[1])
         self._n = int(vectors.shape[0])
         self.device = device
-        if device.type == "cuda":
-            devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
-        else:
-            devices = [device]
-        bounds = np.linspace(0, self._n, len(devices) + 1).astype(np.int64)
+        #: the devices holding the shards, in row order
+        self.devices = shard_devices(device)
         self._shards: list[tuple[int, torch.Tensor]] = []
         zero_copy = isinstance(vectors, np.ndarray) and vectors.dtype == np.float32 and self.dtype == torch.float32
-        for dev, lo, hi in zip(devices, bounds[:-1], bounds[1:], strict=True):
-            lo, hi = int(lo), int(hi)
-            if zero_copy and dev.type == "cpu":
+        copied = not (zero_copy and device.type == "cpu")
+        if progress is not None and copied:
+            progress.expect(self._n * _row_bytes(vectors))
+        for dev, (lo, hi) in zip(self.devices, shard_bounds(self._n, len(self.devices)), strict=True):
+            if not copied:
                 part = _as_tensor(vectors[lo:hi])
             else:  # host memory used by the copy does not grow with the index
                 part = torch.empty((hi - lo, self.dim), dtype=self.dtype, device=dev)
-                for a, block in row_blocks(vectors, lo, hi, staging_bytes, pin=dev.type == "cuda"):
+                blocks = row_blocks(vectors, lo, hi, staging_bytes, pin=dev.type == "cuda", progress=progress)
+                for a, block in blocks:
                     part[a - lo : a - lo + len(block)].copy_(torch.from_numpy(block))
             self._shards.append((lo, part))
         #: the CPU scan's matmul layout per batch size (a GPU's scan is always queries first)
@@ -166,6 +194,9 @@ class TorchFlatIndex:
         if coarse is not None:
             # each step's rows leave RSS once read: searches read only their candidates' rows from the file
             rows_read = partial(_release_rows, vectors)
+            if progress is not None:
+                progress.expect(COPIES[coarse].passes * self._n * self.dim * 4)
+                rows_read = partial(_count_rows, rows_read, progress, self.dim * 4)
             self._prefilter = COPIES[coarse].of(self._shards[0][1], max(1, staging_bytes // (self.dim * 4)), rows_read)
         #: queries whose scores crowded within the pre-scan's margin beyond the rows it keeps (``index.prefilter``)
         self.crowded_queries = 0
@@ -184,12 +215,13 @@ class TorchFlatIndex:
         score_bytes: int = SCORE_BYTES,
         prefilter: str = "auto",
         scan_layout: str = "auto",
+        progress: LoadProgress | None = None,
     ) -> TorchFlatIndex:
-        """The index of ``path``: memory-mapped when it stays float32 on the CPU (no copy, instant), else streamed."""
+        """The index of ``path``: memory-mapped when it stays float32 on the CPU (no copy, instant), else streamed
+        (``progress`` told the bytes read)."""
         source = index_source(Path(path), device, dtype)
-        return cls(
-            source, device=device, dtype=dtype, score_bytes=score_bytes, prefilter=prefilter, scan_layout=scan_layout
-        )
+        return cls(source, device=device, dtype=dtype, score_bytes=score_bytes, prefilter=prefilter,
+                   scan_layout=scan_layout, progress=progress)  # fmt: skip
 
     def __len__(self) -> int:
         return self._n

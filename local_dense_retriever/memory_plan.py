@@ -1,0 +1,271 @@
+"""The memory plan: what the server will hold on each device before it loads anything (the index's share in the
+precision it is held in, the search's working memory, the encoder's weights), logged as ``memory plan:`` lines.
+
+Invariant: ``plan_memory`` and ``plan_lines`` are arithmetic over the index's shape, its precisions and a device list,
+so any list of devices can be planned; ``plan_for`` alone reads the index file's header, the model's weight headers
+and the devices' sizes, and it places the index with the loader's own rules (``shard_devices``, ``shard_bounds``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from local_dense_retriever.config import ServerConfig
+from local_dense_retriever.load_progress import format_bytes
+
+#: bytes per value of the precisions an index or an encoder is held in
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
+#: safetensors dtypes that hold weights the encoder keeps (its integer buffers are negligible)
+_FLOAT_TENSORS = {"F64", "F32", "F16", "BF16"}
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device to plan for: ``cuda:N`` or ``cpu``, and its memory (None: not known)."""
+
+    name: str
+    total_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class IndexLayout:
+    """How an index is held: ``index_bytes`` in all in ``dtype`` (``rows`` x ``dim``; rows 0: a faiss index of a kind
+    whose shape the plan does not read), a float32 file ``mapped`` instead of copied (on the CPU: its pages are the
+    page cache's), a CPU pre-scan copy in ``coarse_dtype``, and on each GPU ``scratch_bytes`` of search working
+    memory (``scratch_name``: the score buffer, or faiss's temporary memory)."""
+
+    rows: int
+    dim: int
+    dtype: str
+    index_bytes: int
+    mapped: bool = False
+    coarse_dtype: str | None = None
+    scratch_bytes: int = 0
+    scratch_name: str = "score buffer"
+
+
+@dataclass(frozen=True)
+class EncoderSize:
+    """The query encoder's weights: on ``device``, ``bytes`` in ``dtype`` (None: not known before it loads)."""
+
+    device: Device
+    bytes: int | None
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Share:
+    """What one device will hold."""
+
+    device: Device
+    rows: int = 0
+    index_bytes: int = 0
+    mapped: bool = False
+    coarse_bytes: int = 0
+    scratch_bytes: int = 0
+    encoder: EncoderSize | None = None
+
+    @property
+    def held_bytes(self) -> int:
+        """Memory of its own (a mapped index's pages are the page cache's, not counted)."""
+        encoder = (self.encoder.bytes or 0) if self.encoder is not None else 0
+        return (0 if self.mapped else self.index_bytes) + self.coarse_bytes + self.scratch_bytes + encoder
+
+
+def plan_memory(layout: IndexLayout, devices: Sequence[Device], encoder: EncoderSize | None = None) -> list[Share]:
+    """Each device's share of an index sharded in contiguous row ranges over ``devices`` (the loader's split), and
+    the encoder on its device (a line of its own when the index is elsewhere)."""
+    from local_dense_retriever.index.torch_flat import shard_bounds
+
+    shares = []
+    for device, (lo, hi) in zip(devices, shard_bounds(layout.rows, len(devices)), strict=True):
+        rows = hi - lo
+        gpu = device.name.startswith("cuda")
+        held = layout.index_bytes * rows // layout.rows if layout.rows else layout.index_bytes // len(devices)
+        shares.append(
+            Share(
+                device,
+                rows=rows,
+                index_bytes=held,
+                mapped=layout.mapped and not gpu,
+                coarse_bytes=rows * layout.dim * ITEMSIZE[layout.coarse_dtype] if layout.coarse_dtype else 0,
+                scratch_bytes=layout.scratch_bytes if gpu else 0,
+                encoder=encoder if encoder is not None and encoder.device.name == device.name else None,
+            )
+        )
+    if encoder is not None and all(s.encoder is None for s in shares):
+        shares.append(Share(encoder.device, encoder=encoder))
+    return shares
+
+
+def _parts(share: Share, layout: IndexLayout) -> str:
+    parts = []
+    if share.index_bytes and not share.mapped:
+        parts.append(f"index {format_bytes(share.index_bytes)}")
+    if share.coarse_bytes:
+        parts.append(f"{layout.coarse_dtype} pre-scan copy {format_bytes(share.coarse_bytes)}")
+    if share.scratch_bytes:
+        parts.append(f"{layout.scratch_name} {format_bytes(share.scratch_bytes)}")
+    if share.encoder is not None:
+        size = format_bytes(share.encoder.bytes) if share.encoder.bytes is not None else "of unknown size"
+        parts.append(f"encoder {size} ({share.encoder.dtype})")
+    text = " + ".join(parts) or "nothing of its own"
+    if share.mapped:
+        text += f"; maps the file's {format_bytes(share.index_bytes)} of float32 rows (page cache, read as searched)"
+    return text
+
+
+def _body(share: Share, layout: IndexLayout, count: int) -> str:
+    each = " each" if count > 1 else ""
+    total = share.device.total_bytes
+    if not total:
+        return f"{format_bytes(share.held_bytes)}{each}: {_parts(share, layout)}"
+    pct = 100 * share.held_bytes / total
+    memory = " RAM" if share.device.name == "cpu" else ""
+    return (
+        f"{format_bytes(share.held_bytes)}{each} of {format_bytes(total)}{memory} ({pct:.0f}%): {_parts(share, layout)}"
+    )
+
+
+def _names(devices: list[str]) -> str:
+    """``cuda:0-7`` for a run of GPUs, ``cuda:1,3`` otherwise, ``cpu`` as it is."""
+    if len(devices) == 1:
+        return devices[0]
+    ids = [int(name.split(":")[1]) for name in devices]
+    if ids == list(range(ids[0], ids[0] + len(ids))):
+        return f"cuda:{ids[0]}-{ids[-1]}"
+    return "cuda:" + ",".join(map(str, ids))
+
+
+def plan_lines(shares: Sequence[Share], layout: IndexLayout, source: str) -> list[str]:
+    """The log lines of a plan: what is loaded, then one line per device, devices that read the same in one line."""
+    gpus = sum(s.device.name.startswith("cuda") and s.index_bytes > 0 for s in shares)
+    where = f"over {gpus} GPU{'s' if gpus > 1 else ''}" if gpus else "on the CPU"
+    shape = f"{layout.rows:,} x {layout.dim}" if layout.rows else format_bytes(layout.index_bytes)
+    head = f"memory plan: {source}, {shape} in {layout.dtype} {where}"
+    if any(s.device.name.startswith("cuda") for s in shares):
+        head += " (plus each GPU's CUDA context and the encoder's activations)"
+    lines = [head]
+    groups: list[tuple[str, list[Share]]] = []
+    for share in shares:
+        text = _body(share, layout, 1)
+        if groups and groups[-1][0] == text and share.device.name != "cpu":
+            groups[-1][1].append(share)
+        else:
+            groups.append((text, [share]))
+    for _, members in groups:
+        lines.append(
+            f"memory plan: {_names([s.device.name for s in members])}: {_body(members[0], layout, len(members))}"
+        )
+    return lines
+
+
+def weight_bytes(model: str, dtype: str) -> int | None:
+    """Bytes of the encoder ``model`` (a folder or a Hugging Face id already downloaded) held in ``dtype``: its
+    float tensors counted from its safetensors headers (a pooler the encoder does not load included), else its
+    pytorch weights' size (read as float32); None when its weights are not on this machine yet."""
+    folder = Path(model)
+    if not folder.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(model, local_files_only=True))
+        except Exception:  # not downloaded yet (or not a hub id): the encoder's load says what is wrong
+            return None
+    values = 0
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with open(path, "rb") as f:
+                (size,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(size))
+        except (OSError, ValueError, struct.error):  # unreadable here: the encoder's load says why
+            return None
+        values += sum(
+            math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__" and t["dtype"] in _FLOAT_TENSORS
+        )
+    if not values:
+        values = sum(p.stat().st_size for p in folder.glob("*.bin")) // 4
+    return values * ITEMSIZE[dtype] if values else None
+
+
+def _cuda_devices(devices: Sequence[torch.device]) -> list[Device]:
+    return [Device(f"cuda:{d.index}", torch.cuda.get_device_properties(d.index).total_memory) for d in devices]
+
+
+def _encoder_size(config: ServerConfig, cpu: Device) -> EncoderSize:
+    """The encoder's device, precision (as ``auto`` resolves it before any start-up probe) and weights."""
+    from local_dense_retriever.encoder import resolve_device, resolve_encoder_dtype
+
+    device = resolve_device(config.device)
+    requested = config.requested_encoder_dtype()
+    dtype = "int8" if requested == "int8" else str(resolve_encoder_dtype(requested, device)).removeprefix("torch.")
+    if device.type == "cuda":
+        where = _cuda_devices([torch.device("cuda", device.index or 0)])[0]
+    else:
+        where = cpu
+    return EncoderSize(where, weight_bytes(config.retriever_model, dtype), dtype)
+
+
+def _torch_layout(config: ServerConfig, path: Path) -> tuple[IndexLayout, list[torch.device]]:
+    """The torch backend: the index's shape, precision and devices as ``TorchFlatIndex.from_file`` places them."""
+    from local_dense_retriever.encoder import resolve_device
+    from local_dense_retriever.index.torch_flat import (
+        index_source,
+        resolve_index_dtype,
+        resolve_prefilter,
+        shard_devices,
+    )
+
+    device = resolve_device(config.device)
+    dtype = resolve_index_dtype(config.index_dtype, device)
+    source = index_source(path, device, config.index_dtype)
+    rows, dim = int(source.shape[0]), int(source.shape[1])
+    devices = shard_devices(device)
+    itemsize = ITEMSIZE[dtype]
+    if device.type == "cuda":  # a step's score buffer: at most score_buffer_mb, less for small shards
+        scratch = min(config.score_buffer_bytes, config.max_batch_size * -(-rows // len(devices)) * itemsize)
+        coarse = None
+    else:  # CPU steps are small and their buffers go back to the OS (local_dense_retriever.memory)
+        scratch = 0
+        coarse = resolve_prefilter(config.index_prefilter, device, config.index_dtype, (rows, dim))
+    mapped = isinstance(source, np.ndarray) and device.type == "cpu"
+    return IndexLayout(rows, dim, dtype, rows * dim * itemsize, mapped, coarse, scratch), devices
+
+
+def _faiss_layout(config: ServerConfig, path: Path) -> tuple[IndexLayout, list[torch.device]]:
+    """The faiss backend: a flat file's shape from its header (any other kind at its file's size), in memory as
+    read, or as fp16 shards over every visible GPU with ``--faiss_gpu``."""
+    from local_dense_retriever.index.faiss_index import GPU_SCRATCH_BYTES
+    from local_dense_retriever.index.flat_file import is_flat_file, read_flat_header
+
+    size = path.stat().st_size
+    header = read_flat_header(path) if is_flat_file(path) else None
+    rows, dim = (header.ntotal, header.dim) if header is not None else (0, 0)
+    if not config.faiss_gpu:
+        dtype = "float32" if header is not None else "its stored form"
+        return IndexLayout(rows, dim, dtype, rows * dim * 4 if header is not None else size), [torch.device("cpu")]
+    devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    held = (rows * dim * 2, "float16") if header is not None else (size, "its stored form")
+    layout = IndexLayout(rows, dim, held[1], held[0], scratch_bytes=GPU_SCRATCH_BYTES,
+                         scratch_name="faiss temporary memory")  # fmt: skip
+    return layout, devices
+
+
+def plan_for(config: ServerConfig, backend: str) -> list[str]:
+    """The plan's lines for serving ``config.index_path`` with the ``torch`` or ``faiss`` backend."""
+    from local_dense_retriever.index.prefilter_choice import physical_memory
+
+    assert config.index_path is not None
+    path = Path(config.index_path)
+    layout, devices = (_torch_layout if backend == "torch" else _faiss_layout)(config, path)
+    cpu = Device("cpu", physical_memory() or None)
+    planned = _cuda_devices(devices) if devices[0].type == "cuda" else [cpu]
+    return plan_lines(plan_memory(layout, planned, _encoder_size(config, cpu)), layout, path.name)
