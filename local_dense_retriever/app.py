@@ -25,6 +25,7 @@ from local_dense_retriever.batcher import Batcher, estimate_tokens
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.direct_runner import DirectRunner
 from local_dense_retriever.engine import RetrievalEngine
+from local_dense_retriever.gpu_memory import gpu_report
 from local_dense_retriever.memory import release_free_memory_every
 from local_dense_retriever.metrics import Metrics
 from local_dense_retriever.middleware import GuardPostBodies, error_response, internal_error
@@ -72,6 +73,8 @@ class ServiceState:
         self.detail = "loading model, index and corpus"
         self.engine: RetrievalEngine | None = None
         self.runner: Batcher | DirectRunner | None = None
+        #: CUDA ordinals of the GPUs the loaded engine uses (GET /health ``gpus``)
+        self.gpus: list[int] = []
         self.watchdog = Watchdog(
             stalled_for=lambda now: self.runner.stalled_for(now) if self.runner is not None else 0.0,
             describe=lambda: self.runner.describe_state() if self.runner is not None else {"status": self.status},
@@ -106,6 +109,7 @@ class ServiceState:
         self.metrics.cpu_seconds = engine.clock.snapshot
         self.metrics.prefilter_crowded = engine.prefilter_crowded
         self.metrics.duplicate_queries = lambda: engine.duplicate_queries
+        self.gpus = engine.gpus()
         self.engine = engine
         self.status, self.detail = "ready", engine.describe()
 
@@ -120,6 +124,7 @@ def health_report(state: ServiceState) -> dict:
         body["passages"] = len(state.engine.corpus)
         body["batching"] = state.config.batching
         body["pages"] = len(state.engine.pages) if state.engine.pages is not None else None
+        body["gpus"] = gpu_report(state.gpus)
     return body
 
 
@@ -227,7 +232,8 @@ def create_app(
     @app.get("/health")
     async def health() -> JSONResponse:
         """200 once model, index and corpus are loaded and the service is not stuck; 503 while loading, after a
-        failed load, when the batching worker has stopped, or while the watchdog sees the service stuck."""
+        failed load, when the batching worker has stopped, or while the watchdog sees the service stuck. Once loaded,
+        ``gpus`` lists the GPU memory it holds on each GPU it uses (``local_dense_retriever.gpu_memory``)."""
         return JSONResponse(health_report(state), status_code=200 if state.healthy else 503)
 
     @app.get("/metrics")

@@ -81,6 +81,15 @@ class RetrievalEngine:
                 for row_s, row_i in zip(scores, ids, strict=True)
             ]
 
+    def gpus(self) -> list[int]:
+        """The CUDA ordinals (in this process's numbering) of the GPUs holding the index or the encoder."""
+        devices = list(getattr(getattr(self.backend, "index", None), "devices", []))  # BM25 has neither
+        encoder_device = getattr(getattr(self.backend, "encoder", None), "device", None)
+        if encoder_device is not None:
+            devices.append(encoder_device)
+        # a bare 'cuda' is torch's current device, which the server never changes from 0
+        return sorted({d.index or 0 for d in devices if d.type == "cuda"})
+
     @property
     def encodes_on_gpu(self) -> bool:
         """Whether the query encoder runs on a GPU."""

@@ -5,7 +5,8 @@ whichever app takes the fleet's HTTP (the gateway, or each replica when there is
 Invariants: ``fleet_health``/``fleet_metrics`` are pure functions of the reports; every key of the single server's
 bodies keeps its meaning and shape (counters are the fleet's totals), so a client of one server reads a fleet
 unchanged. What cannot be summed is said: ``uptime_s`` is the oldest replica's, ``latency_ms`` percentiles the
-slowest replica's (an upper bound of the fleet's), ``mean_batch_size`` the mean over every replica's batches.
+slowest replica's (an upper bound of the fleet's), ``mean_batch_size`` the mean over every replica's batches, ``gpus``
+every replica's entries (a GPU that replicas share appears once per replica, under the same uuid).
 """
 
 from __future__ import annotations
@@ -39,9 +40,12 @@ def fleet_health(replicas: Mapping[str, Mapping[str, Any]]) -> tuple[dict, int]:
             "status": report["health"].get("status"),
             "detail": report["health"].get("detail"),
             "report_age_s": round(float(report.get("age_s", 0.0)), 3),
+            "gpus": report["health"].get("gpus", []),
         }
         for name, report in sorted(replicas.items())
     ]
+    if "gpus" in base:  # every replica's GPUs: one entry per replica and GPU (sum them by uuid for a GPU's total)
+        base["gpus"] = [gpu for entry in base["replicas"] for gpu in entry["gpus"]]
     return base, 200 if ready else 503
 
 

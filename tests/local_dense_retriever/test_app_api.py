@@ -166,6 +166,15 @@ def test_lone_surrogate_is_a_4xx_naming_the_problem_and_batch_mates_are_answered
     assert all(results[i].json()["result"][0][0]["id"] == str(i) for i in range(1, 12))
 
 
+def test_health_of_a_cpu_server_lists_no_gpus(server):
+    """Once loaded, /health says which GPUs it holds memory on: none here, and the rest of the body as before."""
+    r = httpx.get(f"{server.url}/health")
+    assert r.status_code == 200
+    body = r.json()
+    assert body == {"status": "ready", "detail": body["detail"], "passages": 50, "batching": True, "pages": None,
+                    "gpus": []}  # fmt: skip
+
+
 def test_health_names_no_folders(server, animal_corpus):
     body = httpx.get(f"{server.url}/health").text
     assert str(animal_corpus.parent) not in body and animal_corpus.name in body
