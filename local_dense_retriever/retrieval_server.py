@@ -117,7 +117,8 @@ def save_address(folder: Path, host: str, port: int) -> Path:
 def log_substitutions(config: ServerConfig, log: logging.Logger) -> None:
     """One log line per flag that asks for something this server does differently (it starts anyway)."""
     if config.faiss_gpu_id is not None:
-        log.warning("--faiss_gpu_id %d: this server uses every visible GPU; choose them with CUDA_VISIBLE_DEVICES",
+        log.warning("--faiss_gpu_id %d: this server uses every visible GPU; choose them with CUDA_VISIBLE_DEVICES "
+                    "(GPUS= in run_scripts/launch_retriever.sh)",
                     config.faiss_gpu_id)  # fmt: skip
     if config.save_address_to is not None and config.host == "127.0.0.1":
         log.warning("--save-address-to: the server listens on 127.0.0.1 only (add --host 0.0.0.0 for other machines)")

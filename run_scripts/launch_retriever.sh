@@ -3,11 +3,27 @@
 # ready, and print the URL to give the training script as RETRIEVER_URL.
 #
 #   python local_dense_retriever/download.py --save_path $HOME/data/wiki-18        # once (~60-70 GB)
-#   DATA_DIR=$HOME/data/wiki-18 bash run_scripts/launch_retriever.sh                 # GPUs if visible, else CPU
+#   DATA_DIR=$HOME/data/wiki-18 bash run_scripts/launch_retriever.sh                 # every GPU if any, else CPU
+#   GPUS=6,7 bash run_scripts/launch_retriever.sh                                    # the index split over GPUs 6, 7
+#   GPUS=none bash run_scripts/launch_retriever.sh                                   # CPU only
 #   CUDA_VISIBLE_DEVICES=7 FAISS_GPU=1 bash run_scripts/launch_retriever.sh          # faiss sharded over GPU 7
 #   EMBEDDED=1 bash run_scripts/launch_retriever.sh                                  # toy corpus, for smoke tests
 #   SERVE=1 RAY_ADDRESS=auto REPLICAS=4 bash run_scripts/launch_retriever.sh         # a Ray Serve fleet, one URL
 #   DEVICE=cuda SERVERS=4 bash run_scripts/launch_retriever.sh                        # 4 servers on this GPU
+#
+# GPUS=all (default) | none | 0,1,...: the GPUs the retriever takes. all: every GPU visible to this shell (the CPU
+# when there is none); none: the CPU only (the server sees no GPU); a list: those GPUs, numbered as torch numbers the
+# visible ones (under CUDA_VISIBLE_DEVICES=4,5,6,7, GPUS=0,1 is GPUs 4 and 5), handed to the server as its
+# CUDA_VISIBLE_DEVICES. The index is split into one shard per GPU taken, with DEVICE=auto or cuda and with
+# FAISS_GPU=1 alike (DEVICE=cuda:N only chooses the encoder's GPU among them). The server logs the memory each GPU
+# will hold before it loads, and /health reports what it holds on each (local_dense_retriever/README.md, GPUs).
+# Why all is the default on a node that also trains (SGLang rollout reserving gpu_memory_utilization=0.5 of each GPU,
+# FSDP actor on the rest): wiki-18's e5 index (21M x 768) takes 30.1 GiB in fp16. Split over 8 GPUs, each holds
+# 3.8 GiB + a 1 GiB score buffer (GPU 0 also the 0.2 GiB encoder) + its CUDA context: about 5 GiB, 6-7% of an 80 GB
+# H100, taken evenly from every FSDP rank (each keeps ~34 GiB beside the rollout's half). On one GPU it is about
+# 32 GiB, 40% of it: that rank keeps ~8 GiB where the others keep ~40 GiB, and FSDP needs the same room on every rank,
+# so that one GPU bounds (or OOMs) the actor. GPUS=none maps the 60.1 GiB float32 file and scans all of it for every
+# batch (32 GFLOP per query): a training step's thousands of searches take minutes instead of seconds on a GPU.
 #
 # SERVERS=N starts N server processes on ports PORT..PORT+N-1, each with its own copy of the index on the same
 # devices, and prints their URLs as one comma-separated RETRIEVER_URL: the search tool sends each call to the server
@@ -24,7 +40,9 @@
 # HOST:PORT is Serve's proxy (one on every node with a replica).
 #
 # Extra arguments are passed to local_dense_retriever/retrieval_server.py (e.g. --max_batch_size 512).
+# While the servers load, the loader's lines from their logs (memory plan, stages, progress) are shown here.
 # The last line printed is RETRIEVER_URL=http://HOST:PORT; the server keeps running (stop it with the printed kill).
+# DRY_RUN=1 prints the server commands and starts nothing.
 set -euo pipefail
 
 # shellcheck source=run_scripts/common.sh
@@ -44,8 +62,10 @@ TOPK="${TOPK:-3}"
 BACKEND="${BACKEND:-auto}"
 # 1: faiss with the index sharded in fp16 over the visible GPUs
 FAISS_GPU="${FAISS_GPU:-0}"
-# auto, cpu or cuda (the query encoder and, for the torch backend, the index)
+# auto, cpu, cuda or cuda:N (the query encoder and, for the torch backend, the index; cuda:N: the encoder's GPU)
 DEVICE="${DEVICE:-auto}"
+# all, none or 0,1,...: the GPUs the retriever takes (see above)
+GPUS="${GPUS:-all}"
 # 1: a Ray Serve fleet (the knobs below) instead of one server process
 SERVE="${SERVE:-0}"
 RAY_ADDRESS="${RAY_ADDRESS:-}"
@@ -72,7 +92,47 @@ if [[ "$SERVE" == 1 && "$SERVERS" != 1 ]]; then
 fi
 ((PORT + SERVERS - 1 <= 65535)) || vs_die "PORT=${PORT} SERVERS=${SERVERS}: the ports would pass 65535"
 
-SERVER_ARGS=(--host "$HOST" --topk "$TOPK" --backend "$BACKEND" --device "$DEVICE")
+# gpu_choice: from GPUS, DEVICE and FAISS_GPU, set SERVER_ENV (the server's CUDA_VISIBLE_DEVICES unless GPUS=all),
+# SERVER_DEVICE (its --device) and GPU_NOTE (what was chosen, in words)
+gpu_choice() {
+    SERVER_ENV=() SERVER_DEVICE="$DEVICE"
+    if [[ "$GPUS" != all && "$SERVE" == 1 ]]; then
+        vs_die "GPUS=${GPUS} with SERVE=1: Ray gives each replica its GPUs (REPLICA_GPUS)"
+    fi
+    case "$GPUS" in
+        all)
+            GPU_NOTE="every visible GPU${CUDA_VISIBLE_DEVICES+ (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES})}, else the CPU"
+            return 0
+            ;;
+        none)
+            [[ "$DEVICE" == auto || "$DEVICE" == cpu ]] || vs_die "DEVICE=${DEVICE} with GPUS=none: the server sees no GPU"
+            [[ "$FAISS_GPU" != 1 ]] || vs_die "FAISS_GPU=1 with GPUS=none: the server sees no GPU to shard faiss over"
+            SERVER_ENV=(CUDA_VISIBLE_DEVICES=) SERVER_DEVICE=cpu GPU_NOTE="none, the CPU only"
+            return 0
+            ;;
+    esac
+    [[ "$GPUS" =~ ^[0-9]+(,[0-9]+)*$ ]] || vs_die "GPUS=${GPUS}: give all, none or GPU numbers separated by commas (e.g. 0,1)"
+    local visible=() picked=() n
+    [[ -z "${CUDA_VISIBLE_DEVICES+set}" ]] || IFS=, read -ra visible <<<"$CUDA_VISIBLE_DEVICES"
+    for n in ${GPUS//,/ }; do
+        n=$((10#$n))
+        if [[ -n "${CUDA_VISIBLE_DEVICES+set}" ]]; then
+            ((n < ${#visible[@]})) || vs_die "GPUS=${GPUS}: GPU ${n} is not among the ${#visible[@]} that CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES} makes visible (GPUS numbers them from 0)"
+            n="${visible[n]}"
+        fi
+        [[ " ${picked[*]} " != *" ${n} "* ]] || vs_die "GPUS=${GPUS}: GPU ${n} is named twice"
+        picked+=("$n")
+    done
+    case "$DEVICE" in
+        auto) SERVER_DEVICE=cuda ;;  # fail loudly if the GPUs are not there, rather than load onto the CPU
+        cpu) [[ "$FAISS_GPU" == 1 ]] || vs_die "DEVICE=cpu with GPUS=${GPUS}: nothing would use those GPUs (GPUS=none serves from the CPU)" ;;
+    esac
+    SERVER_ENV=("CUDA_VISIBLE_DEVICES=$(IFS=,; echo "${picked[*]}")")
+    GPU_NOTE="${SERVER_ENV[0]} for the server"
+}
+gpu_choice
+
+SERVER_ARGS=(--host "$HOST" --topk "$TOPK" --backend "$BACKEND" --device "$SERVER_DEVICE")
 if [[ "$EMBEDDED" != 1 ]]; then
     if [[ "$RETRIEVER_NAME" == bm25 && "$INDEX_PATH" == "${DATA_DIR}/e5_Flat.index" ]]; then
         INDEX_PATH="${DATA_DIR}/bm25"
@@ -131,11 +191,42 @@ for ((i = 0; i < SERVERS; i++)); do
         LOGS+=("${LOG_FILE%.log}-$((PORT + i)).log")
     fi
 done
+# print_server_command PORT: the server's command line on PORT, with its environment, for pasting into a shell
+print_server_command() {
+    if ((${#SERVER_ENV[@]})); then printf '%s ' "${SERVER_ENV[@]}"; fi
+    vs_print_command "${SERVER_CMD[@]}" "${SERVER_ARGS[@]}" --port "$1"
+}
+
+echo "retriever GPUs (GPUS=${GPUS}): ${GPU_NOTE}"
+if [[ "$DRY_RUN" == 1 ]]; then
+    for i in "${!PORTS[@]}"; do
+        echo "the retriever on port ${PORTS[$i]} (log: ${LOGS[$i]}):"
+        print_server_command "${PORTS[$i]}"
+    done
+    echo "DRY_RUN=1: not starting the retriever"
+    exit 0
+fi
 for port in "${PORTS[@]}"; do
     if [[ "$(health_status "$port")" != 000 ]]; then
         vs_die "something already answers on ${PROBE_HOST}:${port}; stop it or pick another PORT"
     fi
 done
+
+# LOADER_LINES: the messages of the server's loader worth showing while it loads (its memory plan, each stage, each
+# progress count, and any warning of the service), as grep -E matches its log lines
+LOADER_LINES=' (INFO local_dense_retriever\.(engine|load_progress|index\.faiss_index)|WARNING local_dense_retriever[.a-z_]*): '
+
+# show_loading I: print the loader's lines that server I's log gained since the last call (SHOWN[I] lines were read)
+show_loading() {
+    local log="${LOGS[$1]}" total prefix=""
+    [[ -f "$log" ]] || return 0
+    total="$(wc -l <"$log")"
+    ((total > SHOWN[$1])) || return 0
+    ((SERVERS == 1)) || prefix="[port ${PORTS[$1]}] "
+    sed -n "$((SHOWN[$1] + 1)),${total}p" "$log" | sed 's/.*\r//' | { grep -a -E "$LOADER_LINES" || true; } \
+        | sed -E "s/^.*(INFO|WARNING) local_dense_retriever[.a-z_]*: /  ${prefix}/"
+    SHOWN[$1]="$total"
+}
 
 # stop_all: stop every server started so far
 stop_all() {
@@ -151,17 +242,20 @@ for i in "${!PORTS[@]}"; do
     log="${LOGS[$i]}"
     mkdir -p "$(dirname "$log")"
     echo "starting the retriever on port ${PORTS[$i]} (log: ${log}):"
-    vs_print_command "${SERVER_CMD[@]}" "${SERVER_ARGS[@]}" --port "${PORTS[$i]}"
-    nohup "${SERVER_CMD[@]}" "${SERVER_ARGS[@]}" --port "${PORTS[$i]}" >"$log" 2>&1 &
+    print_server_command "${PORTS[$i]}"
+    nohup env "${SERVER_ENV[@]}" "${SERVER_CMD[@]}" "${SERVER_ARGS[@]}" --port "${PORTS[$i]}" >"$log" 2>&1 &
     PIDS+=($!)
     echo "$!" >"${log}.pid"
 done
+SHOWN=()
+for i in "${!PORTS[@]}"; do SHOWN[i]=0; done
 
 deadline=$((SECONDS + STARTUP_TIMEOUT))
 waiting=("${!PORTS[@]}")
 while true; do
     still=()
     for i in "${waiting[@]}"; do
+        show_loading "$i"
         if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
             stop_all
             echo "error: the retriever exited during start-up (port ${PORTS[$i]}); last lines of ${LOGS[$i]}:" >&2
@@ -184,6 +278,7 @@ while true; do
     sleep "$POLL_INTERVAL"
 done
 
+for i in "${!PORTS[@]}"; do show_loading "$i"; done
 trap - INT TERM
 URLS=""
 for port in "${PORTS[@]}"; do

@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import socket
+import sys
 import time
 
 import pytest
@@ -142,6 +143,8 @@ def test_several_servers_start_behind_one_url_list(run_script, tmp_path):
             assert len(requests.post(f"{url}/retrieve", json=body, timeout=30).json()["result"][0]) == 2
         for p in (port, port + 1):
             assert "serving on" in (tmp_path / "logs" / f"ret-{p}.log").read_text()
+            assert f"\n  [port {p}] memory plan: minilm_flat.npy, " in result.stdout  # each server's loading shown
+            assert f"\n  [port {p}] ready: " in result.stdout
         assert "the 2 retrievers are ready" in result.stdout
         threads = max(1, len(os.sched_getaffinity(0)) // 2)  # each its share of the cores
         assert result.stdout.count(f"--num_threads {threads} --port") == 2
@@ -231,3 +234,95 @@ def test_servers_not_ready_in_time_are_all_stopped(run_script, tmp_path):
     assert "stopped every server started" in result.stderr
     for p in (port, port + 1):
         assert gone(int((tmp_path / f"ret-{p}.log.pid").read_text()))
+
+
+def dry_run(run_script, **env: str) -> tuple[list[str], str]:
+    """The server command lines DRY_RUN=1 prints (one per server), and the line naming the retriever's GPUs."""
+    result = run_script("launch_retriever.sh", EMBEDDED="1", PORT=str(free_port()), DRY_RUN="1", **env)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[-1] == "DRY_RUN=1: not starting the retriever"
+    commands = [lines[i + 1] for i, line in enumerate(lines) if line.startswith("the retriever on port ")]
+    return commands, next(line for line in lines if line.startswith("retriever GPUs (GPUS="))
+
+
+@pytest.mark.parametrize(
+    ("env", "prefix", "flags", "note"),
+    [
+        ({}, "", "--device auto", "every visible GPU, else the CPU"),
+        ({"GPUS": "none"}, "CUDA_VISIBLE_DEVICES= ", "--device cpu", "none, the CPU only"),
+        ({"GPUS": "0,1"}, "CUDA_VISIBLE_DEVICES=0,1 ", "--device cuda", "CUDA_VISIBLE_DEVICES=0,1 for the server"),
+        ({"GPUS": "1,3", "CUDA_VISIBLE_DEVICES": "4,5,6,7"}, "CUDA_VISIBLE_DEVICES=5,7 ", "--device cuda",
+         "CUDA_VISIBLE_DEVICES=5,7 for the server"),
+        ({"GPUS": "2", "DEVICE": "cuda:0"}, "CUDA_VISIBLE_DEVICES=2 ", "--device cuda:0", "CUDA_VISIBLE_DEVICES=2"),
+        ({"GPUS": "0", "DEVICE": "cpu", "FAISS_GPU": "1"}, "CUDA_VISIBLE_DEVICES=0 ", "--device cpu --faiss_gpu",
+         "CUDA_VISIBLE_DEVICES=0"),
+        # the published ways of choosing GPUs, unchanged: the server inherits CUDA_VISIBLE_DEVICES
+        ({"CUDA_VISIBLE_DEVICES": "7", "FAISS_GPU": "1"}, "", "--device auto --faiss_gpu",
+         "every visible GPU (CUDA_VISIBLE_DEVICES=7), else the CPU"),
+        ({"DEVICE": "cuda"}, "", "--device cuda", "every visible GPU"),
+    ],
+)  # fmt: skip
+def test_gpus_choose_the_servers_visible_gpus_and_device(run_script, env, prefix, flags, note):
+    """GPUS=all|none|0,1,... becomes the server's CUDA_VISIBLE_DEVICES (GPUS numbers the GPUs this shell sees) and
+    its --device; the command printed is the one that runs."""
+    commands, gpus = dry_run(run_script, SERVERS="2", **env)
+    assert note in gpus
+    assert len(commands) == 2
+    for command in commands:
+        assert (
+            command.startswith(f"{prefix}{sys.executable} ") and "local_dense_retriever/retrieval_server.py" in command
+        )
+        assert f" {flags} " in command
+        assert command.count("CUDA_VISIBLE_DEVICES") == (1 if prefix else 0)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"GPUS": "two"}, "GPUS=two: give all, none or GPU numbers separated by commas (e.g. 0,1)"),
+        ({"GPUS": "0,"}, "GPUS=0,: give all, none or GPU numbers"),
+        ({"GPUS": "1,1"}, "GPUS=1,1: GPU 1 is named twice"),
+        ({"GPUS": "2", "CUDA_VISIBLE_DEVICES": "4,5"},
+         "GPUS=2: GPU 2 is not among the 2 that CUDA_VISIBLE_DEVICES=4,5 makes visible"),
+        ({"GPUS": "0", "CUDA_VISIBLE_DEVICES": ""}, "GPUS=0: GPU 0 is not among the 0 that CUDA_VISIBLE_DEVICES="),
+        ({"GPUS": "none", "FAISS_GPU": "1"}, "FAISS_GPU=1 with GPUS=none"),
+        ({"GPUS": "none", "DEVICE": "cuda"}, "DEVICE=cuda with GPUS=none: the server sees no GPU"),
+        ({"GPUS": "0", "DEVICE": "cpu"}, "DEVICE=cpu with GPUS=0: nothing would use those GPUs"),
+        ({"GPUS": "0", "SERVE": "1"}, "GPUS=0 with SERVE=1: Ray gives each replica its GPUs (REPLICA_GPUS)"),
+    ],
+)  # fmt: skip
+def test_gpu_choices_that_cannot_work_are_refused(run_script, tmp_path, env, message):
+    result = run_script("launch_retriever.sh", EMBEDDED="1", PORT=str(free_port()), LOG_FILE=str(tmp_path / "r.log"),
+                        **env)  # fmt: skip
+    assert result.returncode == 1
+    assert message in result.stderr
+    assert not list(tmp_path.glob("*.pid"))  # nothing was started
+
+
+def test_the_wait_shows_the_loaders_lines_and_health_lists_no_gpus(run_script, tmp_path):
+    """While the server loads, its memory plan, stages and progress counts are shown (not silence); the CPU server
+    it starts (GPUS=none) reports no GPU in /health."""
+    port = free_port()
+    env = {"EMBEDDED": "1", "GPUS": "none", "PORT": str(port), "LOG_FILE": str(tmp_path / "r.log"),
+           "VERL_SEARCH_CACHE": str(tmp_path / "cache")}  # fmt: skip
+    args = ("--toy_passages", "50", "--index_dtype", "bfloat16", "--load_progress_s", "0")  # streamed: counted
+    result = run_script("launch_retriever.sh", *args, **env)
+    try:
+        assert result.returncode == 0, result.stdout + result.stderr
+        shown = [line for line in result.stdout.splitlines() if line.startswith("  ")]
+        expected = [
+            "  memory plan: minilm_flat.npy, 50 x 384 in bfloat16 on the CPU",
+            "  memory plan: cpu: ",
+            "  loading encoder (",
+            "  loading torch index (minilm_flat.npy)",
+            "  loading torch index: 75 of 75 KiB (100%), ",
+            "  loaded torch index in ",
+            "  ready: ",
+        ]
+        found = [next(i for i, line in enumerate(shown) if line.startswith(want)) for want in expected]
+        assert found == sorted(found), shown  # in the order the server logged them
+        health = requests.get(f"http://127.0.0.1:{port}/health", timeout=5).json()
+        assert health["status"] == "ready" and health["gpus"] == []
+    finally:
+        stop(result.stdout)
