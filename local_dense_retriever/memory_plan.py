@@ -3,7 +3,7 @@ precision it is held in, the search's working memory, the encoder's weights), lo
 
 Invariant: ``plan_memory`` and ``plan_lines`` are arithmetic over the index's shape, its precisions and a device list,
 so any list of devices can be planned; ``plan_for`` alone reads the index file's header, the model's weight headers
-and the devices' sizes, and it places the index with the loader's own rules (``shard_devices``, ``shard_bounds``).
+and the devices' sizes, and it places the index with the loader's own rules (``index.placement``).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class Share:
 def plan_memory(layout: IndexLayout, devices: Sequence[Device], encoder: EncoderSize | None = None) -> list[Share]:
     """Each device's share of an index sharded in contiguous row ranges over ``devices`` (the loader's split), and
     the encoder on its device (a line of its own when the index is elsewhere)."""
-    from local_dense_retriever.index.torch_flat import shard_bounds
+    from local_dense_retriever.index.placement import shard_bounds
 
     shares = []
     for device, (lo, hi) in zip(devices, shard_bounds(layout.rows, len(devices)), strict=True):
@@ -217,12 +217,8 @@ def _encoder_size(config: ServerConfig, cpu: Device) -> EncoderSize:
 def _torch_layout(config: ServerConfig, path: Path) -> tuple[IndexLayout, list[torch.device]]:
     """The torch backend: the index's shape, precision and devices as ``TorchFlatIndex.from_file`` places them."""
     from local_dense_retriever.encoder import resolve_device
-    from local_dense_retriever.index.torch_flat import (
-        index_source,
-        resolve_index_dtype,
-        resolve_prefilter,
-        shard_devices,
-    )
+    from local_dense_retriever.index.placement import shard_devices
+    from local_dense_retriever.index.torch_flat import index_source, resolve_index_dtype, resolve_prefilter
 
     device = resolve_device(config.device)
     dtype = resolve_index_dtype(config.index_dtype, device)

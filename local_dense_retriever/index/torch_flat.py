@@ -24,6 +24,7 @@ from local_dense_retriever.index.flat_file import (  # read_flat_header and the 
     row_blocks,
     vector_file,
 )
+from local_dense_retriever.index.placement import shard_bounds, shard_devices
 from local_dense_retriever.index.prefilter import CoarseCopy, prefiltered_topk
 from local_dense_retriever.index.prefilter_choice import (  # the choice of a pre-scan: imported from here too
     COPIES,
@@ -40,7 +41,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "CPU_CHUNK_ROWS", "SCORE_BYTES", "STAGING_BYTES", "FlatHeader", "TorchFlatIndex", "VectorFile",
     "auto_prefilter_dtype", "index_source", "read_flat_header", "read_flat_vectors", "resolve_index_dtype",
-    "resolve_prefilter", "shard_bounds", "shard_devices", "vector_file",
+    "resolve_prefilter", "vector_file",
 ]  # fmt: skip
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -93,20 +94,6 @@ def index_source(path: Path, device: torch.device, dtype: str = "auto") -> np.nd
     if device.type == "cpu" and resolve_index_dtype(dtype, device) == "float32":
         return read_flat_vectors(path)
     return vector_file(path)
-
-
-def shard_devices(device: torch.device) -> list[torch.device]:
-    """The devices an index on ``device`` is sharded over: every visible GPU for any CUDA device (which ones are
-    visible is CUDA_VISIBLE_DEVICES's choice: launch_retriever.sh's GPUS), else the one CPU."""
-    if device.type == "cuda":
-        return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
-    return [device]
-
-
-def shard_bounds(rows: int, parts: int) -> list[tuple[int, int]]:
-    """Row ranges ``[lo, hi)`` of ``parts`` contiguous shards of ``rows`` rows, as even as whole rows allow."""
-    bounds = np.linspace(0, rows, parts + 1).astype(np.int64)
-    return [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def _row_bytes(vectors: np.ndarray | VectorFile) -> int:
