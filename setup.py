@@ -38,6 +38,9 @@ CORE = [
     "packaging>=23",  # the launch preflight compares installed versions with the GPU locks
 ]
 
+#: what both CUDA 12 training extras share (verl[verl-core] is verl without an engine or torch pin)
+CU12_TRAIN = ["verl[verl-core]>=0.9.1,<0.10", "transformers==5.9.0", "mbridge", "wandb"]
+
 EXTRAS = {
     "retriever": [
         "torch>=2.1",
@@ -61,6 +64,18 @@ EXTRAS = {
     "train-sglang": ["verl[sglang]>=0.9.1,<0.10", "wandb"],
     # `train` is kept for existing commands: the route plain pip can resolve (vllm).
     "train": ["verl[vllm]>=0.9.1,<0.10", "wandb"],
+    # The same for CUDA 12 drivers (requirements/gpu-<engine>-cu12-*.txt). verl's engine extras pin torch 2.11.0, whose
+    # PyPI wheels need CUDA 13 (driver >= 580); these name the newest engine releases built on a CUDA 12.8 torch, with
+    # verl's core and its engines' transformers pin (verl 0.9.1's rollouts take vllm >= 0.18 and sglang >= 0.5.10).
+    # sglang 0.5.10.post1 pins transformers==5.3.0, below verl's >=5.5.3: it takes requirements/sglang-overrides.txt.
+    "train-vllm-cu12": CU12_TRAIN + ["vllm==0.19.1", "torch==2.10.0"],
+    "train-sglang-cu12": CU12_TRAIN + ["sglang==0.5.10.post1", "torch==2.9.1"],
+    # verl's nccl checkpoint engine (CHECKPOINT_ENGINE=nccl, the async trainers' weight sync) imports cupy; one build
+    # per CUDA major, at verl 0.9.1's own pin (its cupy-cu130 extra)
+    "cupy-cu12": ["cupy-cuda12x==14.0.1"],
+    "cupy-cu13": ["cupy-cuda13x==14.0.1"],
+    # python -m verl_search.report's plots
+    "report": ["matplotlib>=3.7"],
     # optional: a source build on most machines (`pip install flash-attn --no-build-isolation` after torch);
     # without it the run scripts use PyTorch's sdpa attention.
     "flash-attn": ["flash-attn"],

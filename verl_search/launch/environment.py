@@ -1,6 +1,7 @@
-"""What the launch preflight may ask about the installed Python environment: package versions, whether a module
-imports, the interpreter's version. :class:`InstalledEnvironment` answers for the running interpreter; tests hand the
-preflight any other object with the same three methods (the seam), so no check patches a function.
+"""What the launch preflight may ask about the installed Python environment: package versions and requirements,
+whether a module imports, the interpreter's version, the newest CUDA the node's NVIDIA driver supports.
+:class:`InstalledEnvironment` answers for the running interpreter; tests hand the preflight any other object with the
+same methods (the seam), so no check patches a function.
 
 Invariant: asking never installs, downloads or writes anything; a failed import is an answer, not an exception.
 """
@@ -8,9 +9,16 @@ Invariant: asking never installs, downloads or writes anything; a failed import 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import re
+import shutil
+import subprocess
 import sys
 from importlib import metadata
 from typing import Protocol
+
+#: nvidia-smi's header names the newest CUDA version the driver supports ("... CUDA Version: 12.4 |")
+_SMI_CUDA = re.compile(r"CUDA Version:\s*(\d+\.\d+)")
 
 
 class PythonEnvironment(Protocol):
@@ -22,6 +30,15 @@ class PythonEnvironment(Protocol):
 
     def version(self, distribution: str) -> str | None:
         """The installed version of a distribution (``torch``), or None when it is not installed."""
+        ...
+
+    def requires(self, distribution: str) -> list[str] | None:
+        """The requirements an installed distribution declares (its metadata), or None when it is not installed."""
+        ...
+
+    def cuda_driver(self) -> str | None:
+        """The newest CUDA version the NVIDIA driver supports (``12.4``, as nvidia-smi prints it), or None when no
+        driver answers."""
         ...
 
     def import_error(self, module: str) -> str | None:
@@ -40,6 +57,33 @@ class InstalledEnvironment:
             return metadata.version(distribution)
         except metadata.PackageNotFoundError:
             return None
+
+    def requires(self, distribution: str) -> list[str] | None:
+        try:
+            return metadata.requires(distribution) or []
+        except metadata.PackageNotFoundError:
+            return None
+
+    def cuda_driver(self) -> str | None:
+        """nvidia-smi's ``CUDA Version``; without it, what a CUDA build of torch reads from the driver."""
+        smi = shutil.which("nvidia-smi")
+        if smi is not None:
+            try:
+                printed = subprocess.run([smi], capture_output=True, text=True, timeout=60).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                printed = ""
+            if match := _SMI_CUDA.search(printed):
+                return match.group(1)
+        if importlib.util.find_spec("torch") is None:
+            return None
+        import torch
+
+        driver_version = getattr(torch._C, "_cuda_getDriverVersion", None)  # CUDA builds only; 0 without a driver
+        try:
+            found = driver_version() if driver_version is not None else 0
+        except RuntimeError:
+            return None
+        return f"{found // 1000}.{found % 1000 // 10}" if found else None
 
     def import_error(self, module: str) -> str | None:
         try:

@@ -17,6 +17,7 @@ from typing import TextIO
 
 from verl_search.launch import checks, resources, runtime, trainer_mode_check
 from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning
+from verl_search.launch.cuda_driver import check_cuda_driver
 from verl_search.launch.environment import PythonEnvironment
 from verl_search.launch.trainer_config import LaunchConfigError, compose_launch_config
 
@@ -50,6 +51,7 @@ def planned_checks(ctx: LaunchContext) -> list[tuple[str, Callable[[], str]]]:
         ("rollout engine", lambda: checks.check_rollout_engine(ctx)),
         ("engine install", lambda: runtime.check_engine_installed(ctx)),
         ("locked versions", lambda: runtime.check_locked_versions(ctx)),
+        ("cuda driver", lambda: check_cuda_driver(ctx)),
         ("stop strings", lambda: runtime.check_stop_strings(ctx)),
         ("attention", lambda: runtime.check_attention(ctx)),
         ("tool parser", lambda: checks.check_tool_parser(ctx)),

