@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from verl_search.launch.checks import LaunchContext
+from verl_search.launch.checks import LaunchContext, PreflightError
 from verl_search.launch.cuda_driver import check_cuda_driver
 from verl_search.launch.environment import InstalledEnvironment
 from verl_search.launch.gpu_locks import load_lock
@@ -20,6 +20,9 @@ from verl_search.launch.runtime import (
     check_stop_strings,
 )
 from verl_search.launch.trainer_config import compose_launch_config
+from verl_search.launch.trainer_mode import settings_from_env
+from verl_search.launch.trainer_mode_check import check_trainer_mode
+from verl_search.launch.trainer_overrides import trainer_overrides
 
 PYTHON = "3.11"
 BASE = [
@@ -364,3 +367,28 @@ def test_the_installed_environment_reads_nvidia_smi(tmp_path, monkeypatch):
         assert environment.cuda_driver() is None
     assert environment.requires("no-such-distribution") is None
     assert environment.requires("packaging") == []
+
+
+@pytest.mark.parametrize("cuda", ["12", "13"])
+def test_the_nccl_checkpoint_engine_without_cupy_names_the_build_for_the_installed_torch(cuda):
+    knobs = trainer_overrides(
+        settings_from_env({"TRAINER": "fully_async"}), devices=1, train_batch_size=4, mini_batch_size=4, device="cuda"
+    )
+    ctx = context(
+        "actor_rollout_ref.rollout.name=vllm",
+        "trainer.n_gpus_per_node=1",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        *knobs,
+        environment=locked("vllm", cuda),
+        dry_run=False,
+    )
+    assert ctx.config.actor_rollout_ref.rollout.checkpoint_engine.backend == "nccl"
+    with pytest.raises(PreflightError) as caught:
+        check_trainer_mode(ctx)
+    assert (
+        f"checkpoint_engine.backend=nccl needs cupy (pip install cupy-cuda{cuda}x for this CUDA {cuda} torch, or "
+        in (str(caught.value))
+    )
+    assert f"make install-gpu ROLLOUT=vllm CUDA={cuda})" in str(caught.value)

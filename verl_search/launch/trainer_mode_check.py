@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning
+from verl_search.launch.cuda_driver import installed_cuda
+from verl_search.launch.gpu_locks import CUPY, ROLLOUT_ENGINES
 from verl_search.launch.trainer_mode import CPU_CHECKPOINT_ENGINE, TrainerModeError, check_staleness
 
 #: verl's V1 modes (our search_* twins run the same trainer)
@@ -99,13 +101,23 @@ def _check_separate(ctx: LaunchContext) -> str:
             "verl_search.cpu.checkpoint_engine (the run scripts set it)"
         )
     elif backend in ENGINE_LIBRARIES and (problem := ctx.environment.import_error(ENGINE_LIBRARIES[backend])):
-        fix = " (pip install cupy-cuda12x)" if backend == "nccl" else ""
+        fix = f" ({_cupy_fix(ctx)})" if backend == "nccl" else ""
         cls = PreflightWarning if ctx.dry_run else PreflightError  # a dry run may check a GPU launch elsewhere
         raise cls(f"checkpoint_engine.backend={backend} needs {ENGINE_LIBRARIES[backend]}{fix}: {problem}")
     trainer_devices = _int(trainer.n_gpus_per_node)
     split = f"trainer {trainer_devices} + rollout {rollout_gpus} device(s) per node, weights over {backend}"
     _check_devices(ctx, trainer_devices, rollout_gpus)
     return f"{split}, sync every {sync_step} update(s)"
+
+
+def _cupy_fix(ctx: LaunchContext) -> str:
+    """How to get the cupy build that matches the installed torch's CUDA major (every GPU lock carries it)."""
+    cuda = installed_cuda(ctx.environment)
+    if cuda is None:
+        builds = ", ".join(f"{CUPY[major]} for a CUDA {major} torch" for major in sorted(CUPY))
+        return f"{builds}; every GPU lock has it"
+    rollout = ctx.rollout.name if ctx.rollout.name in ROLLOUT_ENGINES else "|".join(ROLLOUT_ENGINES)
+    return f"pip install {CUPY[cuda]} for this CUDA {cuda} torch, or make install-gpu ROLLOUT={rollout} CUDA={cuda}"
 
 
 def _check_devices(ctx: LaunchContext, trainer_devices: int, rollout_devices: int) -> None:
