@@ -50,31 +50,29 @@ vs_prepare_run() {
 }
 
 # vs_rollout_overrides: check ROLLOUT and set VS_ROLLOUT_ARGS to the engine and attention overrides: the rollout
-# engine (sglang or vllm, async), the actor's attention (ATTN_IMPLEMENTATION; auto = flash_attention_2 when flash-attn
-# imports in PYTHON, else sdpa) and, for the native loop on SGLang, its tokenizer (SGLang matches stop strings only
-# with it loaded; verl's default skips it). Call it before vs_prepare_run.
+# engine (sglang or vllm, async), the actor's attention (ATTN_IMPLEMENTATION; auto = flash_attention_2 when
+# transformers finds FlashAttention-2 in PYTHON, else sdpa) with the padding removal it supports
+# (verl_search/launch/attention.py) and, for the native loop on SGLang, its tokenizer (SGLang matches stop strings
+# only with it loaded; verl's default skips it). Call it before vs_prepare_run.
 vs_rollout_overrides() {
     case "$ROLLOUT" in
         sglang | vllm) ;;
         *) vs_die "ROLLOUT=${ROLLOUT}: choose sglang or vllm" ;;
     esac
-    local attention="$ATTN_IMPLEMENTATION" why="set by ATTN_IMPLEMENTATION"
-    if [[ "$attention" == auto ]]; then
-        if "$PYTHON" -c 'import flash_attn' >/dev/null 2>&1; then
-            attention=flash_attention_2 why="flash-attn imports"
-        else
-            attention=sdpa why="flash-attn does not import"
-        fi
-    fi
+    local out attention
+    out="$("$PYTHON" -m verl_search.launch.attention "$ATTN_IMPLEMENTATION")" \
+        || vs_die "ATTN_IMPLEMENTATION=${ATTN_IMPLEMENTATION}: cannot choose the actor's attention"
+    mapfile -t attention <<<"$out"
     VS_ROLLOUT_ARGS=(
         "actor_rollout_ref.rollout.name=${ROLLOUT}"
         actor_rollout_ref.rollout.mode=async
-        "+actor_rollout_ref.model.override_config.attn_implementation=${attention}"
+        "${attention[0]}"
+        "${attention[1]}"
     )
     if [[ "$ROLLOUT" == sglang && "$AGENT" == search_r1_agent ]]; then
         VS_ROLLOUT_ARGS+=(actor_rollout_ref.rollout.skip_tokenizer_init=False)
     fi
-    echo "rollout engine: ${ROLLOUT}; actor attention: ${attention} (${why})"
+    echo "rollout engine: ${ROLLOUT}; actor attention: ${attention[2]}"
 }
 
 # vs_search_overrides: set VS_SEARCH_ARGS to the overrides that plug our tool, agent loop and reward into verl's
@@ -120,7 +118,8 @@ vs_print_command() {
 }
 
 # vs_preflight [PREFLIGHT_FLAGS...] -- OVERRIDES...: run the preflight, print the verl command and set VS_COMMAND
-# to it. With DRY_RUN=1 the script ends here (exit 0); a failed preflight ends it with exit 1.
+# to it. With DRY_RUN=1 the script ends here (exit 0); a failed preflight ends it with exit 1. A real launch that
+# passes is recorded in its checkpoint folder (the experiment that writes there), which the next launch's check reads.
 vs_preflight() {
     local flags=(--probe-timeout "$PROBE_TIMEOUT")
     while [[ $# -gt 0 && "$1" != "--" ]]; do
@@ -132,6 +131,8 @@ vs_preflight() {
     VS_COMMAND=("$PYTHON" -m verl.trainer.main_ppo "$@")
     if [[ "$DRY_RUN" == 1 ]]; then
         flags+=(--dry-run)
+    else
+        flags+=(--record-run)
     fi
     if [[ "$SKIP_PREFLIGHT" == 1 ]]; then
         echo "warning: SKIP_PREFLIGHT=1: launching without checks" >&2
@@ -146,6 +147,23 @@ vs_preflight() {
         exit 0
     fi
     ulimit -n 65535 2>/dev/null || echo "warning: could not raise the open-file limit (ulimit -n)" >&2
+}
+
+# vs_metrics_file: the launch's per-step metrics go to RUN_DIR/metrics.jsonl (verl's file logger;
+# VERL_FILE_LOGGER_PATH wins when set). verl empties the file when it starts, so a relaunch into the same run folder
+# first moves the previous launch's file into metrics/ beside it, named by its time; `python -m verl_search.report
+# RUN_DIR` reads them all, oldest first. Call it after vs_preflight (a dry run moves nothing).
+vs_metrics_file() {
+    export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-${RUN_DIR}/metrics.jsonl}"
+    mkdir -p "$(dirname "$VERL_FILE_LOGGER_PATH")"
+    if [[ "$DRY_RUN" != 1 && -s "$VERL_FILE_LOGGER_PATH" ]]; then
+        local kept
+        kept="$(dirname "$VERL_FILE_LOGGER_PATH")/metrics/$(date -r "$VERL_FILE_LOGGER_PATH" +%Y%m%d-%H%M%S)-$$.jsonl"
+        mkdir -p "$(dirname "$kept")"
+        mv "$VERL_FILE_LOGGER_PATH" "$kept" || vs_die "cannot keep the previous launch's metrics (${kept})"
+        echo "the previous launch's metrics: ${kept}"
+    fi
+    echo "per-step metrics: ${VERL_FILE_LOGGER_PATH}"
 }
 
 # vs_serve_retriever: RETRIEVER=serve puts the retrieval fleet into the Ray cluster verl trains in: it starts a Ray

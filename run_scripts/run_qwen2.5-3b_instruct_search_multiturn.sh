@@ -21,7 +21,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # GPU_MEMORY_UTILIZATION, MICRO_BATCH_PER_GPU, MAX_TOKEN_LEN_PER_GPU, TOTAL_EPOCHS, SAVE_FREQ, TEST_FREQ, LOGGER) is
 # declared once, with its default (the published recipe's) and meaning, in verl_search/launch/gpu_run.py
 # (GpuRunKnobs), which also maps them to verl's overrides. Resolve them here:
-KNOBS="$("$PYTHON" -m verl_search.launch.gpu_run shell)" || vs_die "fix the knob named above"
+# A trainer.experiment_name=... among the trailing overrides names the experiment (it wins over EXPERIMENT_NAME), so
+# the run folder, its checkpoints and its metrics follow the name wandb shows.
+KNOBS="$("$PYTHON" -m verl_search.launch.gpu_run shell -- "$@")" || vs_die "fix the knob named above"
 eval "$KNOBS"
 
 vs_rollout_overrides
@@ -35,6 +37,7 @@ mapfile -d '' -t ARGS < <(env "${VS_KNOB_ENV[@]}" "$PYTHON" -m verl_search.launc
 ARGS+=("${VS_ROLLOUT_ARGS[@]}" "${VS_SEARCH_ARGS[@]}" ${VS_RAY_ARGS[@]+"${VS_RAY_ARGS[@]}"})
 ARGS+=("${VS_TRAINER_ARGS[@]}" "$@")
 
-echo "run folder: ${RUN_DIR} (tool config, checkpoints, validation generations)"
+echo "run folder: ${RUN_DIR} (tool config, checkpoints, metrics.jsonl, validation generations)"
 vs_preflight --agent "$AGENT" -- "${ARGS[@]}"
+vs_metrics_file
 exec "${VS_COMMAND[@]}"

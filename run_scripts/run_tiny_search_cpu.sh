@@ -24,15 +24,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # MICRO_BATCH, TOTAL_EPOCHS, TOTAL_STEPS, SAVE_FREQ, TEST_FREQ, RESUME_MODE, LOGGER, RAY_NUM_CPUS, ROLLOUT=hf_cpu|vllm,
 # VLLM_KV_CACHE_BYTES, VLLM_BUCKET_MB) is declared once, with its default and meaning, in verl_search/launch/cpu_run.py
 # (CpuRunKnobs), which also maps them to verl's overrides; make train uses the same mapping. Resolve them here:
-KNOBS="$("$PYTHON" -m verl_search.launch.cpu_run shell)" || vs_die "fix the knob named above"
+KNOBS="$("$PYTHON" -m verl_search.launch.cpu_run shell -- "$@")" || vs_die "fix the knob named above"
 eval "$KNOBS"
 
 # DESIGN §1.1: the CPU platform (verl_search.cpu, registered by our verl.plugins entry point), and FSDP engines
 # looked up under "cuda" (verl registers none for "cpu"; the platform makes them run on the CPU).
 export VERL_PLATFORM=cpu
 export VERL_ENGINE_DEVICE="${VERL_ENGINE_DEVICE:-cuda}"
-# verl's file logger truncates its file: one file per launch, so a resumed run keeps the first run's metrics
-export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-${RUN_DIR}/metrics/$(date +%Y%m%d-%H%M%S)-$$.jsonl}"
 export TENSORBOARD_DIR="${TENSORBOARD_DIR:-${RUN_DIR}/tensorboard}"
 
 if [[ "$ROLLOUT" == vllm ]]; then
@@ -43,7 +41,6 @@ fi
 vs_prepare_run
 vs_search_overrides
 vs_trainer_overrides "$N_RANKS" "$TRAIN_BATCH_SIZE" "$PPO_MINI_BATCH_SIZE" cpu
-mkdir -p "$(dirname "$VERL_FILE_LOGGER_PATH")"
 
 mapfile -d '' -t ARGS < <(env "${VS_KNOB_ENV[@]}" "$PYTHON" -m verl_search.launch.cpu_run overrides \
     --rollout-gpus "$VS_ROLLOUT_GPUS")
@@ -57,4 +54,5 @@ if [[ "$AGENT_CHECK" == 1 ]]; then
     PREFLIGHT_FLAGS+=(--agent "$AGENT")
 fi
 vs_preflight ${PREFLIGHT_FLAGS[@]+"${PREFLIGHT_FLAGS[@]}"} -- "${ARGS[@]}"
+vs_metrics_file
 exec "${VS_COMMAND[@]}"

@@ -50,7 +50,7 @@ def test_train_command_carries_the_recipe(train_dry_run, data_dir):
         "actor_rollout_ref.rollout.name=sglang",
         "actor_rollout_ref.rollout.mode=async",
         "actor_rollout_ref.rollout.multi_turn.format=hermes",
-        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=4",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
         "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=6000",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={run_dir}/search_tool_config.yaml",
         "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
@@ -104,7 +104,7 @@ def test_eval_dry_run_loads_the_latest_checkpoint_greedily(run_script, small_env
     env.update(CHECKPOINT=str(checkpoints), TRAIN_BATCH_SIZE="4")
     result = run_script(EVAL, **env)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"OK      checkpoint: {checkpoints}/global_step_7" in result.stderr
+    assert f"OK      checkpoint: starts from {checkpoints}/global_step_7" in result.stderr
     command = result.stdout.split("command:", 1)[1]
     for setting in (
         "trainer.val_only=True",
@@ -131,13 +131,16 @@ def test_eval_rejects_a_checkpoint_that_is_neither_verl_nor_hf(run_script, small
 
 
 def test_train_dry_run_names_the_engine_and_the_attention_it_chose(train_dry_run):
-    """No flash-attn on this machine: the script picks sdpa and the preflight reports engine and attention."""
+    """No FlashAttention-2 on this machine: the script picks sdpa without padding removal, and the preflight reports
+    engine and attention."""
     result, _, _ = train_dry_run
     command = result.stdout.split("command:", 1)[1]
     assert "+actor_rollout_ref.model.override_config.attn_implementation=sdpa" in command
+    assert "actor_rollout_ref.model.use_remove_padding=False" in command
     assert "skip_tokenizer_init" not in command  # tool_agent stops at end-of-turn tokens only
-    assert "rollout engine: sglang; actor attention: sdpa (flash-attn does not import)" in result.stdout
-    assert "preflight: OK      attention: sdpa (flash-attn is not installed)" in result.stderr
+    chosen = "rollout engine: sglang; actor attention: sdpa, without padding removal (no FlashAttention-2"
+    assert chosen in result.stdout
+    assert "preflight: OK      attention: sdpa, padded batches" in result.stderr
     assert "preflight: WARNING engine install: rollout engine sglang does not import" in result.stderr
 
 

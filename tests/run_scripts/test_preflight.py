@@ -47,6 +47,7 @@ def overrides(data_dir, tool_yaml) -> list[str]:
         "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
         "reward.custom_reward_function.path=pkg://verl_search.reward",
         "trainer.n_gpus_per_node=1",
+        'trainer.logger=["console"]',  # wandb's login has its own tests
     ]
 
 

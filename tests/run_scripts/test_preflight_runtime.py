@@ -1,4 +1,5 @@
-"""The preflight's checks of the installed software: rollout engine, locked versions, stop strings, attention.
+"""The preflight's checks of the installed software: rollout engine, locked versions, stop strings (the attention's
+are in tests/verl_search/launch/test_attention.py).
 
 The environment is a :class:`PythonEnvironment`; ``Environment`` below is a plain fake one handed to the preflight
 (no patching). Where the real interpreter is used, this CPU machine has neither sglang, vllm nor flash-attn.
@@ -14,7 +15,6 @@ from verl_search.launch.environment import InstalledEnvironment
 from verl_search.launch.gpu_locks import load_lock
 from verl_search.launch.preflight import Finding, planned_checks, run_check
 from verl_search.launch.runtime import (
-    check_attention,
     check_engine_installed,
     check_locked_versions,
     check_stop_strings,
@@ -75,6 +75,9 @@ class Environment:
     def import_error(self, module: str) -> str | None:
         distribution = module.replace("_", "-")
         return None if distribution in self.versions else f"ModuleNotFoundError: No module named '{module}'"
+
+    def flash_attention_2(self) -> str | None:
+        return None if "flash-attn" in self.versions else "flash-attn is not installed"
 
 
 def locked(rollout: str, cuda: str = "13", driver: str | None = None, **changes: str | None) -> Environment:
@@ -182,24 +185,6 @@ def test_a_python_without_a_lock_is_a_warning_not_an_error():
     assert "cannot compare with a lock" in result.message and "gpu-vllm-cu13-py3.9.txt: no such lock" in result.message
 
 
-def test_verls_default_attention_without_flash_attn_names_the_sdpa_override():
-    environment = locked("vllm")
-    dry = finding(check_attention, context(environment=environment))
-    assert dry.level == "warning"
-    assert dry.message.startswith("flash_attention_2 (verl's default) needs flash-attn, which does not import")
-    assert SDPA in dry.message
-    assert finding(check_attention, context(environment=environment, dry_run=False)).level == "error"
-
-
-def test_the_chosen_attention_is_reported():
-    no_flash = locked("vllm")
-    with_flash = locked("vllm", flash_attn="2.8.3")
-    assert finding(check_attention, context(SDPA, environment=no_flash)).message == "sdpa (flash-attn is not installed)"
-    assert finding(check_attention, context(SDPA, environment=with_flash)).message == "sdpa"
-    result = finding(check_attention, context(environment=with_flash, dry_run=False))
-    assert (result.level, result.message) == ("ok", "flash_attention_2 (flash-attn 2.8.3)")
-
-
 @pytest.mark.parametrize(
     ("overrides", "level"),
     [
@@ -223,12 +208,13 @@ def test_tool_agent_needs_no_stop_strings_on_either_engine():
 
 
 def test_the_preflight_plan_reports_engine_versions_and_attention():
-    ctx = context("actor_rollout_ref.rollout.name=sglang", SDPA, environment=locked("sglang"))
+    padded = "actor_rollout_ref.model.use_remove_padding=False"
+    ctx = context("actor_rollout_ref.rollout.name=sglang", SDPA, padded, environment=locked("sglang"))
     runtime = {"engine install", "locked versions", "stop strings", "attention"}
     lines = [run_check(name, check).line() for name, check in planned_checks(ctx) if name in runtime]
     sglang = load_lock("sglang", PYTHON, cuda="13")["sglang"]
     assert f"preflight: OK      engine install: sglang {sglang} imports" in lines
-    assert "preflight: OK      attention: sdpa (flash-attn is not installed)" in lines
+    assert "preflight: OK      attention: sdpa, padded batches" in lines
     assert any(line.startswith("preflight: OK      locked versions: torch ") for line in lines), lines
     assert len(lines) == len(runtime)
 

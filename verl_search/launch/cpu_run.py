@@ -20,7 +20,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from verl_search.errors import VerlSearchError
-from verl_search.launch.run_knobs import RunKnobs, data_overrides, knobs_main, value
+from verl_search.launch.run_knobs import RunKnobs, data_overrides, knobs_main, resume_overrides, value
 
 #: the overrides that make verl's FSDP engine compute in fp32 (bf16 is emulated, ~10x slower, without avx512_bf16/AMX)
 FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
@@ -123,6 +123,7 @@ def cpu_overrides(knobs: CpuRunKnobs, *, rollout_gpus: int = 0) -> list[str]:
         f"trainer.total_epochs={k.total_epochs}",
         f"trainer.total_training_steps={value(k.total_steps)}",
         f"trainer.resume_mode={k.resume_mode}",
+        *resume_overrides(k.resume_from),
         f"trainer.default_local_dir={k.run_dir}/checkpoints",
         f"trainer.validation_data_dir={k.run_dir}/val_generations",
         # logical GPUs: the trainer's ranks plus a separate rollout pool's (TRAINER=one_step_off|fully_async)

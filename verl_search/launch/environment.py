@@ -1,7 +1,8 @@
 """What the launch preflight may ask about the installed Python environment: package versions and requirements,
-whether a module imports, the interpreter's version, the newest CUDA the node's NVIDIA driver supports.
-:class:`InstalledEnvironment` answers for the running interpreter; tests hand the preflight any other object with the
-same methods (the seam), so no check patches a function.
+whether a module imports, the interpreter's version, the newest CUDA the node's NVIDIA driver supports, whether
+transformers can use FlashAttention-2, the GPUs a run would use. :class:`InstalledEnvironment` answers for the
+running interpreter; tests hand the preflight any other object with the same methods (the seam), so no check patches
+a function.
 
 Invariant: asking never installs, downloads or writes anything; a failed import is an answer, not an exception.
 """
@@ -43,6 +44,14 @@ class PythonEnvironment(Protocol):
 
     def import_error(self, module: str) -> str | None:
         """None when ``module`` imports; otherwise the one-line reason it does not."""
+        ...
+
+    def flash_attention_2(self) -> str | None:
+        """None when transformers finds FlashAttention-2 usable; otherwise why not, in a few words."""
+        ...
+
+    def gpu_uuids(self) -> set[str] | None:
+        """The UUIDs (no ``GPU-`` prefix) of the CUDA GPUs a run started here would use, or None when none is seen."""
         ...
 
 
@@ -92,3 +101,16 @@ class InstalledEnvironment:
             text = str(e).strip().splitlines()
             return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
         return None
+
+    def flash_attention_2(self) -> str | None:
+        from verl_search.launch.attention import flash_attention_2_problem
+
+        return flash_attention_2_problem()
+
+    def gpu_uuids(self) -> set[str] | None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        props = (torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count()))
+        return {str(p.uuid).removeprefix("GPU-") for p in props}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -87,7 +87,7 @@ class EvalRunKnobs(RunKnobs):
     n_gpus: int = Field(8, ge=1, description="GPUs per node")
     nnodes: int = Field(1, ge=1)
     attn_implementation: str = Field(
-        "auto", description="the actor's attention: auto (flash_attention_2 when flash-attn imports, else sdpa)"
+        "auto", description="the actor's attention: auto (flash_attention_2 when transformers finds it, else sdpa)"
     )
     rollout_tp: int = Field(1, ge=1, description="the engine's tensor parallelism")
     gpu_memory_utilization: float = Field(0.7, gt=0, le=1)
@@ -95,7 +95,7 @@ class EvalRunKnobs(RunKnobs):
     resume_from: str = ""
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> Any:
+    def from_env(cls, env: Mapping[str, str] = os.environ, overrides: Sequence[str] = ()) -> Any:
         """The knobs the environment sets, with the device's defaults and engines, and ``CHECKPOINT`` resolved."""
         env = dict(env)
         device = env.get("DEVICE") or "cuda"
@@ -137,7 +137,7 @@ class EvalRunKnobs(RunKnobs):
                 env |= {"RESUME_MODE": "resume_path", "RESUME_FROM": resumed}
             else:
                 env["MODEL_PATH"] = model
-        return super().from_env(env)
+        return super().from_env(env, overrides)
 
     @model_validator(mode="after")
     def _output_dir(self) -> EvalRunKnobs:
@@ -192,7 +192,6 @@ def gpu_eval_overrides(knobs: EvalRunKnobs) -> list[str]:
     return [
         *data_overrides(k),
         f"actor_rollout_ref.model.path={k.model_path}",
-        "actor_rollout_ref.model.use_remove_padding=True",
         f"{actor}.ppo_mini_batch_size={k.train_batch_size}",
         f"{actor}.use_dynamic_bsz=True",
         f"{actor}.use_kl_loss=False",

@@ -13,9 +13,11 @@ import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 
-from verl_search.launch import checks, resources, runtime, trainer_mode_check
+from verl_search.launch import checks, resources, run_outputs, runtime, trainer_mode_check
+from verl_search.launch.checkpoints import RunRecord, write_record
 from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning
 from verl_search.launch.cuda_driver import check_cuda_driver
 from verl_search.launch.environment import PythonEnvironment
@@ -68,10 +70,13 @@ def planned_checks(ctx: LaunchContext) -> list[tuple[str, Callable[[], str]]]:
         plan.append(("retriever", lambda e=e: _raise(f"not probed: {e}", PreflightWarning)))
     for url in urls:
         plan.append(("retriever", lambda url=url: resources.probe_retriever(url, ctx.probe_timeout)))
+        plan.append(("retriever gpus", lambda url=url: resources.check_retriever_gpus(ctx, url)))
     plan += [
         ("reward", lambda: resources.check_reward(ctx)),
         ("tokenizer", lambda: resources.check_tokenizer(ctx)),
-        ("checkpoint", lambda: resources.check_checkpoint(ctx)),
+        ("checkpoint", lambda: run_outputs.check_checkpoint(ctx)),
+        ("checkpoint disk", lambda: run_outputs.check_checkpoint_disk(ctx)),
+        ("wandb", lambda: run_outputs.check_wandb(ctx)),
         ("gpus", lambda: resources.check_gpus(ctx)),
     ]
     return plan
@@ -102,10 +107,13 @@ def run_preflight(
     probe_timeout: float = 10.0,
     out: TextIO | None = None,
     environment: PythonEnvironment | None = None,
+    record_run: bool = False,
 ) -> list[Finding]:
     """Compose the config and run every check, printing one line per finding to ``out``; return the findings.
 
-    ``environment`` answers the questions about installed software (default: this interpreter's).
+    ``environment`` answers the questions about installed software (default: this interpreter's). ``record_run``: when
+    no check failed, mark the checkpoint folder as this experiment's (the launch goes ahead), which the checkpoint
+    check of a later launch into the same folder reads.
     """
     out = out or sys.stderr
     findings: list[Finding] = []
@@ -128,6 +136,14 @@ def run_preflight(
         ctx.environment = environment
     for name, check in planned_checks(ctx):
         report(run_check(name, check))
+    if record_run and not any(f.level == "error" for f in findings):
+        trainer = composed.config.trainer
+        record = RunRecord(project_name=str(trainer.project_name), experiment_name=str(trainer.experiment_name))
+        try:
+            path = write_record(Path(str(trainer.default_local_dir)), record)
+            report(Finding("ok", "run record", f"{path}: experiment '{record.experiment_name}' writes here"))
+        except OSError as e:
+            report(Finding("error", "run record", f"cannot write {trainer.default_local_dir}: {e}"))
     return findings
 
 
@@ -139,12 +155,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="missing GPUs are a warning, not an error")
     parser.add_argument("--agent", help="the agent loop every data row must use (tool_agent or search_r1_agent)")
     parser.add_argument("--probe-timeout", type=float, default=10.0, help="seconds for the retriever probe")
+    parser.add_argument(
+        "--record-run",
+        action="store_true",
+        help="when every check passes, record the experiment in its checkpoint folder",
+    )
     parser.add_argument("overrides", nargs="*", help="hydra overrides for verl.trainer.main_ppo (after --)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     warnings.filterwarnings("ignore")  # verl's import-time warnings would drown the findings
     findings = run_preflight(
-        args.overrides, dry_run=args.dry_run, expected_agent=args.agent, probe_timeout=args.probe_timeout
+        args.overrides,
+        dry_run=args.dry_run,
+        expected_agent=args.agent,
+        probe_timeout=args.probe_timeout,
+        record_run=args.record_run,
     )
     errors = [f for f in findings if f.level == "error"]
     warned = sum(f.level == "warning" for f in findings)

@@ -1,5 +1,5 @@
-"""Launch checks of what the run loads or reaches: the tools, the retriever, the reward, the model, the checkpoint
-and the GPUs. Each returns a one-line note when fine and raises a typed problem otherwise.
+"""Launch checks of what the run loads or reaches: the tools, the retriever, the reward, the model and the GPUs.
+Each returns a one-line note when fine and raises a typed problem otherwise.
 
 Invariant: nothing here starts a GPU job, downloads anything or writes a file; the only network traffic is one small
 ``POST /retrieve`` probe per configured retriever URL.
@@ -159,6 +159,63 @@ def probe_retriever(url: str, timeout: float) -> str:
     raise PreflightError(f"retriever {url} answered HTTP {response.status_code}: {response.text[:200]!r}")
 
 
+def check_retriever_gpus(ctx: LaunchContext, url: str) -> str:
+    """The GPU memory a retriever holds (its ``/health`` ``gpus``) leaves the actor room on the GPUs it shares with
+    training: beside the rollout's ``gpu_memory_utilization`` share of each GPU, the retriever may take a quarter of
+    what is left (more is a warning) and never half (an error: the FSDP rank on that GPU runs short, and FSDP needs
+    the same room on every rank)."""
+    import requests
+
+    base = url.rsplit("/retrieve", 1)[0]
+    try:
+        health = requests.get(f"{base}/health", timeout=ctx.probe_timeout).json()
+    except (requests.RequestException, ValueError):
+        return f"{base}/health reports no GPU memory; not checked"
+    entries = health.get("gpus") if isinstance(health, dict) else None
+    if not isinstance(entries, list):
+        return f"{base} does not report its GPU memory; not checked"
+    held: dict[str, list] = {}  # uuid -> [bytes, total, name]; a fleet lists one entry per replica and GPU
+    for entry in entries:
+        used = entry.get("process_bytes") if entry.get("process_bytes") is not None else entry.get("reserved_bytes")
+        slot = held.setdefault(_uuid(entry.get("uuid")), [0, int(entry.get("total_bytes") or 0), entry.get("name")])
+        slot[0] += int(used or 0)
+    if not held:
+        return f"{base} holds no GPU memory"
+    training = ctx.environment.gpu_uuids()
+    fraction = float(ctx.rollout.gpu_memory_utilization)
+    shared = {u: v for u, v in held.items() if training is None or u in training}
+    notes = [f"{_gib(b)} of {_gib(t)} on {n} (not a training GPU)" for u, (b, t, n) in held.items() if u not in shared]
+    worst = max(shared.items(), key=lambda item: item[1][0] / max(item[1][1], 1), default=None)
+    if worst is None:
+        return f"{base}: " + "; ".join(notes)
+    uuid, (used, total, name) = worst
+    left = (1 - fraction) * total
+    where = f"{len(shared)} GPU(s) training also uses" + (
+        "" if training is not None else " (assumed: no GPU seen here)"
+    )
+    summary = f"{base} holds up to {_gib(used)} of {_gib(total)} on {where}"
+    if used <= left / 4:
+        return f"{summary}; the actor keeps {_gib(left - used)} beside the rollout's {fraction:g}"
+    message = (
+        f"{summary}: on {name} {uuid} the rollout takes {fraction:g} of the GPU and the FSDP rank keeps "
+        f"{_gib(max(left - used, 0))} of the {_gib(left)} left (every rank gets that little room); spread the index "
+        "over every GPU (launch_retriever.sh GPUS=all), give the retriever GPUs of its own (GPUS=6,7 there, and "
+        "training on the others), or lower GPU_MEMORY_UTILIZATION"
+    )
+    if used > left / 2 and not ctx.dry_run:
+        raise PreflightError(message)
+    raise PreflightWarning(message)
+
+
+def _uuid(value: object) -> str:
+    """A GPU's UUID without nvidia-smi's ``GPU-`` prefix (torch writes it without)."""
+    return str(value or "?").removeprefix("GPU-")
+
+
+def _gib(size: float) -> str:
+    return f"{size / 1024**3:.1f} GiB"
+
+
 def check_reward(ctx: LaunchContext) -> str:
     """The custom reward loads exactly as verl loads it, and scores a sample answer with verl's signature."""
     from verl.utils.import_utils import load_extern_object
@@ -221,19 +278,6 @@ def check_tokenizer(ctx: LaunchContext) -> str:
             f"actor_rollout_ref.model.path: {path}: tokenizer fails to load ({type(e).__name__})"
         ) from e
     return f"{path} ({len(tokenizer)} tokens)"
-
-
-def check_checkpoint(ctx: LaunchContext) -> str:
-    """With ``resume_mode=resume_path``, the checkpoint folder exists and holds the actor."""
-    trainer = ctx.config.trainer
-    if trainer.resume_mode != "resume_path":
-        return f"resume_mode={trainer.resume_mode}"
-    path = str(trainer.resume_from_path)
-    if "global_step_" not in path:
-        raise PreflightError(f"trainer.resume_from_path={path}: must be a .../global_step_N folder")
-    if not (Path(path) / "actor").is_dir():
-        raise PreflightError(f"trainer.resume_from_path={path}: no actor/ folder (not a verl checkpoint)")
-    return path
 
 
 def check_gpus(ctx: LaunchContext) -> str:

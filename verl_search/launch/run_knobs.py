@@ -15,12 +15,13 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from verl_search.launch.checkpoints import resolve_step
 from verl_search.resources import AGENT_LOOP_YAML, SEARCH_TOOL_YAML, shipped_file
 
 
@@ -70,6 +71,16 @@ class RunKnobs(BaseModel):
     save_freq: int = -1
     test_freq: int = -1
     logger: str = '["console","file"]'
+    resume_from: str = Field(
+        "",
+        description="a checkpoint to start from on purpose: a global_step_N folder, or a checkpoint folder (its "
+        "latest step); empty: verl's resume_mode, whose auto resumes only this experiment's own checkpoints",
+    )
+
+    @field_validator("resume_from")
+    @classmethod
+    def _resume_step(cls, path: str) -> str:
+        return str(resolve_step(path)) if path else path
 
     @model_validator(mode="after")
     def _derived_defaults(self) -> RunKnobs:
@@ -87,9 +98,17 @@ class RunKnobs(BaseModel):
         return self
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> Any:
-        """The knobs the environment sets (unset or empty variables keep their defaults, like ``${X:-default}``)."""
+    def from_env(cls, env: Mapping[str, str] = os.environ, overrides: Sequence[str] = ()) -> Any:
+        """The knobs the environment sets (unset or empty variables keep their defaults, like ``${X:-default}``).
+
+        ``overrides``: the hydra overrides the user appends to the script; a ``trainer.experiment_name=`` among them
+        names the experiment (the last one wins, over ``EXPERIMENT_NAME``), so the run folder and its checkpoints
+        follow the name verl logs under, as in plain verl.
+        """
         raw = {name: env[name.upper()] for name in cls.model_fields if env.get(name.upper(), "") != ""}
+        named = experiment_name_override(overrides)
+        if named:
+            raw["experiment_name"] = named
         if raw.get("total_steps") == "null":
             raw.pop("total_steps")
         try:
@@ -103,6 +122,17 @@ class RunKnobs(BaseModel):
             if first["type"] == "literal_error":  # "choose a or b", as the scripts have always said
                 raise cls.error(f"{where}choose {first['ctx']['expected'].replace(chr(39), '')}") from e
             raise cls.error(f"{where}{first['msg']}") from e
+
+
+def experiment_name_override(overrides: Sequence[str]) -> str | None:
+    """The value of the last ``trainer.experiment_name=`` override (``+``/``++`` prefixes and one pair of hydra
+    quotes removed), or None."""
+    name = None
+    for override in overrides:
+        key, sep, val = override.partition("=")
+        if sep and key.lstrip("+") == "trainer.experiment_name":
+            name = val[1:-1] if len(val) >= 2 and val[0] == val[-1] and val[0] in "'\"" else val
+    return name or None
 
 
 def absolute(path: str) -> str:
@@ -146,6 +176,13 @@ def data_overrides(knobs: RunKnobs) -> list[str]:
     ]
 
 
+def resume_overrides(resume_from: str) -> list[str]:
+    """``RESUME_FROM`` as verl overrides (resume from that step; nothing when it is empty)."""
+    if not resume_from:
+        return []
+    return ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={resume_from}"]
+
+
 def knobs_main(
     prog: str,
     description: str,
@@ -158,13 +195,14 @@ def knobs_main(
     ``overrides`` prints ``compose(knobs, args)`` NUL-separated; a bad knob is one ``error:`` line and exit 1."""
     p = argparse.ArgumentParser(prog=prog, description=description)
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("shell", help="the resolved knobs as shell assignments")
+    shell = sub.add_parser("shell", help="the resolved knobs as shell assignments")
+    shell.add_argument("overrides", nargs="*", help="the hydra overrides given to the script (after --)")
     o = sub.add_parser("overrides", help="the run's verl overrides, NUL-separated")
     if add_options is not None:
         add_options(o)
     args = p.parse_args(argv)
     try:
-        knobs = knobs_cls.from_env()
+        knobs = knobs_cls.from_env(overrides=getattr(args, "overrides", ()))
     except knobs_cls.error as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from packaging.version import InvalidVersion, Version
 
+from verl_search.launch.attention import ATTENTION_KEY, PACKING_KERNELS, REMOVE_PADDING_KEY, VERL_DEFAULT
 from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning, as_list, read_data_file
 from verl_search.launch.cuda_driver import lock_cuda
 from verl_search.launch.gpu_locks import (
@@ -24,8 +25,8 @@ from verl_search.launch.gpu_locks import (
 from verl_search.platform_choice import cpu_requested
 
 #: verl's attention implementation when ``actor_rollout_ref.model.override_config.attn_implementation`` is unset
-VERL_DEFAULT_ATTENTION = "flash_attention_2"
-ATTENTION_OVERRIDE = "+actor_rollout_ref.model.override_config.attn_implementation"
+VERL_DEFAULT_ATTENTION = VERL_DEFAULT
+ATTENTION_OVERRIDE = ATTENTION_KEY
 #: agent loops that pass stop strings to the engine
 STOP_STRING_AGENTS = ("search_r1_agent",)
 
@@ -77,20 +78,27 @@ def attention_implementation(ctx: LaunchContext) -> str:
 
 
 def check_attention(ctx: LaunchContext) -> str:
-    """Name the attention implementation; flash_attention_2 (verl's default) needs flash-attn to import."""
+    """Name the attention implementation; flash_attention_2 (verl's default) needs transformers to find
+    FlashAttention-2, and padding removal needs a FlashAttention kernel."""
     chosen = attention_implementation(ctx)
-    flash_error = ctx.environment.import_error("flash_attn")
+    remove_padding = bool(ctx.config.actor_rollout_ref.model.get("use_remove_padding", True))
+    note = chosen
     if chosen == VERL_DEFAULT_ATTENTION:
-        if flash_error is not None:
+        problem = ctx.environment.flash_attention_2()
+        if problem is not None:
             raise _problem(
                 ctx,
-                f"{chosen} (verl's default) needs flash-attn, which does not import ({flash_error}): install it "
-                f"(pip install flash-attn --no-build-isolation) or set {ATTENTION_OVERRIDE}=sdpa",
+                f"{chosen} needs FlashAttention-2 and {problem}: install flash-attn (pip install flash-attn "
+                f"--no-build-isolation) or set ATTN_IMPLEMENTATION=sdpa ({ATTENTION_OVERRIDE}=sdpa)",
             )
-        return f"{chosen} (flash-attn {ctx.environment.version('flash-attn') or '?'})"
-    if flash_error is not None:
-        return f"{chosen} (flash-attn is not installed)"
-    return chosen
+        note = f"{chosen} (flash-attn {ctx.environment.version('flash-attn') or '?'})"
+    if remove_padding and chosen not in PACKING_KERNELS:
+        raise PreflightWarning(
+            f"{chosen} with {REMOVE_PADDING_KEY}=True: verl packs sequences into one row, which FlashAttention's "
+            f"variable-length kernels keep apart and {chosen} is not run with here; set {REMOVE_PADDING_KEY}=False "
+            "(the run scripts do)"
+        )
+    return f"{note}, {'padding removed' if remove_padding else 'padded batches'}"
 
 
 def same_release(installed: str, locked: str | None) -> bool:

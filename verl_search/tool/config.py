@@ -50,7 +50,7 @@ class SearchToolConfig(BaseModel):
         default=120, ge=1, le=100_000, description="Max concurrent HTTP requests per process (worker pool)."
     )
     rate_limit: float | None = Field(
-        default=150.0,
+        default=120.0,
         ge=0,
         description="Requests per second per process (token bucket, burst = rate_limit). null or 0 = unlimited.",
     )

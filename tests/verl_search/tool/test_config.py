@@ -15,7 +15,7 @@ TOOL_YAML = str(Path(__file__).resolve().parents[3] / "tool_config" / "search_to
 
 def test_defaults_match_the_documented_ones():
     c = SearchToolConfig.from_dict({"type": "native"})
-    assert (c.topk, c.num_workers, c.rate_limit, c.timeout) == (3, 120, 150.0, 30.0)
+    assert (c.topk, c.num_workers, c.rate_limit, c.timeout) == (3, 120, 120.0, 30.0)
     assert c.retrieval_service_url == ("http://127.0.0.1:8000/retrieve",)
 
 
