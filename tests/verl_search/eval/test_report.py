@@ -265,3 +265,45 @@ def test_metrics_option_draws_the_runs_search_health(tmp_path: Path, write_gener
     ]  # fmt: skip
     assert all((dump / "health" / name).stat().st_size > 5_000 for name in written)  # drawn, not empty
     assert main([str(dump), "--metrics", str(tmp_path / "absent.jsonl")]) == 1
+
+
+def _metrics_file(path: Path, steps: range, searches: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for step in steps:
+            data = {"search/calls_per_traj/mean": searches, "search/answered_share": 0.9, "critic/score/mean": 0.2}
+            f.write(json.dumps({"step": step, "data": data}) + "\n")
+
+
+def test_a_run_folder_gives_the_report_and_the_health_of_every_launch(tmp_path: Path, write_generations, capsys):
+    """``python -m verl_search.report RUN_DIR``: a run folder as the run scripts leave it after a relaunch (the first
+    launch's metrics kept in metrics/, the resumed one's in metrics.jsonl, logging steps 4-5 again)."""
+    from verl_search.eval.plots import read_metrics, run_metrics_files
+
+    run = tmp_path / "runs" / "exp"
+    _metrics_file(run / "metrics" / "20261128-210000-41.jsonl", range(1, 6), searches=1.0)
+    _metrics_file(run / "metrics.jsonl", range(4, 9), searches=2.0)
+    _dump(write_generations, run / "val_generations", 8, PLAN, with_source=True)
+    files = run_metrics_files(run)
+    assert [p.name for p in files] == ["20261128-210000-41.jsonl", "metrics.jsonl"]
+    merged = read_metrics(*files)
+    assert sorted(merged) == list(range(1, 9))
+    assert merged[3]["search/calls_per_traj/mean"] == 1.0 and merged[4]["search/calls_per_traj/mean"] == 2.0
+
+    assert main([str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "NQ" in out and f"wrote {run / 'val_generations' / 'report.md'}" in out
+    assert "from 2 metrics file(s)" in out
+    assert (run / "health" / "search_health.png").stat().st_size > 5_000
+
+
+def test_a_run_folder_without_validation_yet_draws_its_health_and_an_empty_one_is_refused(tmp_path: Path, capsys):
+    run = tmp_path / "run"
+    _metrics_file(run / "metrics.jsonl", range(1, 3), searches=1.0)
+    assert main([str(run)]) == 0
+    assert "no validation dumps in" in capsys.readouterr().out
+    assert (run / "health" / "search_health.png").is_file()
+    empty = tmp_path / "empty"
+    (empty / "metrics").mkdir(parents=True)
+    assert main([str(empty)]) == 1
+    assert f"{empty} holds neither metrics nor validation dumps yet" in capsys.readouterr().err

@@ -116,3 +116,27 @@ def test_wait_share_of_a_tool_agent_trajectory_comes_from_its_loop_timings():
 def test_misaligned_inputs_are_an_error_not_a_silent_shift():
     with pytest.raises(ValueError):
         search_step_metrics([{}, {}], response_lens=[1])
+
+
+def test_results_trained_on_as_if_the_model_wrote_them_are_a_share_of_the_trajectories_shown_results():
+    rows = [
+        tool_agent_trajectory([10], [300]),  # shown a result, its tokens masked: fine
+        tool_agent_trajectory([10], [300]),  # shown a result, nothing masked: the loop's mask is broken
+        tool_agent_trajectory([90], [300]),  # its only result was dropped unseen at the response's end: not counted
+        {"search_calls": 0},  # searched nothing: not counted
+    ]
+    m = search_step_metrics(rows, response_lens=[50, 50, 90, 30], masked_tokens=[80, 0, 0, 0])
+    assert m["search/unmasked_results_share"] == 0.5
+    assert "search/unmasked_results_share" not in search_step_metrics(rows, response_lens=[50, 50, 90, 30])
+
+
+def test_masked_tokens_are_counted_within_each_response_from_nested_or_padded_masks():
+    import torch
+
+    from verl_search.monitor.trainer import masked_token_counts
+
+    rows = [torch.tensor([1, 1, 0, 0, 1]), torch.tensor([1, 1, 1])]
+    assert masked_token_counts(torch.nested.nested_tensor(rows, layout=torch.jagged), [5, 3]) == [2, 0]
+    padded = torch.tensor([[1, 1, 0, 0, 1], [1, 1, 1, 0, 0]])  # padding past a response's length is not masking
+    assert masked_token_counts(padded, [5, 3]) == [2, 0]
+    assert masked_token_counts(padded, [None, 3]) == [None, 0]
