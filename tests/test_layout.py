@@ -215,6 +215,10 @@ CHECKOUT_PATHS = {
     "verl_search/train/processes.py": "parents[2]",
     # the GPU/CPU lock files, which only a checkout has: the preflight says "not checked" without them
     "verl_search/launch/gpu_locks.py": "parents[2]",
+    # the checkout eval_search.sh runs from, named in its hint for making a missing validation file
+    "verl_search/launch/eval_run.py": "parents[2]",
+    # make gpu-smoke runs the checkout's run script, retriever and preprocessing (a checkout command, like make)
+    "verl_search/launch/gpu_smoke.py": "parents[2]",
 }
 
 

@@ -242,3 +242,14 @@ def test_resume_from_a_folder_without_a_checkpoint_is_a_knob_error(home, tmp_pat
     done = launch(home, tmp_path, RESUME_FROM=str(tmp_path))
     assert done.returncode == 1
     assert f"RESUME_FROM={tmp_path}: Value error, {tmp_path}: holds no verl checkpoint" in done.stderr
+
+
+def test_without_the_preprocessed_data_the_preflight_names_the_command_that_writes_it(retriever_url, tmp_path):
+    done = launch(tmp_path, tmp_path, RETRIEVER_URL=retriever_url)
+    assert done.returncode == 1
+    folder = tmp_path / "data" / "searchR1_processed_direct"
+    for name in ("train.parquet", "val_subset.parquet"):
+        assert (
+            f"{folder}/{name}: no such file (the preprocessing writes it: python data_preprocess/"
+            f"preprocess_searchR1_dataset.py --config data_preprocess/prompt.yaml --local_dir {folder})"
+        ) in done.stderr

@@ -20,6 +20,9 @@ from verl_search.errors import VerlSearchError
 from verl_search.launch.environment import InstalledEnvironment, PythonEnvironment
 from verl_search.launch.gpu_locks import DEFAULT_LOCK_DIR
 
+#: the files data_preprocess/preprocess_searchR1_dataset.py writes by default, and the command that writes them
+PREPROCESSED_FILES = ("train.parquet", "test.parquet", "val_subset.parquet")
+PREPROCESS_COMMAND = "python data_preprocess/preprocess_searchR1_dataset.py --config data_preprocess/prompt.yaml"
 #: columns every training/validation parquet needs (DESIGN §3.5); ``agent_name`` is optional for verl
 REQUIRED_COLUMNS = ("prompt", "data_source", "reward_model")
 
@@ -81,7 +84,9 @@ def read_data_file(path: str) -> DataFileInfo:
     if path.startswith("~"):
         raise PreflightError(f"{path}: verl does not expand '~' in data paths; use $HOME or an absolute path")
     if not Path(path).is_file():
-        raise PreflightError(f"{path}: no such file")
+        made = Path(path).name in PREPROCESSED_FILES
+        hint = f" (the preprocessing writes it: {PREPROCESS_COMMAND} --local_dir {Path(path).parent})" if made else ""
+        raise PreflightError(f"{path}: no such file{hint}")
     if not path.endswith(".parquet"):
         raise PreflightError(f"{path}: not a .parquet file (verl-search data is parquet; see data_preprocess/)")
     try:
