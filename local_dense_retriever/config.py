@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -10,14 +12,33 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Backend = Literal["auto", "torch", "faiss", "bm25"]
 Pooling = Literal["auto", "mean", "cls"]
-#: precision of the encoder and of the torch backend's vectors ('auto' resolves per device)
+#: precision of the encoder and of the torch backend's vectors ('auto' resolves per device: ``backend_rule``)
 Precision = Literal["auto", "float32", "float16", "bfloat16"]
-#: the query encoder's precisions: the vectors', and int8 linear layers on a CPU (local_dense_retriever.int8_linear)
-EncoderPrecision = Literal["auto", "float32", "float16", "bfloat16", "int8"]
-#: the torch backend's coarse pre-scan of a float32 CPU index (local_dense_retriever.index.prefilter)
+#: the opt-in coarse pre-scan of a float32 flat index on the CPU (``local_dense_retriever.accel``)
 Prefilter = Literal["auto", "bfloat16", "int8", "off"]
-#: the torch backend's CPU scan: how its matmul is laid out (local_dense_retriever.index.scan_layout)
-ScanLayout = Literal["auto", "queries_first", "rows_first"]
+
+#: flags (and a flag's values) that were removed -> the one line the CLIs refuse them with, naming what replaced them
+REMOVED_FLAGS = {
+    "--encoder_dtype int8": "was removed (the int8 encoder): use --encoder_dtype auto (bfloat16 where the CPU has it "
+    "natively, else float32) or float32",
+    "--index_scan_layout": "was removed: the CPU scan has one layout; drop the flag",
+    "--encoder_packed": "was removed: the encoder runs the model's own forward; drop the flag",
+    "--no_encoder_packed": "was removed: the encoder runs the model's own forward; drop the flag",
+}
+
+
+def refuse_removed_flags(parser: argparse.ArgumentParser, argv: list[str] | None) -> None:
+    """Exit 2 with one line naming what replaced a removed flag or value of ``argv`` (``config.REMOVED_FLAGS``)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    for i, word in enumerate(words):
+        if not word.startswith("--"):
+            continue
+        name, eq, value = word.partition("=")
+        name = "--" + name[2:].replace("-", "_")
+        value = value if eq else (words[i + 1] if i + 1 < len(words) else "")
+        for key in (f"{name} {value}", name):
+            if key in REMOVED_FLAGS:
+                parser.exit(2, f"{parser.prog}: error: {key} {REMOVED_FLAGS[key]}\n")
 
 
 def default_cache_dir() -> Path:
@@ -83,65 +104,40 @@ class ServerConfig(BaseModel):
     fp16: bool = Field(
         default=True, description="Allow a half-precision encoder under encoder_dtype 'auto' (--no_fp16: float32)."
     )
-    encoder_dtype: EncoderPrecision = Field(
+    encoder_dtype: Precision = Field(
         default="auto",
-        description="Encoder precision; 'auto' = float16 on CUDA; on a CPU with bf16 instructions (avx512_bf16, "
-        "amx_bf16) bfloat16 when a start-up probe finds it faster, else float32; for the server's queries on a CPU "
-        "with VNNI and no AMX, int8 where it can run (with bf16 instructions: where a start-up probe finds it 1.1x "
-        "faster than that float choice); index building never takes int8. 'int8' (CPU, BERT-family encoders, a C++ "
-        "compiler for torch.compile): int8 linear layers, for CPUs without bf16 matmuls (VNNI).",
+        description="Encoder precision; 'auto' = float16 on CUDA, bfloat16 on a CPU with native bf16 (avx512_bf16 or "
+        "amx_bf16), float32 on other CPUs.",
     )
     index_dtype: Precision = Field(
         default="auto", description="torch backend vector dtype; 'auto' = float16 on CUDA, float32 on CPU."
     )
     index_prefilter: Prefilter = Field(
         default="auto",
-        description="torch backend, float32 index on the CPU: keep a coarse copy too (bfloat16: half the index's size "
-        "again; int8: a quarter) and scan it first, scoring in float32 only the rows whose coarse score is within "
-        "its proven rounding error of the top k, so the answers stay float32's (however tightly a query's scores "
-        "crowd); 'auto' = on for indexes of 32k rows and more, whose copy takes at most a quarter of the RAM: "
-        "bfloat16 on CPUs with AMX (3-4x the float32 matmul), int8 on CPUs with VNNI but no AMX (about 3x; their "
-        "bf16 matmul is slower than float32's), off elsewhere.",
-    )
-    index_scan_layout: ScanLayout = Field(
-        default="auto",
-        description="torch backend, index on the CPU: compute a batch's scores as queries x rows (queries_first) or "
-        "as rows x queries in cache-sized blocks (rows_first); the answers are the same. Which is faster depends on "
-        "the CPU's BLAS and the batch (on an AMD Zen 3 rows first is 1.9-3.1x faster at 2-8 queries, 1.3-1.5x at "
-        "32-64, even at 1 and 256); 'auto' times both at five batch sizes at the first start on a CPU (under a "
-        "second; indexes of 32k rows and more), remembers the result in the cache directory unless the machine was "
-        "busy, and gives each batch the faster one.",
+        description="torch backend, float32 index on the CPU: scan a bfloat16 (half size) or int8 (quarter size) "
+        "copy first, then re-score in float32 the rows within its proven error of the top k (float32's answers). "
+        "'auto' = on for indexes of 1M rows and more whose copy fits a quarter of the RAM: bfloat16 with amx_bf16, "
+        "int8 with avx512_vnni or amx_int8, off elsewhere.",
     )
     score_buffer_mb: int = Field(
         default=1024,
         ge=1,
         description="torch backend: most MiB the (queries x rows) score buffer of one search step may take on each "
-        "device, beside the index; a GPU scans its shard in as many steps as this needs. Larger is somewhat faster "
-        "for big batches on a GPU with memory to spare.",
+        "device; a GPU scans its shard in as many steps as this needs.",
     )
     encoder_shape_multiple: int = Field(
         default=4,
         ge=1,
         le=64,
-        description="CPU encoder: pad each forward pass's token length, and a row count above this, up to a "
-        "multiple of this (padding rows are dropped; a packed pass rounds its token count instead, by at most "
-        "12.5%), so oneDNN compiles and caches kernels for a few shapes instead of one per batch size x length, "
-        "whose cache grows the heap by hundreds of MB under varied load; 1 = no padding.",
-    )
-    encoder_packed: bool = Field(
-        default=True,
-        description="CPU encoder: run a BERT-family model (bert, roberta, xlm-roberta) on its real tokens only, the "
-        "padding of shorter texts never going through its matmuls (1.1-1.3x faster here; the same vectors to float "
-        "rounding); --no_encoder_packed runs the model's own padded forward. Other models always run padded.",
+        description="CPU encoder: pad each pass's token length, and a row count above this, to a multiple of this, so "
+        "oneDNN compiles kernels for a few shapes, not one per batch size x length; 1 = no padding.",
     )
     encoder_kernel_cache: int = Field(
         default=64,
         ge=1,
         le=4096,
-        description="CPU encoder: most compiled kernels kept by oneDNN (and as many kernel descriptors by torch's "
-        "ideep). Each new batch shape compiles a few, about 1 MB each, so without a small bound a long run's memory "
-        "keeps growing as rare batch sizes turn up; a kernel evicted and needed again is recompiled in about a "
-        "millisecond. ONEDNN_PRIMITIVE_CACHE_CAPACITY and LRU_CACHE_CAPACITY in the environment take precedence.",
+        description="CPU encoder: most compiled kernels oneDNN (and torch's ideep) keep, so rare batch shapes cannot "
+        "grow memory for ever (ONEDNN_PRIMITIVE_CACHE_CAPACITY and LRU_CACHE_CAPACITY take precedence).",
     )
     pooling: Pooling = Field(default="auto", description="'auto' = cls for bge models, mean otherwise.")
     query_max_length: int = Field(default=256, ge=8, le=8192, description="Tokens kept per query.")
@@ -150,15 +146,15 @@ class ServerConfig(BaseModel):
     load_progress_s: float = Field(
         default=5.0,
         ge=0,
-        description="Seconds between the progress lines the server logs while it loads (index read and copied to "
-        "its devices, corpus and url tables built); 0: a line per step read.",
+        description="Seconds between the progress lines logged while the index, corpus and url table load; 0: a "
+        "line per step read.",
     )
 
     # --- batching ---
     batching: bool = Field(
         default=True,
-        description="Coalesce concurrent requests into one encode + search. False = per-request reference mode "
-        "(each request encodes and searches on its own in a thread pool, like the public servers).",
+        description="Coalesce concurrent requests into one encode + search. False = the per-request reference mode "
+        "(each request alone on a thread of a pool, like the public servers).",
     )
     max_batch_size: int = Field(default=256, ge=1, description="Most queries encoded and searched together.")
     max_batch_tokens: int = Field(
@@ -170,31 +166,28 @@ class ServerConfig(BaseModel):
     max_wait_ms: float = Field(
         default=10.0,
         ge=0,
-        description="Longest a batch waits for more requests: for as many as the last batch had (closed-loop callers "
-        "send again when answered), then, for at most 5% of the last batch's engine time, for those plus the ones that "
-        "arrived while it ran (so callers split into cohorts merge again). No wait after a batch capped by size.",
+        description="Longest a batch waits for more requests: for as many as the last batch had, then briefly for "
+        "those that arrived while it ran (batcher.WaitPlan). No wait after a batch capped by size.",
     )
     max_queue: int = Field(default=8192, ge=1, description="Most queries waiting; more are answered 429.")
     malloc_trim_s: float = Field(
         default=30.0,
         ge=0,
-        description="Every this many seconds the C heap's free pages go back to the OS (glibc's malloc_trim), so RSS "
-        "follows what is in use; 0: never.",
+        description="Every this many seconds the C heap's free pages go back to the OS (malloc_trim); 0: never.",
     )
     unbatched_threads: int | None = Field(
         default=None,
         ge=1,
         description="Thread pool size of the per-request mode; default 40 with a CPU encoder, 1 with a GPU one (where "
-        "concurrent single-query passes only contend for the device and the interpreter: 40 threads halved the mode's "
-        "q/s on an H200 and quadrupled its CPU per query).",
+        "concurrent passes only contend for the device and the interpreter).",
     )
 
     # --- request limits ---
     max_queries_per_request: int = Field(
         default=2560,
         ge=1,
-        description="Most queries in one request (Search-R1 sends a whole rollout turn: 512 x 5 = 2,560). Large "
-        "requests are served in micro-batches shared fairly with concurrent small ones.",
+        description="Most queries in one request (Search-R1 sends a whole rollout turn: 512 x 5 = 2,560), served in "
+        "micro-batches shared fairly with concurrent small requests.",
     )
     max_query_chars: int = Field(default=4096, ge=1, description="Most characters in one query.")
     max_topk: int = Field(default=100, ge=1, description="Largest topk a request may ask for.")
@@ -211,7 +204,7 @@ class ServerConfig(BaseModel):
         default=60.0,
         gt=0,
         description="The batching worker counts as stuck when queries wait and no micro-batch has started or finished "
-        "for this long (well above the slowest engine call): logged once, and /health answers 503 while it lasts.",
+        "for this long: logged once, and /health answers 503 while it lasts.",
     )
     watchdog_loop_block_s: float = Field(
         default=1.0,

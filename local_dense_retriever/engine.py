@@ -11,16 +11,24 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
+from local_dense_retriever.backend_rule import resolve_device
 from local_dense_retriever.config import ServerConfig, is_flat_ip
 from local_dense_retriever.corpus_store import CorpusStore
 from local_dense_retriever.cpu_time import StageClock
-from local_dense_retriever.index.base import DenseSearch, IndexLoadError, SearchBackend, VectorIndex
+from local_dense_retriever.errors import IndexLoadError
+from local_dense_retriever.index.base import DenseSearch, SearchBackend, VectorIndex
 from local_dense_retriever.load_progress import LoadProgress
 from local_dense_retriever.page_urls import CorpusPages, url_of
 from local_dense_retriever.pages import PageStore
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from local_dense_retriever.index.flat_file import VectorFile
 
 logger = logging.getLogger(__name__)
 
@@ -97,9 +105,9 @@ class RetrievalEngine:
         return device is not None and device.type == "cuda"
 
     def prefilter_crowded(self) -> int:
-        """Queries whose scores crowded within the index's bf16 pre-scan margin beyond the rows it keeps, for which it
-        gathered more rows (``index.prefilter``); 0 where there is no pre-scan."""
-        index = getattr(self.backend, "index", None)  # BM25 has no vector index
+        """Queries whose scores crowded within the pre-scan's margin beyond the rows it keeps (``accel.prescan``);
+        0 where there is no pre-scan."""
+        index = getattr(self.backend, "index", None)  # BM25 has no vector index; faiss no pre-scan
         return int(getattr(index, "crowded_queries", 0))
 
     def page(self, url: str) -> dict | None:
@@ -160,13 +168,26 @@ def resolve_embedded_default(config: ServerConfig, *, progress: bool = True) -> 
     )
 
 
+def load_flat_index(config: ServerConfig, source: Path | np.ndarray | VectorFile, **kw) -> VectorIndex:
+    """The torch backend's index of ``source`` (a file, or rows of one) as ``config`` asks: its device, dtype, score
+    buffer, and the pre-scan where ``--index_prefilter`` and its rule (``accel.rule``) say so; ``kw`` as for
+    ``TorchFlatIndex``."""
+    from local_dense_retriever.accel.rule import prescan_for
+    from local_dense_retriever.index.torch_flat import TorchFlatIndex, index_source
+
+    device = resolve_device(config.device)
+    vectors = index_source(source, device, config.index_dtype) if isinstance(source, Path) else source
+    scan = prescan_for(config.index_prefilter, device, config.index_dtype, tuple(vectors.shape))
+    return TorchFlatIndex(vectors, device=device, dtype=config.index_dtype, score_bytes=config.score_buffer_bytes,
+                          cpu_scan=scan, **kw)  # fmt: skip
+
+
 def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorIndex | None = None) -> RetrievalEngine:
     """Load (or, for the embedded default, build once) encoder, index and corpus; logs each part's time.
 
     ``index`` replaces the index of ``config.index_path`` (the Serve router's fan-out over shards); the encoder and
     the corpus still come from ``config``."""
-    from local_dense_retriever.encoder import resolve_device
-    from local_dense_retriever.encoder_precision import encoder_for
+    from local_dense_retriever.encoder import encoder_for
 
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
@@ -210,18 +231,7 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
         if index is None:
             with _Stage(timings, f"{backend_name} index", every_s, Path(config.index_path).name) as stage:
                 if backend_name == "torch":
-                    from local_dense_retriever.index.torch_flat import TorchFlatIndex
-
-                    device = resolve_device(config.device)
-                    index = TorchFlatIndex.from_file(
-                        Path(config.index_path),
-                        device=device,
-                        dtype=config.index_dtype,
-                        score_bytes=config.score_buffer_bytes,
-                        prefilter=config.index_prefilter,
-                        scan_layout=config.index_scan_layout,
-                        progress=stage,
-                    )
+                    index = load_flat_index(config, Path(config.index_path), progress=stage)
                 else:
                     from local_dense_retriever.index.faiss_index import FaissIndex
 

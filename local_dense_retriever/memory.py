@@ -5,11 +5,6 @@ search's per-batch buffers are reused from the heap instead of being mapped, fau
 what the heap holds free, including the holes that batches of varied shapes leave, is returned every
 ``malloc_trim_s`` seconds by ``malloc_trim(0)``, so the process's RSS follows what is in use. On other C libraries
 nothing changes and the stats are None.
-
-History: the server used to fix the mmap threshold at 4 MiB instead. That bounded RSS too, but every buffer of 4 MiB
-or more (the search's score matrix, the encoder's larger activations) was then mapped, faulted in page by page and
-unmapped on every batch, and fixing it also fixed the trim threshold at 128 KiB: it cost 14% of the batched
-throughput at C = 64 on a 2-core CPU in a back-to-back A/B (benchmarks/RESULTS.md, issue 29).
 """
 
 from __future__ import annotations
@@ -80,6 +75,14 @@ def release_mapped_pages(array) -> bool:
     start = array.__array_interface__["data"][0]
     lo, hi = start - start % page, start + array.nbytes
     return _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_DONTNEED) == 0
+
+
+def physical_memory() -> int:
+    """This machine's RAM in bytes (0 where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def release_free_memory() -> bool:

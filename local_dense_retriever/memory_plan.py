@@ -18,8 +18,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from local_dense_retriever.backend_rule import encoder_dtype, index_dtype, resolve_device
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.load_progress import format_bytes
+from local_dense_retriever.memory import physical_memory
 
 #: bytes per value of the precisions an index or an encoder is held in
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
@@ -201,12 +203,9 @@ def _cuda_devices(devices: Sequence[torch.device]) -> list[Device]:
 
 
 def _encoder_size(config: ServerConfig, cpu: Device) -> EncoderSize:
-    """The encoder's device, precision (as ``auto`` resolves it before any start-up probe) and weights."""
-    from local_dense_retriever.encoder import resolve_device, resolve_encoder_dtype
-
+    """The encoder's device, precision (``backend_rule``) and weights."""
     device = resolve_device(config.device)
-    requested = config.requested_encoder_dtype()
-    dtype = "int8" if requested == "int8" else str(resolve_encoder_dtype(requested, device)).removeprefix("torch.")
+    dtype = str(encoder_dtype(config.requested_encoder_dtype(), device)).removeprefix("torch.")
     if device.type == "cuda":
         where = _cuda_devices([torch.device("cuda", device.index or 0)])[0]
     else:
@@ -216,12 +215,12 @@ def _encoder_size(config: ServerConfig, cpu: Device) -> EncoderSize:
 
 def _torch_layout(config: ServerConfig, path: Path) -> tuple[IndexLayout, list[torch.device]]:
     """The torch backend: the index's shape, precision and devices as ``TorchFlatIndex.from_file`` places them."""
-    from local_dense_retriever.encoder import resolve_device
+    from local_dense_retriever.accel.rule import chosen_copy
     from local_dense_retriever.index.placement import shard_devices
-    from local_dense_retriever.index.torch_flat import index_source, resolve_index_dtype, resolve_prefilter
+    from local_dense_retriever.index.torch_flat import index_source
 
     device = resolve_device(config.device)
-    dtype = resolve_index_dtype(config.index_dtype, device)
+    dtype = index_dtype(config.index_dtype, device)
     source = index_source(path, device, config.index_dtype)
     rows, dim = int(source.shape[0]), int(source.shape[1])
     devices = shard_devices(device)
@@ -229,9 +228,9 @@ def _torch_layout(config: ServerConfig, path: Path) -> tuple[IndexLayout, list[t
     if device.type == "cuda":  # a step's score buffer: at most score_buffer_mb, less for small shards
         scratch = min(config.score_buffer_bytes, config.max_batch_size * -(-rows // len(devices)) * itemsize)
         coarse = None
-    else:  # CPU steps are small and their buffers go back to the OS (local_dense_retriever.memory)
+    else:  # CPU steps are small and their buffers are reused (index.scan.ScoreBuffers)
         scratch = 0
-        coarse = resolve_prefilter(config.index_prefilter, device, config.index_dtype, (rows, dim))
+        coarse = chosen_copy(config.index_prefilter, device, config.index_dtype, (rows, dim))
     mapped = isinstance(source, np.ndarray) and device.type == "cpu"
     return IndexLayout(rows, dim, dtype, rows * dim * itemsize, mapped, coarse, scratch), devices
 
@@ -257,8 +256,6 @@ def _faiss_layout(config: ServerConfig, path: Path) -> tuple[IndexLayout, list[t
 
 def plan_for(config: ServerConfig, backend: str) -> list[str]:
     """The plan's lines for serving ``config.index_path`` with the ``torch`` or ``faiss`` backend."""
-    from local_dense_retriever.index.prefilter_choice import physical_memory
-
     assert config.index_path is not None
     path = Path(config.index_path)
     layout, devices = (_torch_layout if backend == "torch" else _faiss_layout)(config, path)

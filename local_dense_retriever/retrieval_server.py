@@ -27,7 +27,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 from pydantic import BaseModel, ValidationError  # noqa: E402
 
-from local_dense_retriever.config import ServerConfig  # noqa: E402
+from local_dense_retriever.config import ServerConfig, refuse_removed_flags  # noqa: E402
 
 #: other projects' spellings of our flags (their launch scripts must keep working): flag → ServerConfig field
 ALIASES = {"pooling_method": "pooling"}
@@ -87,7 +87,9 @@ def first_error(e: ValidationError) -> str:
 
 def config_from_args(argv: list[str] | None = None) -> tuple[ServerConfig, str]:
     """Parse ``argv`` into a validated ServerConfig (raises ValidationError) and the log level."""
-    args = vars(build_parser().parse_args(argv))
+    parser = build_parser()
+    refuse_removed_flags(parser, argv)
+    args = vars(parser.parse_args(argv))
     log_level = args.pop("log_level")
     return ServerConfig(**{k: v for k, v in args.items() if v is not None}), log_level
 

@@ -22,7 +22,7 @@ import numpy as np
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see retrieval_server.py: spinning OpenMP stalls shared cores
 
-from local_dense_retriever.config import Precision
+from local_dense_retriever.config import Precision, refuse_removed_flags
 from local_dense_retriever.corpus_store import CorpusStore
 from local_dense_retriever.encoder import Encoder
 from verl_search.atomic import atomic_path, remove_stale_temporaries
@@ -146,15 +146,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--encoder_dtype",
         choices=get_args(Precision),
         default="auto",
-        help="'auto' = float16 on CUDA, bfloat16 on CPUs with bf16 instructions if measured faster, else float32",
+        help="'auto' = float16 on CUDA, bfloat16 on a CPU with native bf16 (avx512_bf16, amx_bf16), else float32",
     )
-    p.add_argument(
-        "--encoder_packed",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="CPU: run a BERT-family encoder on real tokens only (the server's --encoder_packed)",
-    )
-    p.add_argument("--no_encoder_packed", dest="encoder_packed", action="store_false", help="the model's own forward")
+    refuse_removed_flags(p, argv)
     return p.parse_args(argv)
 
 
@@ -162,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
     from local_dense_retriever.config import ServerConfig
-    from local_dense_retriever.encoder_precision import encoder_for
+    from local_dense_retriever.encoder import encoder_for
 
     try:
         CorpusStore(args.corpus_path).close()  # fail fast (and build the offsets table) before loading a model
@@ -172,9 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             pooling=args.pooling,
             fp16=args.fp16,
             encoder_dtype=args.encoder_dtype,
-            encoder_packed=args.encoder_packed,
         )
-        encoder = encoder_for(config, device=args.device, max_length=args.max_length, queries=False)
+        encoder = encoder_for(config, device=args.device, max_length=args.max_length)
         n = build_flat_index(
             args.corpus_path,
             args.output,

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from local_dense_retriever.corpus_store import CorpusStore
-from local_dense_retriever.index.base import IndexLoadError
+from local_dense_retriever.errors import IndexLoadError
 from verl_search.atomic import atomic_path, exclusive
 
 logger = logging.getLogger(__name__)

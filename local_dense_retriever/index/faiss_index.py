@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from local_dense_retriever.index.base import IndexLoadError
+from local_dense_retriever.errors import IndexLoadError
 from local_dense_retriever.load_progress import LoadProgress
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from local_dense_retriever.index.base import IndexLoadError
+from local_dense_retriever.errors import IndexLoadError
 from local_dense_retriever.load_progress import LoadProgress
 
 #: fourccs of faiss IndexFlat files (faiss/impl/index_write.cpp): inner product, L2, any other metric

@@ -23,7 +23,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported 
 
 from pydantic import ValidationError  # noqa: E402
 
-from local_dense_retriever.config import ServerConfig  # noqa: E402
+from local_dense_retriever.config import ServerConfig, refuse_removed_flags  # noqa: E402
 from local_dense_retriever.retrieval_server import (  # noqa: E402
     ALIASES,
     add_log_level,
@@ -49,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse(argv: list[str] | None = None) -> tuple[ServerConfig, ServeOptions, bool, str]:
     """(server config, fleet options, --stop, log level); raises ValidationError on bad values."""
-    args = {k: v for k, v in vars(build_parser().parse_args(argv)).items() if v is not None}
+    parser = build_parser()
+    refuse_removed_flags(parser, argv)
+    args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
     log_level, stop = args.pop("log_level"), args.pop("stop")
     fleet = {k: args.pop(k) for k in list(args) if k in ServeOptions.model_fields}
     return ServerConfig(**args), ServeOptions(**fleet), stop, log_level

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from local_dense_retriever.config import ServerConfig, is_flat_ip
-from local_dense_retriever.index.base import IndexLoadError
+from local_dense_retriever.errors import IndexLoadError
 from local_dense_retriever.index.topk import merge_topk
 from local_dense_retriever.serve.errors import ShardingError
 
@@ -57,24 +57,17 @@ class ShardSearcher:
     """Rows [lo, hi) of the flat index of ``config.index_path``, searched with the torch backend."""
 
     def __init__(self, config: ServerConfig, shard: int, shards: int) -> None:
-        from local_dense_retriever.encoder import resolve_device
-        from local_dense_retriever.index.torch_flat import TorchFlatIndex, index_source
+        from local_dense_retriever.backend_rule import resolve_device
+        from local_dense_retriever.engine import load_flat_index
+        from local_dense_retriever.index.torch_flat import index_source
 
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        device = resolve_device(config.device)
-        vectors = index_source(Path(config.index_path), device, config.index_dtype)
+        vectors = index_source(Path(config.index_path), resolve_device(config.device), config.index_dtype)
         self.lo, self.hi = shard_bounds(int(vectors.shape[0]), shards)[shard]
         self.total = int(vectors.shape[0])
         mine = vectors[self.lo : self.hi] if isinstance(vectors, np.ndarray) else vectors.window(self.lo, self.hi)
-        self.index = TorchFlatIndex(
-            mine,
-            device=device,
-            dtype=config.index_dtype,
-            score_bytes=config.score_buffer_bytes,
-            prefilter=config.index_prefilter,
-            scan_layout=config.index_scan_layout,
-        )
+        self.index = load_flat_index(config, mine)
 
     def info(self) -> ShardInfo:
         return ShardInfo(self.lo, self.hi, self.total, self.index.dim)

@@ -217,6 +217,57 @@ class WaitingProcess:
         return out
 
 
+_RSS_PROBE = """
+import sys, torch
+from pathlib import Path
+from local_dense_retriever.index.torch_flat import TorchFlatIndex, index_source
+
+
+def peak():  # this process's own high-water mark (getrusage's ru_maxrss starts at the parent's after fork and exec)
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmHWM:"))
+
+
+path, copy, step = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+scan = None
+if copy != "off":
+    from local_dense_retriever.accel.prescan import Prescan
+    from local_dense_retriever.accel.rule import COPIES
+
+    scan = Prescan.wrapper(COPIES[copy], step_bytes=step)
+before = peak()
+index = TorchFlatIndex(index_source(path, torch.device("cpu"), "auto"), device=torch.device("cpu"), cpu_scan=scan)
+print(len(index), peak() - before)
+"""
+
+
+@pytest.fixture(scope="session")
+def big_flat_index(tmp_path_factory) -> Path:
+    """A 200k x 384 faiss IndexFlatIP file (307 MB) of random rows."""
+    import faiss
+
+    index = faiss.IndexFlatIP(384)
+    gen = np.random.default_rng(0)
+    for _ in range(4):
+        index.add(gen.standard_normal((50_000, 384), dtype=np.float32))
+    path = tmp_path_factory.mktemp("big") / "big.index"
+    faiss.write_index(index, str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def load_peak_rss():
+    """Function: (index file, pre-scan copy or 'off', step bytes) -> (rows, bytes the peak RSS grew) of loading it
+    with the torch backend on the CPU in a fresh process."""
+
+    def run(path: Path, copy: str, step: int = 8 << 20) -> tuple[int, int]:
+        command = [sys.executable, "-c", _RSS_PROBE, str(path), copy, str(step)]
+        out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=300).stdout.split()
+        return int(out[0]), int(out[1])
+
+    return run
+
+
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

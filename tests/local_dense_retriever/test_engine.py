@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.engine import load_engine
-from local_dense_retriever.index.base import IndexLoadError
+from local_dense_retriever.errors import IndexLoadError
 
 
 @pytest.mark.parametrize(("index", "backend"), [("npy", "torch"), ("faiss", "torch"), ("faiss", "faiss")])
@@ -84,5 +84,5 @@ def test_a_small_score_buffer_steps_the_scan_and_keeps_answers(minilm_index, toy
     small, default = load_engine(config, progress=False), load_engine(config_from_args(common)[0], progress=False)
     questions = [q["question"] for q in toy_questions] * 70  # 2,100: 1 MiB holds their scores over 124 rows
     index = small.backend.index
-    assert index._rows_per_step(index._shards[0][1], len(questions)) < len(index) // 2
+    assert index.scan.rows_per_step(len(questions)) < len(index) // 2
     assert small.search(questions, 5) == default.search(questions, 5)

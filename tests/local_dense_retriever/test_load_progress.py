@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from local_dense_retriever.index.faiss_index import read_index
-from local_dense_retriever.index.torch_flat import TorchFlatIndex, read_flat_vectors, vector_file
+from local_dense_retriever.index.flat_file import read_flat_vectors, vector_file
+from local_dense_retriever.index.torch_flat import TorchFlatIndex
 from local_dense_retriever.load_progress import LoadProgress, format_bytes
 
 ROWS, DIM = 6_000, 64  # 1.5 MiB of float32 rows
@@ -62,16 +63,15 @@ def test_reading_into_faiss_logs_its_progress(flat_file, caplog):
     assert_rises_to_the_whole(counts(caplog, "faiss index"), 6, "1.5 MiB")
 
 
-def test_the_cpu_pre_scan_copy_logs_its_progress(flat_file, caplog):
-    from local_dense_retriever.index.prefilter_choice import auto_prefilter_dtype
+@pytest.mark.parametrize("coarse", ["bfloat16", "int8"])
+def test_the_cpu_pre_scan_copy_logs_its_progress(flat_file, caplog, coarse):
+    from local_dense_retriever.accel.prescan import Prescan
+    from local_dense_retriever.accel.rule import COPIES
 
-    coarse = auto_prefilter_dtype()
-    if coarse is None:
-        pytest.skip("this CPU has no pre-scan copy faster than float32 (no AMX, no VNNI)")
     caplog.set_level(logging.INFO, logger="local_dense_retriever.load_progress")
     progress = LoadProgress("torch index", every_s=0)
-    TorchFlatIndex(read_flat_vectors(flat_file), device=torch.device("cpu"), prefilter=coarse,
-                   staging_bytes=1_000 * DIM * 4, progress=progress)  # fmt: skip
+    scan = Prescan.wrapper(COPIES[coarse], step_bytes=1_000 * DIM * 4)
+    TorchFlatIndex(read_flat_vectors(flat_file), device=torch.device("cpu"), cpu_scan=scan, progress=progress)
     passes = 2 if coarse == "int8" else 1
     assert progress.done == progress.total == passes * ROWS * DIM * 4
     assert_rises_to_the_whole(counts(caplog, "torch index"), 6, format_bytes(progress.total))

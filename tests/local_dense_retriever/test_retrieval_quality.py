@@ -8,7 +8,8 @@ import torch
 
 from local_dense_retriever.corpus_store import CorpusStore
 from local_dense_retriever.engine import RetrievalEngine
-from local_dense_retriever.index.base import DenseSearch, IndexLoadError
+from local_dense_retriever.errors import IndexLoadError
+from local_dense_retriever.index.base import DenseSearch
 from local_dense_retriever.index.bm25 import BM25Search, bm25_dir_for
 from local_dense_retriever.index.faiss_index import FaissIndex
 from local_dense_retriever.index.torch_flat import TorchFlatIndex
@@ -21,9 +22,9 @@ def memory_stats_available() -> bool:
 
 
 def cpu_has_bf16() -> bool:
-    from local_dense_retriever.encoder_precision import cpu_bf16_flags
+    from local_dense_retriever.backend_rule import native_bf16
 
-    return bool(cpu_bf16_flags())
+    return native_bf16()
 
 
 def recall_at_k(engine: RetrievalEngine, questions: list[dict], k: int) -> float:
@@ -127,7 +128,7 @@ def test_large_batches_encode_like_single_texts(minilm_path, toy_questions, dtyp
     assert next(encoder.model.parameters()).dtype == getattr(torch, dtype)
     questions = [q["question"] for q in toy_questions]
     texts = (questions * (70 // len(questions) + 1))[:70] + ["x", "a much longer query " * 20]
-    together = encoder.encode(texts)  # split into length-sorted sub-batches on CPU
+    together = encoder.encode(texts)
     alone = torch.cat([encoder.encode([t]) for t in texts[::9]])
     assert together.shape == (72, 384) and together.dtype == torch.float32
     if dtype == "float32":
@@ -138,34 +139,28 @@ def test_large_batches_encode_like_single_texts(minilm_path, toy_questions, dtyp
 
 
 def test_padded_shapes_bound_the_kernels_compiled(minilm_path, toy_questions):
-    """With shape_multiple 8 the matmuls see a handful of row counts whatever the batch sizes and lengths (oneDNN
-    compiles and caches a kernel per shape: one per batch size x length grew the heap by hundreds of MB), and the
-    padding never reaches the caller. The packed encoder rounds its token count (``token_rows``); the padded one its
-    rows and length."""
+    """With shape_multiple 8 the matmuls see a handful of shapes whatever the batch sizes and lengths (oneDNN compiles
+    and caches kernels per shape), and the padding never reaches the caller."""
     from local_dense_retriever.encoder import HFEncoder
 
     rng = np.random.default_rng(0)
     questions = [q["question"] for q in toy_questions]
     batches = [list(rng.choice(questions, size=int(n))) for n in rng.integers(1, 33, size=40)]
     alone = None
-    for packed in (True, False):
-        seen: dict[int, set] = {}
-        for multiple in (1, 8):
-            encoder = HFEncoder(
-                minilm_path, retriever_name="minilm", device="cpu", dtype="float32", shape_multiple=multiple
-            )
-            if not packed:
-                encoder.packed = None
-            assert encoder.packed is not None or not packed
-            shapes = seen.setdefault(multiple, set())
-            first = encoder.model.encoder.layer[0].intermediate.dense  # a matmul of both forwards
-            first.register_forward_pre_hook(lambda _m, args, s=shapes: s.add(args[0].shape[:-1].numel()))
-            vectors = [encoder.encode(batch) for batch in batches]
-            assert [v.shape for v in vectors] == [(len(b), 384) for b in batches]
-            alone = vectors if alone is None else alone
-            for v, a in zip(vectors, alone, strict=True):  # the same vectors, packed or not, rounded or not
-                torch.testing.assert_close(v, a, atol=1e-5, rtol=1e-4)
-        assert len(seen[8]) <= 24 < len(seen[1]), (packed, len(seen[8]), len(seen[1]))
+    seen: dict[int, set] = {}
+    for multiple in (1, 8):
+        encoder = HFEncoder(
+            minilm_path, retriever_name="minilm", device="cpu", dtype="float32", shape_multiple=multiple
+        )
+        shapes = seen.setdefault(multiple, set())
+        first = encoder.model.encoder.layer[0].intermediate.dense
+        first.register_forward_pre_hook(lambda _m, args, s=shapes: s.add(tuple(args[0].shape[:-1])))
+        vectors = [encoder.encode(batch) for batch in batches]
+        assert [v.shape for v in vectors] == [(len(b), 384) for b in batches]
+        alone = vectors if alone is None else alone
+        for v, a in zip(vectors, alone, strict=True):  # the same vectors, padded or not
+            torch.testing.assert_close(v, a, atol=1e-5, rtol=1e-4)
+    assert len(seen[8]) < len(seen[1]) / 2, (len(seen[8]), len(seen[1]))
 
 
 KERNEL_CACHE_PROBE = """
@@ -221,58 +216,3 @@ def test_bf16_encoder_retrieves_like_fp32(minilm_path, minilm_index, toy_questio
         [len(set(a) & set(b)) / 3 for a, b in zip(ranked["float32"], ranked["bfloat16"], strict=True)]
     )
     assert top1_same >= 0.97 and top3_overlap >= 0.95, (top1_same, top3_overlap)
-
-
-def test_encoder_dtype_resolution():
-    from local_dense_retriever import encoder as enc
-    from local_dense_retriever.config import ServerConfig
-
-    cpu = torch.device("cpu")
-    assert enc.resolve_encoder_dtype("auto", torch.device("cuda")) == torch.float16
-    assert enc.resolve_encoder_dtype("float32", torch.device("cuda")) == torch.float32
-    assert enc.resolve_encoder_dtype("bfloat16", cpu) == torch.bfloat16
-    with pytest.raises(enc.EncoderError, match="unknown encoder dtype .int4."):
-        enc.resolve_encoder_dtype("int4", cpu)
-    assert ServerConfig().requested_encoder_dtype() == "auto"
-    assert ServerConfig(fp16=False).requested_encoder_dtype() == "float32"
-    assert ServerConfig(fp16=False, encoder_dtype="bfloat16").requested_encoder_dtype() == "bfloat16"
-
-
-def test_cpu_precision_follows_bf16_support_and_the_measured_speed():
-    """'auto' on a CPU chooses by what is fast there: an AMD EPYC with avx512_bf16 and no AMX gets bf16 when it is
-    faster (it stayed float32 when the choice keyed on AMX), and the reason is stated for the log."""
-    from local_dense_retriever.encoder_precision import choose_cpu_precision, cpu_bf16_flags
-
-    dtype, why = choose_cpu_precision([], None)
-    assert dtype == torch.float32 and "no bf16 instructions" in why
-    dtype, why = choose_cpu_precision(["avx512_bf16"], {"float32": 0.164, "bfloat16": 0.100})
-    assert dtype == torch.bfloat16 and "1.64x" in why and "avx512_bf16" in why
-    dtype, why = choose_cpu_precision(["amx_bf16", "avx512_bf16"], {"float32": 0.105, "bfloat16": 0.100})
-    assert dtype == torch.float32 and "1.05x" in why
-    assert choose_cpu_precision(["avx512_bf16"], None)[0] == torch.bfloat16
-    assert set(cpu_bf16_flags()) <= {"amx_bf16", "avx512_bf16"}
-
-
-def test_auto_precision_on_this_cpu_is_measured_once_and_logged(minilm_path, caplog, monkeypatch, tmp_path):
-    from local_dense_retriever.encoder import HFEncoder, cpu_bf16_flags
-
-    monkeypatch.setenv("VERL_SEARCH_CACHE", str(tmp_path))
-    with caplog.at_level("INFO", logger="local_dense_retriever"):
-        encoder = HFEncoder(minilm_path, retriever_name="minilm", device="cpu", dtype="auto")
-    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("encoder precision")]
-    assert str(encoder.dtype).removeprefix("torch.") in line
-    if cpu_bf16_flags():  # the probe ran: both timings are in the line, and they are kept for the next start
-        assert "ms in bfloat16" in line and "ms in float32" in line
-        caplog.clear()
-        with caplog.at_level("INFO", logger="local_dense_retriever"):
-            again = HFEncoder(minilm_path, retriever_name="minilm", device="cpu", dtype="auto")
-        messages = [r.getMessage() for r in caplog.records]
-        assert any("reusing the timings measured on this machine" in m for m in messages)
-        assert [m for m in messages if m.startswith("encoder precision")] == [line]  # the same choice, same numbers
-        assert again.dtype == encoder.dtype
-        (tmp_path / "encoder_precision_probes.json").write_text("not json")  # a broken cache is measured anew
-        assert HFEncoder(minilm_path, retriever_name="minilm", device="cpu", dtype="auto").dtype in (
-            torch.float32,
-            torch.bfloat16,
-        )
-    assert encoder.encode(["who founded it?"]).shape == (1, encoder.dim)

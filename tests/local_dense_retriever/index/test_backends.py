@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from local_dense_retriever.corpus_store import CorpusStore
-from local_dense_retriever.index.base import IndexLoadError
+from local_dense_retriever.errors import IndexLoadError
 from local_dense_retriever.index.bm25 import BM25Search, bm25_dir_for, build_bm25
 from local_dense_retriever.index.faiss_index import FaissIndex, blas_threshold, shipped_blas_threshold
 from local_dense_retriever.index.torch_flat import TorchFlatIndex
@@ -65,7 +65,7 @@ def test_a_bounded_score_buffer_gives_the_unbounded_answer_in_half_precision(rng
     queries = torch.from_numpy(_unit(rng, 40, 16))
     whole = TorchFlatIndex(vectors, device=CPU, dtype="bfloat16", score_bytes=1 << 30)
     stepped = TorchFlatIndex(vectors, device=CPU, dtype="bfloat16", score_bytes=40 * 2 * 97)
-    assert stepped._rows_per_step(stepped._shards[0][1], 40) == 97
+    assert stepped.scan.rows_per_step(40) == 97
     w_scores, w_ids = whole.search(queries, 10)
     s_scores, s_ids = stepped.search(queries, 10)
     np.testing.assert_array_equal(s_ids, w_ids)
@@ -187,7 +187,7 @@ def test_flat_header_reader_agrees_with_faiss(tmp_path, rng, make, metric, n):
     vectors = np.fromfile(path, dtype=np.float32, count=n * d, offset=header.offset).reshape(n, d)
     np.testing.assert_array_equal(vectors, back.reconstruct_n(0, n) if n else np.zeros((0, d), np.float32))
     if metric == "inner_product":
-        np.testing.assert_array_equal(TorchFlatIndex.from_file(path, device=CPU)._shards[0][1].numpy(), vectors)
+        np.testing.assert_array_equal(TorchFlatIndex.from_file(path, device=CPU).scan.rows.numpy(), vectors)
     else:
         with pytest.raises(IndexLoadError, match=f"flat {metric} index"):
             TorchFlatIndex.from_file(path, device=CPU)
@@ -210,63 +210,13 @@ def test_flat_header_reader_refuses_other_and_broken_files(tmp_path, rng):
         read_flat_header(tmp_path / "cut.index")
 
 
-_RSS_PROBE = """
-import sys, torch
-from pathlib import Path
-from local_dense_retriever.index.torch_flat import TorchFlatIndex, index_source
-from local_dense_retriever import cpu_features
-cpu_features.SLOW_MATMUL_FACTOR = float("inf")  # the copy's memory is measured, on CPUs where it would scan slowly too
-
-
-def peak():  # this process's own high-water mark (getrusage's ru_maxrss starts at the parent's after fork and exec)
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmHWM:"))
-
-
-path, prefilter, layout, staging = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
-before = peak()
-source = index_source(path, torch.device("cpu"), "auto")
-index = TorchFlatIndex(source, device=torch.device("cpu"), prefilter=prefilter, scan_layout=layout,
-                       staging_bytes=staging)
-print(len(index), peak() - before)
-"""
-
-
-def test_loading_a_large_flat_index_does_not_read_it_into_memory(tmp_path):
+def test_loading_a_large_flat_index_does_not_read_it_into_memory(big_flat_index, load_peak_rss):
     """A 200k x 384 IndexFlatIP (307 MB) written by faiss: start-up maps it, and its peak RSS (the process's own) grows
-    far less than the file; with a pre-scan, by its copy (bf16: half the file; int8: a quarter) and a few steps of
-    the copy's work, not by the file: each step's rows leave RSS once read (they stayed until the end before: 480 MB
-    for the bf16 copy). The layout probe of 'auto' adds a fixed cost whatever the index's size: its sample and
-    buffers (``scan_layout.probe_bytes``) and the BLAS's first use."""
-    import os
-    import subprocess
-    import sys
-
-    from local_dense_retriever.index.scan_layout import probe_bytes
-
-    n, d = 200_000, 384
-    index = faiss.IndexFlatIP(d)
-    gen = np.random.default_rng(0)
-    for _ in range(0, n, 50_000):
-        index.add(gen.standard_normal((50_000, d), dtype=np.float32))
-    path = tmp_path / "big.index"
-    faiss.write_index(index, str(path))
-    del index
-    size, step = path.stat().st_size, 8 << 20
-    steps = 8 * step  # the copy's temporaries, and what malloc keeps of them
-    limits = {
-        ("off", "queries_first"): size // 10,
-        ("off", "auto"): size // 10 + 2 * probe_bytes(d),
-        ("bfloat16", "queries_first"): size // 2 + size // 10 + steps,
-        ("int8", "queries_first"): size // 4 + size // 10 + steps,
-    }
-    env = {**os.environ, "VERL_SEARCH_CACHE": str(tmp_path / "cache")}  # 'auto' probes: no layout remembered
-    for (prefilter, layout), most in limits.items():
-        command = [sys.executable, "-c", _RSS_PROBE, str(path), prefilter, layout, str(step)]
-        out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=300, env=env).stdout.split()
-        assert int(out[0]) == n
-        grew = int(out[1])
-        assert grew < most, f"{prefilter}, {layout}: peak RSS grew by {grew >> 20} MB loading a {size >> 20} MB index"
+    far less than the file."""
+    rows, grew = load_peak_rss(big_flat_index, "off")
+    assert rows == 200_000
+    size = big_flat_index.stat().st_size
+    assert grew < size // 10, f"peak RSS grew by {grew >> 20} MB loading a {size >> 20} MB index"
 
 
 def test_equal_scores_come_in_id_order_whatever_the_chunking(rng):
@@ -289,9 +239,9 @@ def test_reused_score_buffers_give_every_batch_size_and_thread_its_own_answer(fl
     answer a fresh index gives them, never rows of an earlier or a concurrent batch."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from local_dense_retriever.index import torch_flat
+    from local_dense_retriever.index import scan
 
-    monkeypatch.setattr(torch_flat, "RETAINED_SCORE_BYTES", retained)
+    monkeypatch.setattr(scan, "RETAINED_SCORE_BYTES", retained)
     vectors, _, _ = flat_files
     shared = TorchFlatIndex(vectors, device=CPU, cpu_chunk_rows=700)
     batches = [torch.from_numpy(_unit(rng, n, 32)) for n in (64, 1, 17, 64, 3, 40, 2, 64)]

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from local_dense_retriever.index.base import IndexLoadError
-from local_dense_retriever.index.torch_flat import TorchFlatIndex, index_source, vector_file
+from local_dense_retriever.errors import IndexLoadError
+from local_dense_retriever.index.flat_file import vector_file
+from local_dense_retriever.index.torch_flat import TorchFlatIndex, index_source
 
 CPU = torch.device("cpu")
 
@@ -32,8 +33,8 @@ def test_streamed_shards_hold_the_files_rows(files, which, dtype):
     source = index_source(path, CPU, dtype)
     assert not isinstance(source, np.ndarray)  # converted shards never map the file
     index = TorchFlatIndex(source, device=CPU, dtype=dtype, staging_bytes=7 * 24 * 4)  # 7 rows per step
-    ((offset, shard),) = index._shards
-    assert offset == 0 and shard.dtype == getattr(torch, dtype)
+    shard = index.scan.rows
+    assert len(index.devices) == 1 and shard.dtype == getattr(torch, dtype)
     assert torch.equal(shard, torch.from_numpy(vectors).to(getattr(torch, dtype)))
 
 
@@ -55,7 +56,7 @@ def test_a_window_streams_only_its_rows(files):
     window = vector_file(faiss_path).window(1_000, 2_500)
     index = TorchFlatIndex(window, device=CPU, dtype="bfloat16", staging_bytes=4096)
     assert len(index) == 1_500
-    assert torch.equal(index._shards[0][1], torch.from_numpy(vectors[1_000:2_500]).to(torch.bfloat16))
+    assert torch.equal(index.scan.rows, torch.from_numpy(vectors[1_000:2_500]).to(torch.bfloat16))
 
 
 def test_float32_on_the_cpu_stays_a_memory_map(files):

@@ -1,4 +1,4 @@
-"""The coarse copies of a float32 flat index that :mod:`~local_dense_retriever.index.prefilter` pre-scans: the rows in
+"""The coarse copies of a float32 flat index that :mod:`~local_dense_retriever.accel.prescan` scans first: the rows in
 bfloat16 (:class:`Bf16Copy`) or int8 with one scale (:class:`Int8Copy`), each with a proven bound on how far its scores
 can be from float32's (:meth:`CoarseCopy.bounds`), which the pre-scan's margin is built from.
 """
@@ -11,6 +11,8 @@ from typing import Protocol
 
 import torch
 
+from local_dense_retriever.index.scan import RowsRead
+
 #: unit roundoff of bfloat16 (8 significant bits, round to nearest even) and of float32 (24 bits)
 BF16_ROUNDOFF = 2.0**-8
 FP32_ROUNDOFF = 2.0**-24
@@ -20,9 +22,6 @@ INT8_LEVELS = 127
 INT8_STEP_BYTES = 8 << 20
 #: ``scores_out(queries, rows, dtype)``: the buffer a step's matmul writes into
 ScoresOut = Callable[[int, int, torch.dtype], torch.Tensor]
-#: ``(lo, hi)``: told that the copy is done reading rows ``lo:hi`` of the float32 vectors (a memory-mapped index
-#: drops their pages, so that making the copy does not leave the whole file resident beside it)
-RowsRead = Callable[[int, int], object]
 
 
 def _nothing(lo: int, hi: int) -> None:
@@ -35,8 +34,10 @@ class CoarseCopy(Protocol):
     name: str
     dtype: torch.dtype
     rows: torch.Tensor
+    #: passes the copy's making reads the float32 rows in
+    passes: int
     #: groups of columns (``index.topk.GROUP``) whose rows are kept per query and block beyond k: their maxima must
-    #: reach below the margin too (each copy's choice is measured where it is set)
+    #: reach below the margin too
     extra_groups: int
 
     def prepared(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,10 +86,7 @@ class Bf16Copy:
     max_residual: float
     name = "bfloat16"
     dtype = torch.bfloat16
-    #: passes ``of`` makes over the float32 rows
     passes = 1
-    #: rows within its margin in the 100k-passage MiniLM index: median 5, at most 21, none crowded; 64 groups made its
-    #: scan 10% slower
     extra_groups = 32
 
     @classmethod
@@ -153,12 +151,8 @@ class Int8Copy:
     max_residual: float
     name = "int8"
     dtype = torch.int8
-    #: passes ``of`` makes over the float32 rows: the scale, then the rows
-    passes = 2
-    #: rows within its margin (MiniLM, 100k): median 15, at most 89. 64 groups crowd 1.0% of the MiniLM questions
-    #: instead of 10.2% at 32, and 15% of the (query, block) pairs over 2M random rows instead of 40%, at the same
-    #: speed; 96 crowd no fewer (``EXTRA_ROWS`` bounds them then). ``benchmarks/cpu_flat_scan.py --int8_groups``
-    extra_groups = 64
+    passes = 2  # the scale, then the rows
+    extra_groups = 64  # the int8 bound is wider than bf16's: more rows fall within it
 
     @classmethod
     def of(cls, vectors: torch.Tensor, rows_per_step: int, rows_read: RowsRead = _nothing) -> Int8Copy:
@@ -227,8 +221,3 @@ def _query_steps(queries: torch.Tensor) -> torch.Tensor:
 def _quantised(x: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     """``x`` (float32) in int8 multiples of ``step`` (broadcast over rows), rounded to nearest, within +-127."""
     return torch.round(x / step).clamp_(-INT8_LEVELS, INT8_LEVELS).to(torch.int8)
-
-
-def score_bounds(queries: torch.Tensor, copy: CoarseCopy) -> torch.Tensor:
-    """``copy``'s bound on the pre-scan's and the float32 re-score's error together, per query (float64)."""
-    return copy.bounds(queries)

@@ -1,5 +1,5 @@
-"""The coarse pre-scans (bf16, int8) of a float32 flat index: the float32 scan's answers, crowded queries gathered, a
-proven bound."""
+"""The pre-scans (bf16, int8) of a float32 flat index on the CPU, behind the index-scan interface: the float32 scan's
+answers on every CPU, crowded queries gathered, 'auto' giving up where most crowd, a proven bound."""
 
 from __future__ import annotations
 
@@ -7,22 +7,15 @@ import numpy as np
 import pytest
 import torch
 
+from local_dense_retriever.accel import prescan
+from local_dense_retriever.accel.coarse_copy import Bf16Copy, Int8Copy
+from local_dense_retriever.accel.prescan import Prescan, kept_rows
+from local_dense_retriever.accel.rule import COPIES, fast_here
+from local_dense_retriever.backend_rule import cpu_flags
 from local_dense_retriever.config import ServerConfig
-from local_dense_retriever.index import prefilter, prefilter_choice, torch_flat
-from local_dense_retriever.index.base import IndexLoadError
-from local_dense_retriever.index.prefilter import Bf16Copy, Int8Copy, kept_rows, score_bounds
-from local_dense_retriever.index.prefilter_choice import resolve_prefilter
 from local_dense_retriever.index.torch_flat import TorchFlatIndex
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(autouse=True)
-def pre_scans_on_every_cpu(monkeypatch):
-    """These tests are about the pre-scan's answers, which must hold on every CPU: also where the server would refuse
-    a named pre-scan for its speed (int8 without VNNI, bf16 without bf16 hardware)."""
-    monkeypatch.setattr(prefilter_choice, "slow_precision", lambda dtype: None)
-
 
 #: every coarse copy: each must give the float32 scan's answers
 COARSE = pytest.mark.parametrize("coarse", ["bfloat16", "int8"])
@@ -33,11 +26,12 @@ def _unit(rng, n, d):
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
+def _pre(vectors, coarse, auto=False, **kw):
+    return TorchFlatIndex(vectors, device=CPU, cpu_scan=Prescan.wrapper(COPIES[coarse], auto=auto), **kw)
+
+
 def _pair(vectors, coarse, **kw):
-    return (
-        TorchFlatIndex(vectors, device=CPU, prefilter="off", **kw),
-        TorchFlatIndex(vectors, device=CPU, prefilter=coarse, **kw),
-    )
+    return TorchFlatIndex(vectors, device=CPU, **kw), _pre(vectors, coarse, **kw)
 
 
 @COARSE
@@ -83,7 +77,7 @@ def test_a_query_whose_scores_crowd_gets_every_row_within_its_margin(rng, monkey
     is the float32 scan's: the rows gathered from the blocks' scores, or, beyond ``CROWDED_ROWS`` of them, the
     query scanned again in float32."""
     if most is not None:
-        monkeypatch.setattr(prefilter, "CROWDED_ROWS", most)
+        monkeypatch.setattr(prescan, "CROWDED_ROWS", most)
     base, dup = _unit(rng, 2, 32)
     vectors = _unit(rng, 12_400, 32)
     vectors[::31] = base + rng.standard_normal((400, 32)).astype(np.float32) * 1e-3  # 400 rows within ~0.003
@@ -91,8 +85,9 @@ def test_a_query_whose_scores_crowd_gets_every_row_within_its_margin(rng, monkey
     queries = torch.from_numpy(np.stack([*_unit(rng, 5, 32), base, dup]))
     plain, pre = _pair(vectors, coarse, **({"cpu_chunk_rows": chunk} if chunk else {}))
     rescanned = []
-    scan = pre._scan
-    monkeypatch.setattr(pre, "_scan", lambda q, k: rescanned.append(len(q)) or scan(q, k))
+    exact = pre.scan.exact
+    topk = exact.topk
+    monkeypatch.setattr(exact, "topk", lambda q, k: rescanned.append(len(q)) or topk(q, k))
     p_scores, p_ids = plain.search(queries, 5)
     f_scores, f_ids = pre.search(queries, 5)
     np.testing.assert_array_equal(f_ids, p_ids)
@@ -108,22 +103,20 @@ def test_a_query_whose_scores_crowd_gets_every_row_within_its_margin(rng, monkey
 def test_auto_gives_the_pre_scan_up_when_most_queries_crowd_and_a_named_one_keeps_it(rng, monkeypatch, caplog, coarse):
     """An encoder whose scores sit closer than the copy can tell apart crowds most queries: under 'auto' the index
     says so once and searches in float32 from then on (the same answers); asked for by name, the pre-scan stays."""
-    monkeypatch.setattr(prefilter_choice, "auto_prefilter_dtype", lambda: coarse)
-    monkeypatch.setattr(prefilter_choice, "PREFILTER_MIN_ROWS", 1_000)
-    monkeypatch.setattr(torch_flat, "CROWDED_TRIAL", 40)
+    monkeypatch.setattr(prescan, "CROWDED_TRIAL", 40)
     base = _unit(rng, 1, 32)[0]
     vectors = np.concatenate([_unit(rng, 1_000, 32), base + rng.standard_normal((500, 32)).astype(np.float32) * 1e-3])
     crowded = torch.from_numpy(np.stack([base + rng.standard_normal(32).astype(np.float32) * 1e-3 for _ in range(8)]))
-    auto = TorchFlatIndex(vectors, device=CPU)
-    named = TorchFlatIndex(vectors, device=CPU, prefilter=coarse)
-    plain = TorchFlatIndex(vectors, device=CPU, prefilter="off")
+    auto = _pre(vectors, coarse, auto=True)
+    named = _pre(vectors, coarse)
+    plain = TorchFlatIndex(vectors, device=CPU)
     assert f"{coarse} pre-scan" in auto.describe()
-    with caplog.at_level("WARNING", logger=torch_flat.__name__):
+    with caplog.at_level("WARNING", logger=prescan.__name__):
         for _ in range(6):
             for index in (auto, named):
                 np.testing.assert_array_equal(index.search(crowded, 5)[1], plain.search(crowded, 5)[1])
     assert "pre-scan" not in auto.describe() and "pre-scan" in named.describe()
-    assert auto.coarse_copy is None and named.coarse_copy.name == coarse  # auto's copy is freed
+    assert auto.scan.copy is None and named.scan.copy.name == coarse  # auto's copy is freed
     assert auto.crowded_queries == 40 and named.crowded_queries == 48  # auto stopped counting when it gave up
     said = [r.getMessage() for r in caplog.records if "pre-scan" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith(f"{coarse} pre-scan: 100% of the first 40 queries' blocks had more")
@@ -133,16 +126,14 @@ def test_auto_gives_the_pre_scan_up_when_most_queries_crowd_and_a_named_one_keep
 def test_auto_keeps_a_pre_scan_whose_queries_crowd_in_one_block_of_many(rng, monkeypatch, caplog):
     """Every query crowds, but in one block of ten: that costs about a tenth of a float32 scan, so under 'auto' the
     pre-scan stays (it is the share of crowded blocks that gives it up, not of crowded queries)."""
-    monkeypatch.setattr(prefilter_choice, "auto_prefilter_dtype", lambda: "int8")
-    monkeypatch.setattr(prefilter_choice, "PREFILTER_MIN_ROWS", 1_000)
-    monkeypatch.setattr(torch_flat, "CROWDED_TRIAL", 40)
+    monkeypatch.setattr(prescan, "CROWDED_TRIAL", 40)
     base = _unit(rng, 1, 32)[0]
     vectors = _unit(rng, 20_000, 32)
     vectors[4_000:4_300] = base + rng.standard_normal((300, 32)).astype(np.float32) * 1e-3  # all in one block
     crowded = torch.from_numpy(np.stack([base + rng.standard_normal(32).astype(np.float32) * 1e-3 for _ in range(8)]))
-    auto = TorchFlatIndex(vectors, device=CPU, cpu_chunk_rows=2_000)
-    plain = TorchFlatIndex(vectors, device=CPU, prefilter="off")
-    with caplog.at_level("WARNING", logger=torch_flat.__name__):
+    auto = _pre(vectors, "int8", auto=True, cpu_chunk_rows=2_000)
+    plain = TorchFlatIndex(vectors, device=CPU)
+    with caplog.at_level("WARNING", logger=prescan.__name__):
         for _ in range(6):
             np.testing.assert_array_equal(auto.search(crowded, 5)[1], plain.search(crowded, 5)[1])
     assert auto.crowded_queries == 48 and "int8 pre-scan" in auto.describe()
@@ -211,52 +202,16 @@ def test_the_score_bound_holds_for_the_coarse_matmuls_and_float32_re_scores(rng,
     pre_scan = copy.scores(prepared, 0, len(x32), out).float().double() * unit[:, None]
     re_score = (q32 @ x32.T).double()
     error = (pre_scan - exact).abs() + (re_score - exact).abs()
-    bound = score_bounds(q32, copy)[:, None]
+    bound = copy.bounds(q32)[:, None]
     assert (error <= bound).all()
     assert (error / bound).max() > 0.05
 
 
-def test_auto_pre_scans_large_float32_indexes_in_bf16_with_amx_and_in_int8_with_vnni(monkeypatch):
-    monkeypatch.setattr(prefilter_choice, "cpu_has_amx", lambda: True)
-    monkeypatch.setattr(prefilter_choice, "cpu_has_vnni", lambda: True)  # every CPU with AMX has VNNI too
-    monkeypatch.setattr(prefilter_choice, "physical_memory", lambda: 64 << 30)
-    large, wiki18 = (100_000, 384), (21_015_324, 768)  # wiki-18 with e5
-    assert resolve_prefilter("auto", CPU, "auto", large) == "bfloat16"
-    assert resolve_prefilter("auto", CPU, "auto", (1_000, 384)) is None  # a small scan gains nothing worth a copy
-    assert resolve_prefilter("auto", CPU, "bfloat16", large) is None  # the index itself is bf16: nothing to filter
-    assert resolve_prefilter("off", CPU, "auto", large) is None
-    # wiki-18's bf16 copy (32 GB) is more than a quarter of 64 GB; on 256 GB it is on
-    assert resolve_prefilter("auto", CPU, "auto", wiki18) is None
-    monkeypatch.setattr(prefilter_choice, "physical_memory", lambda: 256 << 30)
-    assert resolve_prefilter("auto", CPU, "auto", wiki18) == "bfloat16"
-    # without AMX a bf16 matmul is slower than float32's: int8 where the CPU has VNNI (wiki-18's copy: 16 GB)
-    monkeypatch.setattr(prefilter_choice, "cpu_has_amx", lambda: False)
-    monkeypatch.setattr(prefilter_choice, "physical_memory", lambda: 64 << 30)
-    assert resolve_prefilter("auto", CPU, "auto", large) == "int8"
-    assert resolve_prefilter("auto", CPU, "auto", wiki18) == "int8"
-    monkeypatch.setattr(prefilter_choice, "cpu_has_vnni", lambda: False)
-    assert resolve_prefilter("auto", CPU, "auto", large) is None
-    for named in ("bfloat16", "int8"):  # asked for: on, whatever the CPU
-        assert resolve_prefilter(named, CPU, "float32", (10, 8)) == named
-    # where int8 sums saturate (oneDNN held to AVX2 on a VNNI CPU): never int8, and a named int8 is refused
-    monkeypatch.setattr(prefilter_choice, "cpu_has_vnni", lambda: True)
-    monkeypatch.setattr(prefilter_choice, "int8_matmul_exact", lambda: False)
-    assert resolve_prefilter("auto", CPU, "auto", large) is None
-    with pytest.raises(IndexLoadError, match="needs exact int8 sums .*saturates"):
-        resolve_prefilter("int8", CPU, "float32", (10, 8))
+#: the copies this CPU has the instructions for: the rule refuses the others by name
+FAST_HERE = [name for name in COPIES if fast_here(name, cpu_flags())]
 
 
-def test_a_pre_scan_asked_of_an_index_that_is_not_float32_on_the_cpu_is_refused(rng):
-    with pytest.raises(IndexLoadError, match="--index_prefilter bfloat16 pre-scans a float32 index on the CPU"):
-        TorchFlatIndex(_unit(rng, 50, 8), device=CPU, dtype="bfloat16", prefilter="bfloat16")
-    with pytest.raises(IndexLoadError, match="--index_prefilter int8 pre-scans a float32 index on the CPU"):
-        TorchFlatIndex(_unit(rng, 50, 8), device=CPU, dtype="float16", prefilter="int8")
-    with pytest.raises(IndexLoadError, match="this index is float16 on cuda"):
-        resolve_prefilter("bfloat16", torch.device("cuda"), "auto", (10, 8))
-    with pytest.raises(ValueError, match="prefilter must be one of"):
-        resolve_prefilter("int4", CPU, "auto", (10, 8))
-
-
+@pytest.mark.skipif(not FAST_HERE, reason="this CPU has neither bf16 (AMX, AVX512-BF16) nor int8 (VNNI) matmuls")
 def test_the_server_flag_reaches_the_index_and_answers_stay_the_same(minilm_index, toy_dataset, minilm_path):
     """``--index_prefilter`` as the server parses it, through the engine the server builds: same hits either way."""
     from local_dense_retriever.engine import load_engine
@@ -264,20 +219,21 @@ def test_the_server_flag_reaches_the_index_and_answers_stay_the_same(minilm_inde
 
     base = ["--index_path", str(minilm_index["npy"]), "--corpus_path", str(toy_dataset.corpus_path),
             "--retriever_name", "minilm", "--retriever_model", str(minilm_path), "--device", "cpu"]  # fmt: skip
-    configs = [config_from_args([*base, "--index_prefilter", name])[0] for name in ("bfloat16", "int8", "off")]
-    assert ServerConfig().index_prefilter == "auto"
-    engines = [load_engine(config, progress=False) for config in configs]
-    assert "bfloat16 pre-scan" in engines[0].describe() and "int8 pre-scan" in engines[1].describe()
-    assert "pre-scan" not in engines[2].describe()
+    names = [*FAST_HERE, "off"]
+    engines = [load_engine(config_from_args([*base, "--index_prefilter", name])[0], progress=False) for name in names]
+    assert [f"{name} pre-scan" in engine.describe() for name, engine in zip(names, engines, strict=True)] == [
+        name != "off" for name in names
+    ]
+    assert "pre-scan" not in engines[-1].describe()
     questions = ["who founded the city?", "which river runs past the old mill", "capital"]
     hits = [[[doc["id"] for doc, _ in q] for q in engine.search(questions, 5)] for engine in engines]
-    assert hits[0] == hits[1] == hits[2]
-    # what /metrics reports as prefilter_crowded_queries_total
-    assert engines[0].prefilter_crowded() == engines[1].prefilter_crowded() == 0
+    assert all(h == hits[-1] for h in hits)
+    assert all(engine.prefilter_crowded() == 0 for engine in engines)  # /metrics prefilter_crowded_queries_total
     with pytest.raises(SystemExit):
         config_from_args([*base, "--index_prefilter", "int4"])
 
 
+@pytest.mark.skipif(not FAST_HERE, reason="this CPU has neither bf16 (AMX, AVX512-BF16) nor int8 (VNNI) matmuls")
 def test_a_fleet_shard_pre_scans_its_rows_of_the_mapped_index(tmp_path, rng):
     """The fleet's shards hold row ranges of one memory-mapped index: each pre-scans its own range (the flag reaches
     it through the config) and the shards' answers are those of the float32 scan."""
@@ -288,7 +244,7 @@ def test_a_fleet_shard_pre_scans_its_rows_of_the_mapped_index(tmp_path, rng):
     np.save(tmp_path / "flat.npy", vectors)
     queries = _unit(rng, 9, 16)
     answers = {}
-    for name in ("bfloat16", "int8", "off"):
+    for name in (*FAST_HERE, "off"):
         config = ServerConfig(index_path=tmp_path / "flat.npy", corpus_path=tmp_path / "corpus.jsonl", device="cpu",
                               index_prefilter=name)  # fmt: skip
         shards = [ShardSearcher(config, shard, 2) for shard in range(2)]
@@ -296,6 +252,17 @@ def test_a_fleet_shard_pre_scans_its_rows_of_the_mapped_index(tmp_path, rng):
         parts = [s.search(queries, 4) for s in shards]
         scores, ids = (np.concatenate([p[j] for p in parts], axis=1) for j in (0, 1))
         answers[name] = merge_topk(scores, ids, 4)
-    for name in ("bfloat16", "int8"):
+    for name in FAST_HERE:
         np.testing.assert_array_equal(answers[name][1], answers["off"][1])
         np.testing.assert_allclose(answers[name][0], answers["off"][0], rtol=0, atol=1e-6)
+
+
+@COARSE
+def test_loading_a_pre_scanned_index_grows_memory_by_the_copy_not_the_file(big_flat_index, load_peak_rss, coarse):
+    """Peak RSS grows by the copy (bf16: half the file; int8: a quarter) and a few steps of the copy's work, not by
+    the file: each step's rows of the memory map leave RSS once read."""
+    step = 8 << 20
+    rows, grew = load_peak_rss(big_flat_index, coarse, step)
+    size = big_flat_index.stat().st_size
+    most = size // (2 if coarse == "bfloat16" else 4) + size // 10 + 8 * step  # the steps' temporaries, malloc's
+    assert rows == 200_000 and grew < most, f"peak RSS grew by {grew >> 20} MB loading a {size >> 20} MB index"

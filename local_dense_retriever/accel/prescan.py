@@ -1,8 +1,8 @@
-"""A coarse pre-scan (bfloat16 or int8) that finds every row that can be in a query's float32 top-k; only those are
-scored in float32.
+"""The pre-scan (:class:`Prescan`, a ``ShardScan``): a coarse copy of a float32 CPU shard (bfloat16 or int8) scanned
+first, to find every row that can be in a query's float32 top-k; only those are scored in float32. The copy is half
+(bf16) or a quarter (int8) of the float32 rows, so a scan reads that much less memory.
 
-A bfloat16 matmul is 3-4x faster than a float32 one on a CPU with AMX, an int8 matmul (int32 sums) about 3x on one
-with VNNI or AMX, but their scores are rounded: ranked by them alone, near-ties can swap. Here the rounding is bounded
+Its scores are rounded: ranked by them alone, near-ties could swap. Here the rounding is bounded
 instead (:meth:`Bf16Copy.bounds`, :meth:`Int8Copy.bounds`): the pre-scan keeps, in every block of rows, ``k + extra``
 of the best coarse scores of each query (:func:`kept_rows`), and a row can be in the float32 top-k only if its coarse
 score is within twice the error of the k-th best coarse score. If every score a block left out is below that margin,
@@ -17,25 +17,28 @@ id) up to float32 rounding, the same exactness as the float32 scan itself.
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
-from local_dense_retriever.index.coarse_copy import (  # the copies: imported from here too
-    Bf16Copy,
-    CoarseCopy,
-    Int8Copy,
-    ScoresOut,
-    score_bounds,
-)
+from local_dense_retriever.accel.coarse_copy import CoarseCopy, ScoresOut
+from local_dense_retriever.index.flat_file import STAGING_BYTES
+from local_dense_retriever.index.scan import ExactScan, RowsRead, ScanWrapper
 from local_dense_retriever.index.topk import GROUP, best_groups, block_topk
+from local_dense_retriever.load_progress import LoadProgress
 
-__all__ = ["EXTRA_ROWS", "Bf16Copy", "CoarseCopy", "Int8Copy", "Prescanned", "kept_rows", "prefiltered_topk",
-           "score_bounds"]  # fmt: skip
+logger = logging.getLogger(__name__)
 
 #: the rows within its margin a crowded query gathers at most; beyond them it is scanned again in float32 (with
 #: a thousand rows or more within the margin, the gather and re-score cost more than that scan)
 CROWDED_ROWS = 1024
+#: under 'auto' the pre-scan is given up when more than this share of the (query, block) pairs of its first
+#: :data:`CROWDED_TRIAL` queries crowd: each such pair costs about a float32 scan of the block for the query
+CROWDED_GIVE_UP = 0.5
+CROWDED_TRIAL = 1024
 #: rows kept per query and block beyond k: a query is crowded when more than this many rows crowd its k-th score
 EXTRA_ROWS = 64
 
@@ -170,3 +173,82 @@ def _rescored(queries: torch.Tensor, vectors: torch.Tensor, ids: torch.Tensor, k
     exact = (rows * queries[:, None, :]).sum(dim=2)
     s, at = block_topk(exact, k)
     return s, torch.gather(ids, 1, at)
+
+
+class Prescan:
+    """The pre-scan of one float32 CPU shard in ``copy_type``'s copy; its exact scan answers what the copy cannot
+    (queries crowded past :data:`CROWDED_ROWS`, an empty batch) and everything once an ``auto`` pre-scan gave up."""
+
+    def __init__(
+        self,
+        exact: ExactScan,
+        rows_read: RowsRead,
+        progress: LoadProgress | None = None,
+        *,
+        copy_type: type[CoarseCopy],
+        auto: bool = False,
+        step_bytes: int = STAGING_BYTES,
+    ) -> None:
+        """The copy is made ``step_bytes`` of float32 rows at a time, ``rows_read`` and ``progress`` told after each
+        step; ``auto``: give up where most queries crowd."""
+        self.exact = exact
+        rows, dim = exact.rows.shape
+        if progress is not None:
+            progress.expect(copy_type.passes * rows * dim * 4)
+
+        def read(lo: int, hi: int) -> None:
+            rows_read(lo, hi)
+            if progress is not None:
+                progress.add((hi - lo) * dim * 4)
+
+        self.copy: CoarseCopy | None = copy_type.of(exact.rows, max(1, step_bytes // (dim * 4)), read)
+        self.name = copy_type.name
+        self.auto = auto
+        self.crowded_queries = 0
+        self._queries = self._blocks = self._crowded_blocks = 0
+        self._lock = threading.Lock()  # the per-request mode searches from many threads
+
+    @classmethod
+    def wrapper(
+        cls, copy_type: type[CoarseCopy], *, auto: bool = False, step_bytes: int = STAGING_BYTES
+    ) -> ScanWrapper:
+        """What ``TorchFlatIndex(cpu_scan=...)`` takes to pre-scan its CPU shard in ``copy_type``'s copy."""
+        return partial(cls, copy_type=copy_type, auto=auto, step_bytes=step_bytes)
+
+    def describe(self) -> str:
+        return f"{self.name} pre-scan" if self.copy is not None else "exact scan"
+
+    def topk(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        copy = self.copy  # read once: another thread may give the pre-scan up meanwhile
+        if copy is None or k == 0 or not len(queries):
+            return self.exact.topk(queries, k)
+        step = self.exact.rows_per_step(len(queries))
+        found = prefiltered_topk(queries, self.exact.rows, copy, k, step, self.exact.buffers.scores)
+        s, i = found.scores, found.ids
+        if found.rescan:  # crowded beyond what gathering rows is worth: the float32 scan's own answers
+            s[found.rescan], i[found.rescan] = self.exact.topk(queries[found.rescan], k)
+        with self._lock:
+            self.crowded_queries += found.crowded
+            self._queries += len(queries)
+            self._crowded_blocks += found.crowded_blocks
+            self._blocks += found.blocks
+        self._give_up_if_crowded()
+        return s, i.to(torch.int64)
+
+    def _give_up_if_crowded(self) -> None:
+        """Under 'auto', once :data:`CROWDED_TRIAL` queries are in: if more than :data:`CROWDED_GIVE_UP` of their
+        (query, block) pairs crowded (an encoder whose scores sit closer than the copy can tell apart), scan in
+        float32 from then on and free the copy."""
+        with self._lock:
+            if not self.auto or self.copy is None or self._queries < CROWDED_TRIAL:
+                return
+            self.auto = False  # decided once
+            share = self._crowded_blocks / max(1, self._blocks)
+            if share <= CROWDED_GIVE_UP:
+                return
+            self.copy = None
+        logger.warning(
+            "%s pre-scan: %.0f%% of the first %d queries' blocks had more rows within its rounding margin than it "
+            "keeps (their scores sit too close together for %s); searching in float32 from now on "
+            "(--index_prefilter %s keeps the pre-scan)", self.name, 100 * share, self._queries, self.name, self.name,
+        )  # fmt: skip

@@ -1,0 +1,115 @@
+"""The index-scan interface: how one shard of a flat index is scored for a batch of queries and cut to each query's
+top k, and :class:`ExactScan`, the plain scan every shard starts with.
+
+Interface (:class:`ShardScan`): ``topk(queries, k) -> (scores, ids)`` (float32 and int64 CPU tensors of shape
+``(n, k)``; ids are rows of the shard, best first, equal scores by lower id), ``describe()``, and
+``crowded_queries``, the queries that needed more than the scan's usual work (always 0 for :class:`ExactScan`).
+:data:`ScanWrapper` builds another scan of a CPU shard around its exact scan (``local_dense_retriever.accel``).
+
+Invariant: every scan returns what :class:`ExactScan` returns for the same rows, up to float rounding.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from local_dense_retriever.index.topk import block_topk, grouped_topk
+from local_dense_retriever.load_progress import LoadProgress
+
+#: rows scored per matmul on CPU, bounding the (queries x rows) score buffer
+CPU_CHUNK_ROWS = 1 << 18
+#: the most memory the (queries x rows) score buffer of one step may take on any device (the server's
+#: --score_buffer_mb): a GPU shard is scanned in as many steps as this needs
+SCORE_BYTES = 1 << 30
+#: the largest CPU score buffer a thread keeps for reuse: glibc's largest mmap threshold, above which malloc maps
+#: and unmaps a block on its own, so it cannot fragment the heap
+RETAINED_SCORE_BYTES = 32 << 20
+#: ``(lo, hi)``: told that a scan being built is done reading rows ``lo:hi`` of the shard (a memory map's pages leave)
+RowsRead = Callable[[int, int], object]
+
+
+class ShardScan(Protocol):
+    """Top-k search over one shard's rows (see the module docstring)."""
+
+    crowded_queries: int
+
+    def topk(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def describe(self) -> str: ...
+
+
+class ScoreBuffers(threading.local):
+    """Each calling thread's CPU score buffer, grown to the largest step it has scored and reused: a fresh buffer per
+    batch fragmented glibc's heap, so a long-running server's RSS drifted. Steps larger than
+    :data:`RETAINED_SCORE_BYTES` get a buffer of their own."""
+
+    buffer: torch.Tensor | None = None  # bytes, viewed as each step's dtype
+
+    def scores(self, queries: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
+        """A ``(queries, rows)`` tensor of ``dtype`` for a matmul to write into; its contents are undefined."""
+        need = queries * rows * dtype.itemsize
+        if need > RETAINED_SCORE_BYTES:
+            return torch.empty((queries, rows), dtype=dtype)
+        if self.buffer is None or self.buffer.numel() < need:
+            self.buffer = None  # the old one is freed before the larger one is taken
+            self.buffer = torch.empty(need, dtype=torch.uint8)
+        return self.buffer[:need].view(dtype).view(queries, rows)
+
+
+class ExactScan:
+    """Every row scored in the shard's dtype on its device, a step of rows at a time, each step cut to its top k."""
+
+    crowded_queries = 0
+
+    def __init__(self, rows: torch.Tensor, *, score_bytes: int = SCORE_BYTES, chunk_rows: int = CPU_CHUNK_ROWS):
+        """``score_bytes`` bounds one step's score buffer; on the CPU a step also holds at most ``chunk_rows``."""
+        self.rows = rows
+        self.score_bytes = max(1, score_bytes)
+        self.chunk_rows = max(1, chunk_rows)
+        self.buffers = ScoreBuffers()
+
+    def rows_per_step(self, queries: int) -> int:
+        """Rows scored per matmul: as many as keep the score buffer within the bounds, at least one."""
+        rows = self.score_bytes // max(1, queries * self.rows.element_size())
+        if self.rows.device.type == "cpu":
+            rows = min(rows, self.chunk_rows)
+        return max(1, min(rows, self.rows.shape[0]))
+
+    def topk(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        shard = self.rows
+        q = queries.to(device=shard.device, dtype=shard.dtype)
+        step = self.rows_per_step(len(q))
+        # a GPU selects from steps of a million rows and more in two passes; on the CPU one pass is as fast
+        select = grouped_topk if shard.device.type == "cuda" else block_topk
+        best_s, best_i = [], []
+        for lo in range(0, shard.shape[0], step):
+            rows = shard[lo : lo + step]
+            if shard.device.type == "cpu":  # into this thread's buffer (a GPU's caching allocator reuses its own)
+                scores = torch.matmul(q, rows.T, out=self.buffers.scores(len(q), len(rows), shard.dtype))
+            else:
+                scores = q @ rows.T
+            # top-k in the index's dtype (its matmul's own rounding), then only k scores per query made float32
+            s, i = select(scores, k, lo)
+            best_s.append(s.float().cpu())
+            best_i.append(i.cpu())
+        if len(best_s) == 1:
+            return best_s[0], best_i[0]
+        return merge_steps(torch.cat(best_s, dim=1), torch.cat(best_i, dim=1), k)
+
+    def describe(self) -> str:
+        return "exact scan"
+
+
+def merge_steps(scores: torch.Tensor, ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-``k`` per row of per-step top-k lists laid side by side (steps in id order), by score then lower id."""
+    s, at = block_topk(scores, k)  # block_topk breaks ties by position, which is id order here
+    return s, torch.gather(ids, 1, at)
+
+
+#: ``(exact, rows_read, progress)``: another scan of a CPU shard, built around its exact scan; ``rows_read`` is told
+#: each step of the shard's rows it has read, ``progress`` (None: not logged) what it reads
+ScanWrapper = Callable[[ExactScan, RowsRead, LoadProgress | None], ShardScan]
