@@ -23,12 +23,12 @@ from starlette.responses import Response
 
 from local_dense_retriever.batcher import Batcher, estimate_tokens
 from local_dense_retriever.config import ServerConfig
-from local_dense_retriever.direct_runner import DirectRunner
 from local_dense_retriever.engine import RetrievalEngine
 from local_dense_retriever.gpu_memory import gpu_report
 from local_dense_retriever.memory import release_free_memory_every
 from local_dense_retriever.metrics import Metrics
 from local_dense_retriever.middleware import GuardPostBodies, error_response, internal_error
+from local_dense_retriever.per_request import PerRequestRunner
 from local_dense_retriever.retrieve import RetrieveBody, RetrieveEndpoint, invalid_body_response
 from local_dense_retriever.watchdog import Watchdog
 from verl_search.protocol import ErrorResponse, RetrieveResponse
@@ -72,7 +72,7 @@ class ServiceState:
         self.status = "loading"
         self.detail = "loading model, index and corpus"
         self.engine: RetrievalEngine | None = None
-        self.runner: Batcher | DirectRunner | None = None
+        self.runner: Batcher | PerRequestRunner | None = None
         #: CUDA ordinals of the GPUs the loaded engine uses (GET /health ``gpus``)
         self.gpus: list[int] = []
         self.watchdog = Watchdog(
@@ -103,7 +103,7 @@ class ServiceState:
             )
         else:
             threads = c.unbatched_threads or (1 if engine.encodes_on_gpu else 40)
-            self.runner = DirectRunner(engine.search, threads=threads, max_queue=c.max_queue, metrics=self.metrics)
+            self.runner = PerRequestRunner(engine.search, threads=threads, max_queue=c.max_queue, metrics=self.metrics)
             logger.info("per-request mode: %d thread%s", threads, "" if threads == 1 else "s")
         self.runner.start()
         self.metrics.cpu_seconds = engine.clock.snapshot
@@ -208,9 +208,9 @@ def create_app(
 
     @app.post("/retrieve", response_model=RetrieveResponse, responses=_ERRORS)
     async def retrieve(req: RetrieveBody, request: Request) -> Response:
-        """Top-k passages per query (DESIGN §3.1). With return_scores each hit is {document, score}.
+        """Top-k passages per query, in Search-R1's wire format. With return_scores each hit is {document, score}.
         ``{"queries": []}`` answers ``{"result": []}``; SkyRL's ``{"query": str}`` answers one list of hits."""
-        # requests reach RetrieverApp's lean path instead (the same respond); this route declares the endpoint
+        # declares the endpoint for /docs: requests are answered by RetrieveEndpoint.serve, in front of FastAPI
         return await endpoint.respond(req, request.scope.setdefault("state", {}))
 
     @app.post("/access", responses=_ERRORS)

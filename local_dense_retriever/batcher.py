@@ -1,13 +1,11 @@
 """Dynamic batching: concurrent requests are served in shared micro-batches run in a worker thread.
 
-Invariants: every submitted request is resolved (result or exception), including when a batch raises, when the
-worker task dies, and on shutdown; at most ``max_queue`` queries wait, more are refused with ``Overloaded``.
-Fairness: a micro-batch holds at most ``max_batch_size`` queries and about ``max_batch_tokens`` tokens, taken one
-query at a time round-robin across the waiting requests, so a large request (a whole rollout turn) is spread over
-several micro-batches and a small request waits about one micro-batch, not for the large one. A failing batch is
-retried request by request so only the request that broke it fails. Queries of callers that went away (cancelled)
-are dropped from the queue at once and never computed. The waiting requests and their query count have one owner,
-``FairQueue``, so the worker never finds queries counted that it cannot take: every pass takes a batch or awaits.
+Invariants: every submitted request is resolved (result or exception), also when a batch raises, when the worker task
+dies, and on shutdown; at most ``max_queue`` queries wait, more are refused with ``Overloaded``. A micro-batch takes
+at most ``max_batch_size`` queries and about ``max_batch_tokens`` tokens, one query at a time round-robin across the
+waiting requests (``FairQueue``), so a small request waits about one micro-batch, never for a large one. A failing
+batch is retried request by request so only the request that broke it fails. Queries of callers that went away are
+never computed. Every pass of the worker takes a batch or awaits.
 """
 
 from __future__ import annotations
@@ -36,22 +34,17 @@ def estimate_tokens(text: str, *, cap: int) -> int:
     return min(cap, 2 + len(text) // 3)
 
 
+#: the longest wait for a merged batch, as a share of the last batch's engine time (``WaitPlan``)
 MERGE_WAIT_SHARE = 0.05
-"""The longest wait for a merged batch, as a share of the last batch's engine time (see ``WaitPlan``)."""
 
 
 @dataclass(frozen=True)
 class WaitPlan:
-    """What the worker waits for before taking the next batch, all within ``max_wait_s``.
-
-    Closed-loop callers send again as soon as they are answered. ``size``: the last batch's size, so its callers
-    find one batch again instead of a large and a small half. ``merged``: that plus the queries that arrived while it
-    ran, waited for only until ``merge_until``. Without the merge, 64 such clients that fell into two cohorts of 32
-    stayed split, served in turn, each batch paying a whole index scan (28% fewer queries/s). The merge wait is capped
-    at ``MERGE_WAIT_SHARE`` of the last batch's engine time because under open-loop arrivals (a rollout's searches
-    arrive when its model stops generating) the callers do not come back, and waiting for them idles the engine: at
-    most that share of its time. After a batch that left a backlog (the size or token cap) nothing is waited for.
-    """
+    """What the worker waits for before taking the next batch, all within ``max_wait_s``: ``size`` queries (the last
+    batch's, so closed-loop callers find one batch again), then ``merged`` (those plus the ones that arrived while it
+    ran, so callers split into cohorts merge again) until ``merge_until``. The merge wait is capped at
+    ``MERGE_WAIT_SHARE`` of the last batch's engine time, since open-loop callers do not come back. After a batch
+    that left a backlog nothing is waited for."""
 
     size: int
     merged: int
@@ -271,12 +264,3 @@ class Batcher:
 
     def _fail_pending(self, error: Exception) -> None:
         self._queue.clear(lambda req: self._fail(req, error))
-
-
-def __getattr__(name: str):
-    """``DirectRunner`` moved to :mod:`local_dense_retriever.direct_runner`; still importable from here."""
-    if name == "DirectRunner":
-        from local_dense_retriever.direct_runner import DirectRunner
-
-        return DirectRunner
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,11 +1,9 @@
-"""POST /retrieve: a request's queries → their hits, served as a plain ASGI endpoint (the path every rollout's search
+"""POST /retrieve: a request's queries → their hits, served as a plain ASGI endpoint (the one path every search
 takes), beside the FastAPI app that serves everything else.
 
-Invariant: the answers, statuses and /metrics labels are the ones the FastAPI route gives (the route is kept, declares
-the endpoint in the OpenAPI schema, and answers through the same ``RetrieveEndpoint.respond``); only the per-request
-machinery differs: no routing, dependency solving or middleware stack, one ``json.loads`` and one pydantic
-validation of the body, and the answer sent as two ASGI messages. That machinery was the largest part of the
-server's own CPU per query under load (benchmarks/RESULTS.md, "the lean request path").
+Invariant: a request is answered here with one ``json.loads``, one pydantic validation of the body and two ASGI
+messages, and no routing, dependency solving or middleware stack (FastAPI's per-request machinery was the largest part
+of the server's own CPU per query); FastAPI's ``/retrieve`` route only declares the endpoint in the OpenAPI schema.
 """
 
 from __future__ import annotations
@@ -123,7 +121,7 @@ class RetrieveEndpoint:
         await send({"type": "http.response.body", "body": response.body})
 
     async def respond(self, req: RetrieveBody, labels: dict) -> Response:
-        """Top-k passages per query (DESIGN §3.1). With return_scores each hit is {document, score}.
+        """Top-k passages per query, in Search-R1's wire format. With return_scores each hit is {document, score}.
         ``{"queries": []}`` answers ``{"result": []}``; SkyRL's ``{"query": str}`` answers one list of hits."""
         state, config = self.state, self.state.config
         queries = req.queries if req.queries is not None else [req.query] if req.query is not None else []

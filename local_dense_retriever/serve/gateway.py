@@ -3,7 +3,7 @@ replica, once more to another replica when the one serving it dies (/health and 
 in front of it by ``FleetViewApp``).
 
 Why a gateway: Serve's proxy answers 500 for a request whose replica died mid-flight, and a client must not retry a
-500 (DESIGN §5); retrieval is a read, so the gateway retries it, and only a second death becomes a 503 (which
+500; retrieval is a read, so the gateway retries it, and only a second death becomes a 503 (which
 clients do retry). Invariants: a client's request reaches a replica as it was sent (method, path, query, headers,
 body), and the replica's app answers it with its own validation, limits and errors; every failure of the gateway
 itself is an ``ErrorResponse`` JSON body; a client that hangs up cancels its request on the replica.

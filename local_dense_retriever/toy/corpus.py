@@ -135,7 +135,7 @@ def generate_toy_dataset(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m local_dense_retriever.toy_corpus --out_dir DIR [--num_passages N] [--seed S]``."""
+    """CLI: ``python -m local_dense_retriever.toy.corpus --out_dir DIR [--num_passages N] [--seed S]``."""
     parser = argparse.ArgumentParser(description="Generate the deterministic toy corpus and its QA pairs.")
     parser.add_argument("--out_dir", type=Path, required=True, help="folder for corpus.jsonl, qa.jsonl, toy.json")
     parser.add_argument("--num_passages", type=int, default=10_000, help="corpus size (default 10000)")

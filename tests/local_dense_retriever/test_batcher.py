@@ -8,7 +8,6 @@ import threading
 import pytest
 
 from local_dense_retriever.batcher import Batcher, BatcherStopped, Overloaded, QueryRejected
-from local_dense_retriever.direct_runner import DirectRunner
 from local_dense_retriever.metrics import Metrics
 
 
@@ -123,15 +122,6 @@ async def test_metrics_count_batches():
     assert snap["batches_total"] >= 1 and sum(snap["batch_size_histogram"].values()) == snap["batches_total"]
     assert snap["queue_depth"] == 0
     await batcher.stop()
-
-
-async def test_direct_runner_runs_each_request_alone():
-    search = Recorder()
-    runner = DirectRunner(search, threads=4, max_queue=100, metrics=Metrics())
-    results = await asyncio.gather(*(runner.submit([f"q{i}"], 2) for i in range(8)))
-    assert [r[0][1][0]["id"] for r in results] == [f"q{i}-1" for i in range(8)]
-    assert sorted(len(q) for q, _ in search.calls) == [1] * 8
-    await runner.stop()
 
 
 async def test_a_query_that_breaks_the_engine_fails_only_its_own_request():

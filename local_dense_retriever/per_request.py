@@ -1,6 +1,6 @@
-"""The per-request reference mode (``--no_batching``): each request encodes and searches on its own thread of a
-pool, with no batching, as the public retrieval servers do; the server's batched mode is
-:class:`local_dense_retriever.batcher.Batcher`, and "x per-request" in the benchmarks is measured against this.
+"""The per-request mode (``--no_batching``): each request encodes and searches alone on a thread of a pool, as the
+public retrieval servers do. It is the reference that batching is measured against, not a serving mode;
+POST /retrieve reaches it through the same endpoint as :class:`local_dense_retriever.batcher.Batcher`.
 
 Invariant: a request is refused with ``Overloaded`` before any work when it would take the queries in flight past
 ``max_queue``; every request that is run is counted in the metrics, failed or not.
@@ -16,8 +16,8 @@ from local_dense_retriever.errors import Overloaded
 from local_dense_retriever.metrics import Metrics
 
 
-class DirectRunner:
-    """Per-request reference mode: each request encodes and searches on its own in a thread pool (no batching)."""
+class PerRequestRunner:
+    """Each request encodes and searches on its own in a thread pool (no batching)."""
 
     def __init__(self, search: SearchFn, *, threads: int, max_queue: int, metrics: Metrics) -> None:
         self._search = search
