@@ -6,15 +6,16 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from cpu_bench.background_server import free_port
+from cpu_bench.testing.stub_retriever import StubServer
 from verl_search import SearchTool, search_stats
-from verl_search.testing.background_server import free_port
-from verl_search.testing.stub_retriever import StubServer
 from verl_search.tool.client import RetrievalClient
 
 
 async def test_an_endless_outage_stays_unavailable_and_logs_state_changes_only(stub, make_config, caplog):
     dead = f"http://127.0.0.1:{free_port()}"
-    config = make_config(retrieval_service_url=dead, max_attempts=1, eject_seconds=0.0)
+    # no rate limit: 1,100 calls need not wait for tokens (their 2 s deadline is the outage's, not the bucket's)
+    config = make_config(retrieval_service_url=dead, max_attempts=1, eject_seconds=0.0, rate_limit=None)
     tool = SearchTool(config.model_dump())
     caplog.set_level(logging.DEBUG, logger="verl_search")
     kinds = set()
