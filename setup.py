@@ -74,12 +74,12 @@ EXTRAS = {
     # per CUDA major, at verl 0.9.1's own pin (its cupy-cu130 extra)
     "cupy-cu12": ["cupy-cuda12x==14.0.1"],
     "cupy-cu13": ["cupy-cuda13x==14.0.1"],
-    # python -m verl_search.report's plots
+    # python -m verl_search.eval.report's plots
     "report": ["matplotlib>=3.7"],
     # optional: a source build on most machines (`pip install flash-attn --no-build-isolation` after torch);
     # without it the run scripts use PyTorch's sdpa attention.
     "flash-attn": ["flash-attn"],
-    # make train / make demo-model on a CPU: TransferQueue (main_ppo imports it), plots
+    # make train / make demo on a CPU, from a checkout (cpu_bench): TransferQueue (main_ppo imports it), plots
     "cpu-train": ["TransferQueue", "matplotlib>=3.7"],
     "test": [
         "pytest>=8",
@@ -104,10 +104,12 @@ setup(
     long_description=(HERE / "README.md").read_text(encoding="utf-8") if (HERE / "README.md").exists() else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10,<3.13",
+    # the CPU test bench (cpu_bench/: make train, make demo, the test kit) runs from a checkout, never from the wheel
     packages=find_packages(
-        include=["verl_search", "verl_search.*", "local_dense_retriever", "local_dense_retriever.*"]
+        include=["verl_search", "verl_search.*", "local_dense_retriever", "local_dense_retriever.*"],
+        exclude=["cpu_bench", "cpu_bench.*"],
     ),
-    package_data={"verl_search": ["py.typed", "train/shipped_base_model/*.json", "train/shipped_base_model/base_model/*"]},
+    package_data={"verl_search": ["py.typed"]},
     cmdclass={"build_py": BuildWithShippedFiles},
     install_requires=CORE,
     extras_require=EXTRAS,

@@ -89,7 +89,7 @@ def table(runs: list[Run]) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=4, help="runs per setting")
-    what = "a setting: a name and the arguments make demo passes to verl_search.train (TRAIN_ARGS)"
+    what = "a setting: a name and the arguments make demo passes to cpu_bench.train (TRAIN_ARGS)"
     p.add_argument("--arm", action="append", default=[], metavar='NAME="ARGS"', help=what)
     p.add_argument("--no_default", action="store_true", help="run only the --arm settings, not the defaults")
     p.add_argument("--dir", type=Path, default=REPO / ".cache" / "demo_repeats", help="where each run's log is kept")

@@ -112,4 +112,4 @@ fi
 echo "installing ${lock}"
 "$PYTHON" -m pip install --no-deps $PIP_ARGS -r "$lock"
 "$PYTHON" -m pip install --no-deps -e "$REPO_DIR"
-echo "installed the ${ROLLOUT} CUDA ${CUDA} environment; check it with: ${PYTHON} -m verl_search.preflight --help"
+echo "installed the ${ROLLOUT} CUDA ${CUDA} environment; check it with: ${PYTHON} -m verl_search.launch.preflight --help"

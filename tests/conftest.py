@@ -43,3 +43,19 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if _ray_root is not None:
         shutil.rmtree(_ray_root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    """The project's local tokenizer (Qwen2.5 chat markup), built once per session (the wheel's tests and the CPU
+    test bench's both use it)."""
+    from cpu_bench.train.local_tokenizer import ensure_tokenizer_dir
+
+    return ensure_tokenizer_dir(tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_dir)

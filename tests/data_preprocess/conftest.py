@@ -119,7 +119,7 @@ def run_cli(capsys):
 @pytest.fixture(scope="session")
 def qwen_tokenizer(tmp_path_factory):
     """The locally trained Qwen2.5-style tokenizer (chat template with tools, hermes markup)."""
-    from verl_search.train.local_tokenizer import load_tokenizer
+    from cpu_bench.train.local_tokenizer import load_tokenizer
 
     return load_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 

@@ -18,7 +18,7 @@ def processed(search_r1_dir, tmp_path, run_cli):
 def _dataset(path, tokenizer, repo_root, *overrides: str):
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from verl_search.testing.scripted_rollout import verl_trainer_config
+    from cpu_bench.testing.scripted_rollout import verl_trainer_config
 
     tool_config = repo_root / "tool_config" / "search_tool_config.yaml"
     config = verl_trainer_config(

@@ -11,11 +11,11 @@ import httpx
 import pytest
 import torch
 
+from cpu_bench.background_server import BackgroundServer
 from local_dense_retriever.app import ServiceState, create_app
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.engine import RetrievalEngine
 from verl_search.protocol import RetrieveResponse
-from verl_search.testing.background_server import BackgroundServer
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ def test_the_cache_folder_follows_verl_search_cache_then_xdg_then_home(monkeypat
     monkeypatch.setenv("VERL_SEARCH_CACHE", str(tmp_path / "mine"))
     assert default_cache_dir() == tmp_path / "mine"
     assert ServerConfig().cache_dir == tmp_path / "mine"  # the embedded default
-    from verl_search.train.base_cache import cache_root
+    from cpu_bench.train.base_cache import cache_root
 
     assert cache_root() == tmp_path / "mine" / "base_models"  # the base models of make train / make demo
 

@@ -11,13 +11,13 @@ import psutil
 import pytest
 import torch
 
+from cpu_bench.background_server import BackgroundServer
 from local_dense_retriever.app import create_app
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.corpus_store import CorpusStore
 from local_dense_retriever.engine import RetrievalEngine
 from local_dense_retriever.index.base import DenseSearch
 from local_dense_retriever.index.torch_flat import TorchFlatIndex
-from verl_search.testing.background_server import BackgroundServer
 
 ROWS = 1_000_000
 

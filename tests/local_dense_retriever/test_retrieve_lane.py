@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from cpu_bench.background_server import BackgroundServer
 from local_dense_retriever.app import create_app
 from local_dense_retriever.config import ServerConfig
-from verl_search.testing.background_server import BackgroundServer
 
 CONFIG = dict(max_queries_per_request=8, max_query_chars=200, max_topk=20, max_body_bytes=4096)
 

@@ -11,10 +11,10 @@ import time
 import httpx
 import pytest
 
+from cpu_bench.background_server import BackgroundServer
 from local_dense_retriever.app import create_app
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.engine import RetrievalEngine
-from verl_search.testing.background_server import BackgroundServer
 
 
 class GatedBackend:

@@ -11,11 +11,11 @@ import time
 import httpx
 import pytest
 
+from cpu_bench.background_server import BackgroundServer
 from local_dense_retriever.app import create_app
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.engine import RetrievalEngine
 from local_dense_retriever.watchdog import FORCED_EXIT_STATUS, Watchdog
-from verl_search.testing.background_server import BackgroundServer
 
 
 class Probe:

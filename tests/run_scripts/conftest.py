@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_search.testing.background_server import free_port
-from verl_search.testing.stub_retriever import StubServer
+from cpu_bench.background_server import free_port
+from cpu_bench.testing.stub_retriever import StubServer
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "run_scripts"

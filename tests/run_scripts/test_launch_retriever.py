@@ -12,8 +12,8 @@ import time
 import pytest
 import requests
 
+from cpu_bench.background_server import free_port
 from verl_search.launch.tool_yaml import parse_urls
-from verl_search.testing.background_server import free_port
 
 READY = re.compile(r"stop (?:it|them) with: kill ([\d ]+)\)")
 

@@ -10,11 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from cpu_bench.testing.stub_retriever import StubServer
 from verl_search.launch.checks import LaunchContext
 from verl_search.launch.preflight import Finding, main, planned_checks, run_check, run_preflight
 from verl_search.launch.tool_yaml import write_tool_config
 from verl_search.launch.trainer_config import LaunchConfigError, compose_launch_config
-from verl_search.testing.stub_retriever import StubServer
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL_YAML = REPO / "tool_config" / "search_tool_config.yaml"
@@ -232,7 +232,7 @@ def test_reward_functions_that_fail_are_named(overrides, tmp_path):
 
 
 def test_a_local_model_folder_is_checked_by_loading_its_tokenizer(overrides, tmp_path):
-    from verl_search.train.local_tokenizer import ensure_tokenizer_dir
+    from cpu_bench.train.local_tokenizer import ensure_tokenizer_dir
 
     model_dir = ensure_tokenizer_dir(tmp_path / "tok")
     findings = check_only("tokenizer", overrides, f"actor_rollout_ref.model.path={model_dir}")

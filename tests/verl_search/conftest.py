@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from verl_search.testing.stub_retriever import StubServer
+from cpu_bench.testing.stub_retriever import StubServer
 from verl_search.tool.client import RetrievalClient
 from verl_search.tool.config import SearchToolConfig
 from verl_search.tool.stats import STATS
-from verl_search.train.local_tokenizer import ensure_tokenizer_dir
 
 CORPUS = [
     {"id": "0", "contents": '"Paul Walker"\nPaul Walker was an American actor known for the Fast and Furious films.'},
@@ -54,16 +51,3 @@ async def make_config(stub):
 @pytest.fixture
 def stub_corpus() -> list[dict]:
     return list(CORPUS)
-
-
-@pytest.fixture(scope="session")
-def tokenizer_dir(tmp_path_factory) -> Path:
-    """The project's local tokenizer (Qwen2.5 chat markup), built once per session."""
-    return ensure_tokenizer_dir(tmp_path_factory.mktemp("tokenizer"))
-
-
-@pytest.fixture(scope="session")
-def tokenizer(tokenizer_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tokenizer_dir)

@@ -1,6 +1,6 @@
-"""One error tree: every exception class defined anywhere in ``verl_search`` is under ``VerlSearchError``, and the
-tree drawn at the top of ``verl_search/errors.py`` names each of them; only the tool's failures are ``SearchError``s
-(the tool boundary turns those into model-facing text)."""
+"""One error tree: every exception class defined anywhere in ``verl_search`` and the CPU test bench (``cpu_bench``) is
+under ``VerlSearchError``, and the tree drawn at the top of ``verl_search/errors.py`` names each of them; only the
+tool's failures are ``SearchError``s (the tool boundary turns those into model-facing text)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pkgutil
 
 import pytest
 
+import cpu_bench
 import verl_search
 from verl_search import errors
 from verl_search.errors import SearchError, VerlSearchError
@@ -19,9 +20,11 @@ SEARCH_ERROR_HOMES = ("verl_search.errors", "verl_search.tool.", "verl_search.la
 
 
 def _defined_exceptions() -> dict[str, type[BaseException]]:
-    """``{qualified name: class}`` of every exception class defined at the top of a ``verl_search`` module."""
+    """``{qualified name: class}`` of every exception class defined at the top of a ``verl_search`` or ``cpu_bench``
+    module."""
     found = {}
-    for info in pkgutil.walk_packages(verl_search.__path__, prefix="verl_search."):
+    packages = [(verl_search.__path__, "verl_search."), (cpu_bench.__path__, "cpu_bench.")]
+    for info in [info for path, prefix in packages for info in pkgutil.walk_packages(path, prefix=prefix)]:
         if info.name.rpartition(".")[2] == "__main__":
             continue  # running it is the CLI; its names come from the modules it imports
         module = importlib.import_module(info.name)
@@ -36,9 +39,9 @@ DEFINED = _defined_exceptions()
 
 def test_the_walk_finds_the_branches_declared_outside_errors_py():
     assert {
-        "verl_search.train.processes.StageError",
-        "verl_search.train.sft_data.TrajectoryError",
-        "verl_search.train.run_settings.SettingsMismatch",
+        "cpu_bench.train.processes.StageError",
+        "cpu_bench.train.sft_data.TrajectoryError",
+        "cpu_bench.train.run_settings.SettingsMismatch",
         "verl_search.eval.validation_dump.DumpError",
         "verl_search.cpu.errors.CpuBackendError",
         "verl_search.data.errors.PreprocessError",
@@ -65,9 +68,9 @@ def test_only_the_tools_failures_are_search_errors(name):
 @pytest.mark.parametrize(
     ("name", "builtin"),
     [
-        ("verl_search.train.processes.StageError", RuntimeError),
-        ("verl_search.train.sft_data.TrajectoryError", ValueError),
-        ("verl_search.train.run_settings.SettingsMismatch", ValueError),
+        ("cpu_bench.train.processes.StageError", RuntimeError),
+        ("cpu_bench.train.sft_data.TrajectoryError", ValueError),
+        ("cpu_bench.train.run_settings.SettingsMismatch", ValueError),
         ("verl_search.eval.validation_dump.DumpError", ValueError),
         ("verl_search.data.errors.PreprocessError", ValueError),
         ("verl_search.cpu.errors.CpuRolloutConfigError", ValueError),

@@ -1,6 +1,6 @@
 """The package runs without the repository checkout: a wheel built from this tree carries the top-level files the
-package reads (the tool YAMLs, prompt.yaml) unchanged, and from a folder outside the checkout the installed copy finds
-them and writes make train's tool YAML and RL rows."""
+package reads (the tool YAMLs, prompt.yaml) unchanged and no CPU test bench, and from a folder outside the checkout
+the installed copy finds them and writes a run's tool YAML and RL rows."""
 
 from __future__ import annotations
 
@@ -41,31 +41,39 @@ def test_the_wheel_carries_each_shipped_file_unchanged(installed):
         assert copy.read_bytes() == (REPO / name).read_bytes(), name
 
 
-def test_the_installed_package_runs_the_data_stage_outside_the_checkout(installed, tmp_path):
+def test_the_installed_package_writes_a_runs_inputs_outside_the_checkout(installed, tmp_path):
     """From a folder outside the checkout, with only the installed copy and the environment's dependencies on the
-    path: the locator finds the shipped files, the retriever is a module, and the data stage's writers work."""
+    path: the locator finds the shipped files, the retriever is a module, the tool-YAML writer and the preprocessing
+    work, and the CPU test bench is not there."""
     script = textwrap.dedent(
         f"""
-        import json, sys
+        import importlib.util, json
         from pathlib import Path
+        import yaml
         import verl_search
         from verl_search import resources
-        from verl_search.train.config import TrainConfig
-        from verl_search.train.data_stage import preprocess, row_settings, write_tool_yaml
+        from verl_search.data.pipeline import PreprocessConfig, run_preprocess
+        from verl_search.launch.tool_yaml import write_tool_config
         out = Path({str(tmp_path)!r})
-        config = TrainConfig(out_dir=out)
-        tool_yaml = write_tool_yaml(config, "http://127.0.0.1:1/retrieve", out / "search_tool_config.yaml")
-        rows = row_settings(config, tool_yaml)
-        question = {{"id": "q0", "question": "who?", "golden_answers": ["a"], "metadata": {{"hops": 1}}}}
-        parquet = preprocess([question], "search_r1", out / "rl")
-        import importlib.util
+        tool_yaml = write_tool_config(
+            resources.shipped_file(resources.SEARCH_TOOL_YAML), out / "search_tool_config.yaml",
+            "http://127.0.0.1:1/retrieve", {{"topk": 1}},
+        )
+        qa = out / "qa.jsonl"
+        qa.write_text(json.dumps({{"id": "q0", "question": "who?", "golden_answers": ["a"], "data_source": "nq"}}) + "\\n")
+        config = PreprocessConfig(
+            template_file=resources.shipped_file(resources.PROMPT_YAML), template="search_r1", input_jsonl=qa,
+            splits=("test",), local_dir=out / "rl",
+        )
+        list(run_preprocess(config, progress=False))
         print(json.dumps({{
             "package": verl_search.__file__,
             "files": [str(resources.shipped_file(n)) for n in resources.SHIPPED],
             "retriever": importlib.util.find_spec("local_dense_retriever.retrieval_server").origin,
+            "bench": importlib.util.find_spec("cpu_bench") is not None,
             "yaml": tool_yaml.read_text(),
-            "schemas": [s["function"]["name"] for s in rows.tool_schemas],
-            "parquet": parquet.is_file(),
+            "schemas": [t["tool_schema"]["function"]["name"] for t in yaml.safe_load(tool_yaml.read_text())["tools"]],
+            "parquet": (out / "rl" / "test.parquet").is_file(),
         }}))
         """
     )
@@ -79,6 +87,7 @@ def test_the_installed_package_runs_the_data_stage_outside_the_checkout(installe
     assert seen["package"].startswith(str(installed))  # the installed copy, not the checkout
     assert all(path.startswith(str(installed)) for path in seen["files"])
     assert seen["retriever"].startswith(str(installed))
+    assert not seen["bench"] and not (installed / "cpu_bench").exists()  # make train and the test kit stay behind
     assert "retrieval_service_url: http://127.0.0.1:1/retrieve" in seen["yaml"]
     assert seen["schemas"] == ["search"] and seen["parquet"]
 

@@ -104,7 +104,7 @@ async def test_scores_a_tool_agent_trajectory_through_verls_reward_manager(tmp_p
     from verl import DataProto
     from verl.trainer.ppo.reward import load_reward_manager
 
-    from verl_search.train.local_tokenizer import load_tokenizer
+    from cpu_bench.train.local_tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tmp_path)
     config = _trainer_config(

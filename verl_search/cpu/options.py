@@ -26,7 +26,7 @@ def _one_line(error: Exception) -> str:
 
 
 class OpeningPolicy(Protocol):
-    """What ``opening_policy`` builds (the test kit's ``verl_search.testing.forced_prefix.ForcedOpenings`` is one)."""
+    """What ``opening_policy`` builds (the test kit's ``cpu_bench.testing.forced_prefix.ForcedOpenings`` is one)."""
 
     def opening_for(self, prompt_text: str) -> str:
         """The text this request's output must start with ("" for none); the model's own sampling follows it."""

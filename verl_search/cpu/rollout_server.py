@@ -5,7 +5,7 @@ Invariant: generation and weight updates never overlap (one lock); every request
 ``abort_all_requests`` ends every unfinished request as ``aborted`` with the tokens it has (partial rollout: verl's
 ``FullyAsyncLLMServerClient`` resends it with those tokens appended) and holds new ones until ``resume_generation``;
 an opening is forced and the server's events are reported only when ``opening_policy`` names a policy (tests, see
-:mod:`verl_search.testing.forced_prefix`); unset, the server does no work for it.
+:mod:`cpu_bench.testing.forced_prefix`); unset, the server does no work for it.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ class CpuRunKnobs(RunKnobs):
     experiment_prefix: ClassVar[str] = "tiny-grpo-search"
     error: ClassVar[type[ValueError]] = CpuRunError
 
-    model_path: str = Field(description="a model folder, e.g. one written by python -m verl_search.train.tiny_model")
+    model_path: str = Field(description="a model folder, e.g. one written by python -m cpu_bench.train.tiny_model")
     agent: Literal["tool_agent", "search_r1_agent"] = Field(
         "tool_agent", description="the default agent loop for rows without an agent_name column"
     )

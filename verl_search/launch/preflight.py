@@ -1,7 +1,7 @@
 """Launch preflight: compose verl's config with the launch overrides and check everything a run needs, before GPUs.
 
-Usage: ``python -m verl_search.preflight [--dry-run] [--agent NAME] -- key=value ...`` (the overrides that will be
-given to ``python -m verl.trainer.main_ppo``). Invariant: every problem found is printed as one ``preflight: ERROR``
+Usage: ``python -m verl_search.launch.preflight [--dry-run] [--agent NAME] -- key=value ...`` (the overrides that will
+be given to ``python -m verl.trainer.main_ppo``). Invariant: every problem found is printed as one ``preflight: ERROR``
 line naming its cause, all checks run even after a failure, and the exit status is non-zero iff there was an error.
 """
 

@@ -21,14 +21,12 @@ the rollout is served only by its own pool of ``ROLLOUT_GPUS`` devices). verl 0.
 with another config root; they are not used here. Invariant: the settings are declared once (:class:`TrainerSettings`),
 a bad value is a :class:`TrainerModeError` naming the knob, and the overrides are derived from validated settings only.
 
-The overrides themselves and the CLI ``run_scripts/common.sh`` calls are in :mod:`verl_search.launch.trainer_overrides`
-(``python -m verl_search.launch.trainer_mode ...``, the older command, still runs it).
+The overrides themselves and the CLI ``run_scripts/common.sh`` calls are in :mod:`verl_search.launch.trainer_overrides`.
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Mapping
 from typing import Literal
 
@@ -270,18 +268,3 @@ def build_settings(raw: Mapping[str, object]) -> TrainerSettings:
             value = raw.get(loc[0], "")
             raise TrainerModeError(f"{_knob(loc[0])}={value}: {message}") from e
         raise TrainerModeError(message) from e
-
-
-def __getattr__(name: str):
-    """``trainer_overrides`` and ``main`` moved to :mod:`verl_search.launch.trainer_overrides`; importable here too."""
-    if name in ("trainer_overrides", "main"):
-        from verl_search.launch import trainer_overrides
-
-        return getattr(trainer_overrides, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-if __name__ == "__main__":
-    from verl_search.launch.trainer_overrides import main
-
-    sys.exit(main())

@@ -2,8 +2,7 @@
 ``TRAINER`` knob and its settings), and the CLI the run scripts call for them:
 
 ``python -m verl_search.launch.trainer_overrides --from-env --devices N --train-batch-size B --mini-batch-size M
---device cpu|cuda`` prints one override per line (``python -m verl_search.launch.trainer_mode``, the older command,
-runs the same).
+--device cpu|cuda`` prints one override per line.
 
 Invariant: the overrides are derived from validated settings only; a combination verl cannot run (a staleness bound
 the warm-up breaks, a batch size the sync step does not divide) is a ``TrainerModeError`` naming the knob.

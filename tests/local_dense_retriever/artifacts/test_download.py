@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from cpu_bench.background_server import free_port
 from local_dense_retriever.artifacts.assembly import check_free_space
 from local_dense_retriever.artifacts.download import BM25, CORPUS, INDEX, MANIFEST, download, is_done
 from local_dense_retriever.artifacts.sources import DownloadError, MirrorSource, SizeMismatch
-from verl_search.testing.background_server import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 

@@ -15,9 +15,9 @@ import pytest
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from cpu_bench.background_server import BackgroundServer
 from local_dense_retriever.artifacts.download import CORPUS, INDEX, download
 from local_dense_retriever.artifacts.sources import DownloadError, HubSource
-from verl_search.testing.background_server import BackgroundServer
 
 COMMIT = "0" * 40
 

@@ -17,11 +17,11 @@ import pytest
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
+from cpu_bench.background_server import free_port  # noqa: E402
 from local_dense_retriever.config import ServerConfig  # noqa: E402
 from local_dense_retriever.engine import load_engine  # noqa: E402
 from local_dense_retriever.serve.fleet import start_fleet, stop_fleet  # noqa: E402
 from local_dense_retriever.serve.options import ServeOptions  # noqa: E402
-from verl_search.testing.background_server import free_port  # noqa: E402
 
 APP = "retriever"
 REPLICA = f"SERVE_REPLICA::{APP}#Retriever#"  # Serve's name of a replica actor

@@ -11,11 +11,11 @@ import pytest
 
 pytest.importorskip("ray.serve")
 
+from cpu_bench.background_server import BackgroundServer  # noqa: E402
 from local_dense_retriever.app import create_app  # noqa: E402
 from local_dense_retriever.config import ServerConfig  # noqa: E402
 from local_dense_retriever.engine import RetrievalEngine  # noqa: E402
 from local_dense_retriever.serve.deployments import Retriever  # noqa: E402
-from verl_search.testing.background_server import BackgroundServer  # noqa: E402
 
 
 class Replica:

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cpu_bench.background_server import free_port
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.serve.errors import ShardingError
 from local_dense_retriever.serve.options import ServeOptions
 from local_dense_retriever.serve.shards import check_shardable, shard_bounds
-from verl_search.testing.background_server import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 CLI = [sys.executable, "-m", "local_dense_retriever.serve"]

@@ -1,4 +1,4 @@
-"""Fixtures for the agent-loop tests: a real /retrieve server (verl_search.testing.stub_retriever on 127.0.0.1), the
+"""Fixtures for the agent-loop tests: a real /retrieve server (cpu_bench.testing.stub_retriever on 127.0.0.1), the
 locally trained tokenizer (built once per session), tool/agent-loop YAMLs pointing at the server, and Search-R1 rows."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from verl_search.testing.stub_retriever import StubServer
+from cpu_bench.testing.stub_retriever import StubServer
 from verl_search.tool.client import RetrievalClient
 
 REPO = Path(__file__).resolve().parents[3]
@@ -103,6 +103,6 @@ def rows():
 @pytest.fixture
 def oracle():
     """ORACLE READER over the test questions: the gold answer if retrieved, else "unknown"."""
-    from verl_search.testing.scripted_policy import OracleReader
+    from cpu_bench.testing.scripted_policy import OracleReader
 
     return OracleReader(QUESTIONS)

@@ -20,9 +20,9 @@ import pytest
 import torch
 from verl.workers.rollout.replica import TokenOutput
 
-from verl_search.testing.scripted_policy import ScriptedServerManager, native_search_policy, tool_call_policy
-from verl_search.testing.scripted_rollout import rollout_overrides, rows_to_batch, verl_trainer_config
-from verl_search.train.local_tokenizer import ensure_tokenizer_dir
+from cpu_bench.testing.scripted_policy import ScriptedServerManager, native_search_policy, tool_call_policy
+from cpu_bench.testing.scripted_rollout import rollout_overrides, rows_to_batch, verl_trainer_config
+from cpu_bench.train.local_tokenizer import ensure_tokenizer_dir
 
 
 class PausingServer:

@@ -8,11 +8,11 @@ from pathlib import Path
 import pyarrow as pa
 from verl.utils.reward_score import default_compute_score
 
+from cpu_bench.testing.scripted_policy import native_search_policy, tool_call_policy
+from cpu_bench.testing.scripted_rollout import run_rows
 from verl_search.data.rows import OUTPUT_SCHEMA, build_row
 from verl_search.data.schema import QARecord
 from verl_search.data.templates import load_templates
-from verl_search.testing.scripted_policy import native_search_policy, tool_call_policy
-from verl_search.testing.scripted_rollout import run_rows
 
 PROMPTS = "data_preprocess/prompt.yaml"
 

@@ -8,10 +8,10 @@ import pytest
 import yaml
 from verl.utils.reward_score import default_compute_score
 
+from cpu_bench.testing.scripted_policy import native_search_policy, scripted_turns
+from cpu_bench.testing.scripted_rollout import run_rows
 from verl_search.agent_loop import INVALID_ACTION_MESSAGE, SearchR1LoopConfig, parse_action
 from verl_search.errors import ConfigError
-from verl_search.testing.scripted_policy import native_search_policy, scripted_turns
-from verl_search.testing.scripted_rollout import run_rows
 
 REPO = Path(__file__).resolve().parents[3]
 AGENT = "search_r1_agent"

@@ -6,8 +6,8 @@ import pytest
 from verl.tools.tool_registry import initialize_tools_from_config
 from verl.utils.reward_score import default_compute_score
 
-from verl_search.testing.scripted_policy import question_of, tool_call_policy
-from verl_search.testing.scripted_rollout import run_rows
+from cpu_bench.testing.scripted_policy import question_of, tool_call_policy
+from cpu_bench.testing.scripted_rollout import run_rows
 from verl_search.tool.search_tool import SearchTool
 
 

@@ -8,9 +8,9 @@ import pytest
 import yaml
 from verl.utils.reward_score import default_compute_score
 
-from verl_search.testing.background_server import BackgroundServer
-from verl_search.testing.scripted_policy import native_search_policy
-from verl_search.testing.scripted_rollout import run_rows
+from cpu_bench.background_server import BackgroundServer
+from cpu_bench.testing.scripted_policy import native_search_policy
+from cpu_bench.testing.scripted_rollout import run_rows
 
 PASSAGES = [
     '"Hamlet"\nHamlet is a tragedy written by William Shakespeare around 1600.',

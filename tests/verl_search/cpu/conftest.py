@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from verl_search.testing.background_server import free_port, wait_until_healthy
+from cpu_bench.background_server import free_port, wait_until_healthy
 
 REPO = Path(__file__).resolve().parents[3]
 # every row asks for the capital of France: the test-only forced answer ("Paris") is right wherever it is forced
@@ -33,7 +33,7 @@ def train_questions() -> list[str]:
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    from verl_search.train.tiny_model import write_tiny_model
+    from cpu_bench.train.tiny_model import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("model") / "tiny-qwen2")
 

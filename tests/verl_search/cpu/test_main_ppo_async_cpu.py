@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-FORCED = "path:verl_search.testing.forced_prefix.ForcedOpenings,search_every:2,answer:Paris,answer_every:1"
+FORCED = "path:cpu_bench.testing.forced_prefix.ForcedOpenings,search_every:2,answer:Paris,answer_every:1"
 MAX_STALENESS = 2
 
 

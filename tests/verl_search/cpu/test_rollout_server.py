@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import torch
 
+from cpu_bench.testing.forced_prefix import POLICY_PATH
 from verl_search.cpu.rollout_server import CpuRolloutServer
-from verl_search.testing.forced_prefix import POLICY_PATH
 
 CONFIG = SimpleNamespace(max_model_len=512, prompt_length=256, response_length=64)
 PROMPT = "<|im_start|>user\nAnswer it. Question: what is the capital of france?<|im_end|>\n<|im_start|>assistant\n"

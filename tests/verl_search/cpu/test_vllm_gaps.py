@@ -149,6 +149,6 @@ def test_the_linear_bridge_is_applied_once():
 def test_the_head_sizes_make_train_checks_are_vllms_own():
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    from verl_search.train.config import VLLM_CPU_HEAD_SIZES
+    from cpu_bench.train.config import VLLM_CPU_HEAD_SIZES
 
     assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == VLLM_CPU_HEAD_SIZES

@@ -1,4 +1,4 @@
-"""`python -m verl_search.report DIR` on a dump written by verl's own `_write_generations`, scored by our reward."""
+"""`python -m verl_search.eval.report DIR` on a dump written by verl's `_write_generations`, scored by our reward."""
 
 from __future__ import annotations
 
@@ -276,8 +276,8 @@ def _metrics_file(path: Path, steps: range, searches: float) -> None:
 
 
 def test_a_run_folder_gives_the_report_and_the_health_of_every_launch(tmp_path: Path, write_generations, capsys):
-    """``python -m verl_search.report RUN_DIR``: a run folder as the run scripts leave it after a relaunch (the first
-    launch's metrics kept in metrics/, the resumed one's in metrics.jsonl, logging steps 4-5 again)."""
+    """``python -m verl_search.eval.report RUN_DIR``: a run folder as the run scripts leave it after a relaunch (the
+    first launch's metrics kept in metrics/, the resumed one's in metrics.jsonl, logging steps 4-5 again)."""
     from verl_search.eval.plots import read_metrics, run_metrics_files
 
     run = tmp_path / "runs" / "exp"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from cpu_bench.train.config import GRPOSettings, SearchSettings, TrainConfig
+from cpu_bench.train.stages import grpo_knobs, grpo_overrides, run_overrides
 from verl_search.launch.cpu_run import CpuRunError, CpuRunKnobs, cpu_overrides
-from verl_search.train.config import GRPOSettings, SearchSettings, TrainConfig
-from verl_search.train.stages import grpo_knobs, grpo_overrides, run_overrides
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "run_scripts" / "run_tiny_search_cpu.sh"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from cpu_bench.background_server import BackgroundServer
+from cpu_bench.testing.foreign_retrievers import search_r1_reference_app, skyrl_app
+from cpu_bench.testing.stub_retriever import StubServer
 from verl_search.launch.checks import PreflightError
 from verl_search.launch.resources import probe_retriever
-from verl_search.testing.background_server import BackgroundServer
-from verl_search.testing.foreign_retrievers import search_r1_reference_app, skyrl_app
-from verl_search.testing.stub_retriever import StubServer
 
 
 @pytest.mark.parametrize(

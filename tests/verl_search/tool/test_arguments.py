@@ -151,7 +151,7 @@ def test_no_argument_a_model_can_send_is_labelled_a_tool_bug(closed_url_config, 
 
 @pytest.fixture
 def closed_url_config():
-    from verl_search.testing.background_server import free_port
+    from cpu_bench.background_server import free_port
 
     return SearchToolConfig.from_dict(
         {"retrieval_service_url": f"http://127.0.0.1:{free_port()}/retrieve", "timeout": 2, "max_attempts": 1}

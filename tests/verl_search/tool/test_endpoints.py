@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+from cpu_bench.background_server import free_port
+from cpu_bench.testing.stub_retriever import StubServer
 from verl_search import SearchTool
-from verl_search.testing.background_server import free_port
-from verl_search.testing.stub_retriever import StubServer
 from verl_search.tool.endpoints import EndpointSet
 
 

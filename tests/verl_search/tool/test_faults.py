@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from cpu_bench.background_server import free_port
 from verl_search import SearchTool, search_stats
-from verl_search.testing.background_server import free_port
 
 SLACK = 0.5  # seconds a call may run past its deadline (event-loop scheduling on a loaded 2-core machine)
 

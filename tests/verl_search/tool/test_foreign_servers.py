@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from cpu_bench.background_server import BackgroundServer
+from cpu_bench.testing.foreign_retrievers import search_r1_reference_app, skyrl_app
 from verl_search import SearchTool, run_search
-from verl_search.testing.background_server import BackgroundServer
-from verl_search.testing.foreign_retrievers import search_r1_reference_app, skyrl_app
 from verl_search.tool.client import RetrievalClient
 
 

@@ -1,7 +1,0 @@
-"""Forwarding module: :mod:`verl_search.testing.forced_prefix` (moved there) under its old path."""
-
-import sys
-
-from verl_search.testing import forced_prefix as _moved
-
-sys.modules[__name__] = _moved  # the old path is the very same module: same names, same classes
