@@ -2,16 +2,18 @@
 
 What bounds the server when the encoder and the scan are fast.
 
-    python benchmarks/gpu_server_load.py --tokenizer DIR --json out.json                       # on a CUDA machine
-    python benchmarks/gpu_server_load.py --tokenizer DIR --device cpu --clients 16 --seconds 2 \\
-        --passages 2000 --encoders minilm --load_procs 2                                        # a dry run anywhere
+    python benchmarks/gpu_server_load.py --json out.json                                        # on a CUDA machine
+    python benchmarks/gpu_server_load.py --servers 1 4 --clients 256 --modes batched --no_engine_alone
+    python benchmarks/gpu_server_load.py --device cpu --clients 16 --seconds 2 --passages 2000 --encoders minilm \\
+        --load_procs 2                                                                          # a dry run anywhere
 
 The server is the real CLI (``retrieval_server.py``, torch flat backend, its defaults otherwise: float16 encoder and
-index on CUDA, micro-batches of up to 256 queries). ``DIR`` holds all-MiniLM-L6-v2's tokenizer and ``config.json``;
-where its weights are missing (no model hub is reachable on a lent GPU machine) the encoders are built with seeded
-random weights of the model's exact shape, as in ``gpu_search_path.py``: "minilm" (6 layers, width 384) and "e5"
-(e5-base-v2's BERT-base shape, width 768, the ``query: `` prefix). Their speed is the real models', their rankings
-are meaningless; every answer still carries 3 hits, which the load generator checks.
+index on CUDA, micro-batches of up to 256 queries). ``--tokenizer DIR`` (default: the bundled all-MiniLM-L6-v2) holds
+all-MiniLM-L6-v2's tokenizer and ``config.json``; where its weights are missing (no model hub is reachable on a lent
+GPU machine) the encoders are built with seeded random weights of the model's exact shape, as in ``search_path.py``:
+"minilm" (6 layers, width 384) and "e5" (e5-base-v2's BERT-base shape, width 768, the ``query: `` prefix). Their
+speed is the real models', their rankings are meaningless; every answer still carries 3 hits, which the load
+generator checks.
 
 The corpus is the toy corpus of ``--passages`` rows with random unit passage vectors of the encoder's width. The load
 comes from ``--load_procs`` processes sharing the C clients, so that the clients are not the bound on a many-core
@@ -38,7 +40,6 @@ import itertools
 import json
 import multiprocessing
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -51,18 +52,21 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_search_path import e5_base_shaped, random_bert  # noqa: E402
 from retriever_load import (  # noqa: E402
     ask_one,
-    bare_engine_qps,
+    bundled_minilm,
+    cpu_name,
     cpu_split,
+    engine_alone,
+    random_unit_vectors,
     repeated_share,
+    server_argv,
     server_metrics,
     start_server,
+    toy_dataset,
     toy_questions,
 )
-
-from local_dense_retriever.toy.corpus import generate_toy_dataset  # noqa: E402
+from search_path import e5_base_shaped, random_bert  # noqa: E402
 
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
@@ -82,19 +86,6 @@ def encoder_folder(name: str, tokenizer: Path, work: Path) -> Path:
     return e5_base_shaped(folder, tokenizer)
 
 
-def random_vectors(path: Path, rows: int, dim: int) -> Path:
-    """``rows`` seeded random unit vectors of width ``dim`` as a float32 .npy (written once)."""
-    if not path.is_file():
-        rng = np.random.default_rng(0)
-        out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, dim))
-        for start in range(0, rows, 262_144):
-            v = rng.standard_normal((min(262_144, rows - start), dim), dtype=np.float32)
-            out[start : start + len(v)] = v / np.linalg.norm(v, axis=1, keepdims=True)
-        out.flush()
-        del out
-    return path
-
-
 def distinct_questions(questions: list[str], n: int) -> list[str]:
     """At least ``n`` distinct texts: ``questions``, then numbered variants of them ("... (2)"). With fewer texts
     than clients, clients would ask the same text at the same moment, which the tool's client joins and the server
@@ -110,9 +101,9 @@ def distinct_questions(questions: list[str], n: int) -> list[str]:
 def tool_client_ask(urls: list[str], clients: int):
     """The search tool's own client for ``urls`` (as one rollout worker holds it) and an ``ask(question) -> bool``
     through it; call inside the running loop."""
+    from verl_search import SearchToolConfig
     from verl_search.errors import RetrievalError
     from verl_search.tool.client import RetrievalClient
-    from verl_search.tool.config import SearchToolConfig
 
     config = SearchToolConfig.from_dict({"retrieval_service_url": urls, "topk": 3, "num_workers": clients,
                                          "rate_limit": None, "cache_size": 0, "timeout": 120,
@@ -275,7 +266,9 @@ def server_mode(spec: str) -> tuple[str, bool, list[str]]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tokenizer", type=Path, required=True, help="all-MiniLM-L6-v2's folder (config + tokenizer)")
+    p.add_argument(
+        "--tokenizer", type=Path, help="all-MiniLM-L6-v2's folder: config + tokenizer (default: the bundled one)"
+    )
     p.add_argument("--encoders", nargs="+", choices=["minilm", "e5"], default=["minilm", "e5"])
     p.add_argument(
         "--modes",
@@ -316,6 +309,7 @@ def main() -> int:
     )
     p.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = p.parse_args()
+    args.tokenizer = args.tokenizer or bundled_minilm()
     if not (args.tokenizer / "config.json").is_file():
         p.error(f"{args.tokenizer}: no config.json (want all-MiniLM-L6-v2's folder)")
     args.work.mkdir(parents=True, exist_ok=True)
@@ -325,14 +319,14 @@ def main() -> int:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     now = datetime.now(timezone.utc)
     print(
-        f"# gpu server load: {gpu}, {os.cpu_count()} host CPUs ({platform.machine()}), torch {torch.__version__}, "
+        f"# gpu server load: {gpu}, {os.cpu_count()} host CPUs ({cpu_name()}), torch {torch.__version__}, "
         f"{args.passages:,} toy passages, {args.load_procs} load processes ({args.client} clients), "
         f"{now:%Y-%m-%d %H:%M} UTC",
         flush=True,
     )
     t0 = time.perf_counter()
-    ds = generate_toy_dataset(args.work / f"toy-{args.passages}", args.passages, seed=0, progress=False)
-    questions = distinct_questions(toy_questions(ds.corpus_path), 2 * max(args.clients))
+    corpus = toy_dataset(args.work / f"toy-{args.passages}", args.passages)
+    questions = distinct_questions(toy_questions(corpus), 2 * max(args.clients))
     folders = {name: encoder_folder(name, args.tokenizer, args.work) for name in args.encoders}
     print(f"# corpus and encoders ready in {time.perf_counter() - t0:.1f} s", flush=True)
     width = max(12, *(len(m[0]) for m in args.modes))
@@ -345,11 +339,10 @@ def main() -> int:
         pool.map(time.sleep, [0.0] * args.load_procs)  # start the processes before the first point
         for name, folder in folders.items():
             dim = json.loads((folder / "config.json").read_text())["hidden_size"]
-            npy = random_vectors(args.work / f"random_{args.passages}_{dim}.npy", args.passages, dim)
+            npy = random_unit_vectors(args.work / f"random_{args.passages}_{dim}.npy", args.passages, dim)
             for (mode, batching, flags), n_servers in itertools.product(args.modes, args.servers):
                 t_start = time.perf_counter()
-                server_args = (ds.corpus_path, npy, "torch", batching, args.threads, "auto", "--device", args.device,
-                               *flags)  # fmt: skip
+                server_args = (corpus, npy, "torch", batching, args.threads, "--device", args.device, *flags)
                 started = start_servers(n_servers, server_args, model=folder,
                                         retriever_name="e5" if name == "e5" else "minilm")  # fmt: skip
                 procs = [proc for proc, _ in started]
@@ -393,8 +386,9 @@ def main() -> int:
         batch = max(1, round(top["mean_batch"]))
         dim = json.loads((folder / "config.json").read_text())["hidden_size"]
         npy = args.work / f"random_{args.passages}_{dim}.npy"
-        alone = bare_engine_qps(ds.corpus_path, npy, args.threads, "auto", batch, questions, model=folder,
-                                retriever_name="e5" if name == "e5" else "minilm", device=args.device)  # fmt: skip
+        argv = server_argv(corpus, npy, "torch", True, args.threads, "--device", args.device, model=folder,
+                           retriever_name="e5" if name == "e5" else "minilm")  # fmt: skip
+        alone = engine_alone(argv, args.threads, batch, questions)
         ceilings.append({"encoder": name, "engine_alone": alone, "batch": batch})
         print(f"# {name}: the engine alone (this process, no HTTP, no batcher) at the batcher's mean batch {batch}: "
               f"encoder {alone['encode']:.0f} q/s, encoder + search + corpus lookup {alone['engine']:.0f} q/s; the "

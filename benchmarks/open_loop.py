@@ -2,11 +2,12 @@
 
     python benchmarks/open_loop.py                                   # this tree, rates 100 300 500 650 q/s
     python benchmarks/open_loop.py before=/tmp/before main=. --rates 200 600 --seconds 20 --rounds 2
+    python benchmarks/open_loop.py --rates 300 -- --max_wait_ms 2    # flags after -- go to every server
 
 Closed-loop clients (``retriever_load.py``) send again as soon as they are answered; RL rollouts are closer to open
 loop: a trajectory's search arrives when its model stops generating, not when the last search is answered. A batcher
 that waits for callers to come back idles the engine under such load; this shows what it costs. Each tree's server
-(``local_dense_retriever/retrieval_server.py``) serves the 100k-passage toy corpus as in ``retriever_ab.py``; the
+(``local_dense_retriever/retrieval_server.py``) serves the 100k-passage toy corpus as in ``retriever_load.py``; the
 trees take turns at every rate. Latency is counted from each request's scheduled arrival, so a load generator that
 falls behind shows as latency, not as a lighter load. Per line: the rate offered and answered, p50/p99/max latency,
 the batcher's mean batch and the failed requests.
@@ -17,10 +18,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import aiohttp
@@ -60,40 +59,37 @@ async def poisson_load(url: str, questions: list[str], rate: float, seconds: flo
         elapsed = time.perf_counter() - t0
         after = await asyncio.to_thread(retriever_load.server_metrics, url)
     lat = np.asarray(latencies) * 1000
-    batches = max(after["batches_total"] - before["batches_total"], 1)
     return {
         "offered": len(arrivals) / seconds,
         "answered": len(latencies) / elapsed,
         "p50_ms": float(np.percentile(lat, 50)) if lat.size else float("nan"),
         "p99_ms": float(np.percentile(lat, 99)) if lat.size else float("nan"),
         "max_ms": float(lat.max()) if lat.size else float("nan"),
-        "batch": (after["queries_total"] - before["queries_total"]) / batches,
+        "batch": retriever_load.mean_batch(before, after),
         "errors": errors,
     }
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    own, flags = retriever_load.split_server_flags(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="Flags after -- go to every server.")
     p.add_argument("trees", nargs="*", default=["main=."], help="NAME=PATH of a source tree (default: main=.)")
     p.add_argument("--rates", type=float, nargs="+", default=[100, 300, 500, 650])
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--encoder_dtype", choices=["auto", "float32", "bfloat16"], default="auto")
-    args = p.parse_args()
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="the servers' --num_threads")
+    args = p.parse_args(own)
     trees = retriever_load.server_trees(p, args.trees)
 
     corpus, npy, _, kind = retriever_load.prepare(100_000, "auto")
     questions = retriever_load.toy_questions(corpus)
-    now = datetime.now(timezone.utc)
-    print(f"# open-loop load: 100,000 passages ({kind} vectors), batched torch server, Poisson arrivals, "
-          f"{args.seconds:g} s per point after a 3 s warm-up, encoder {args.encoder_dtype}, {args.threads} threads, "
-          f"{os.cpu_count()} CPUs ({platform.machine()}), {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
+    retriever_load.header(f"open-loop load, batched torch servers, Poisson arrivals, {args.seconds:g} s a point after "
+                          "a 3 s warm-up", 100_000, kind, flags)  # fmt: skip
     print(f"{'round':>5} {'tree':>10} {'offered':>8} {'answered':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
           f"{'batch':>6} {'errors':>6}")  # fmt: skip
     for rnd in range(args.rounds):
         for name, server in trees.items():
-            server_args = (corpus, npy, "torch", True, args.threads, args.encoder_dtype)
+            server_args = (corpus, npy, "torch", True, args.threads, *flags)
             with retriever_load.serving(*server_args, server=server) as (_, url):
                 asyncio.run(poisson_load(url, questions, args.rates[0], 3.0, seed=12345))  # warm-up
                 for j, rate in enumerate(args.rates):

@@ -1,15 +1,14 @@
 """Retriever soak: C closed-loop single-query clients against the batched server for many minutes, sampling its memory.
 
-    python benchmarks/retriever_soak.py                      # 30 minutes, C = 64, a sample every 10 s
-    python benchmarks/retriever_soak.py --minutes 5 --malloc_trim_s 0    # the same without the periodic trim
-    ONEDNN_MAX_CPU_ISA=AVX512_CORE_VNNI python benchmarks/retriever_soak.py --encoder_dtype int8 --index_prefilter int8
-    # (the int8 encoder on a CPU with VNNI and no AMX, emulated)
+    python benchmarks/retriever_soak.py                          # 30 minutes, C = 64, a sample every 10 s
+    python benchmarks/retriever_soak.py --minutes 5 -- --malloc_trim_s 0    # flags after -- go to the server
 
 The server is the real CLI on the 100k-passage toy corpus (as ``retriever_load.py``). Every sample reads its
-``/metrics``: RSS and the C heap (``in_use``: allocated; ``free``: held by malloc; ``mapped``: large blocks mapped on
-their own; local_dense_retriever/memory.py), the queries answered since the last sample and their mean batch
-(the batcher's regime). After the warm-up, RSS
-is fitted with a line: the growth per minute, and the last sample against the first, are the verdict.
+``/metrics``: RSS (its anonymous and file-backed parts) and the C heap (``in_use``: allocated; ``free``: held by
+malloc; ``mapped``: large blocks mapped on their own), the queries answered since the last sample and their mean
+batch (the batcher's regime). After the warm-up, RSS is fitted with a line: the growth per minute, the last sample
+against the first, and the means of whole 10-minute windows (RSS swings by tens of MB between malloc trims) are the
+verdict.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import argparse
 import asyncio
 import json
 import os
-import platform
+import shlex
 import sys
 import time
 from datetime import datetime, timezone
@@ -29,17 +28,24 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from retriever_load import ask_one, prepare, server_metrics, start_server, toy_questions  # noqa: E402
+from retriever_load import (  # noqa: E402
+    ask_one,
+    cpu_name,
+    prepare,
+    server_metrics,
+    split_server_flags,
+    start_server,
+    toy_questions,
+)
 
 MB = 2**20
 
 
 async def sampled_closed_loop(
-    url: str, questions: list[str], clients: int, minutes: float, sample_s: float, on_sample, stagger_s: float = 0.0
+    url: str, questions: list[str], clients: int, minutes: float, sample_s: float, on_sample
 ) -> None:
     """C closed-loop single-query clients for ``minutes``; every ``sample_s`` seconds,
-    ``await on_sample(t_s, answered, errors)``, with the running counts of answers and failed requests. The second
-    half of the clients start ``stagger_s`` after the first (two cohorts, for the batcher to merge)."""
+    ``await on_sample(t_s, answered, errors)``, with the running counts of answers and failed requests."""
     stop = False
     answered = errors = 0
     connector = aiohttp.TCPConnector(limit=0)
@@ -48,8 +54,6 @@ async def sampled_closed_loop(
         async def client(i: int) -> None:
             nonlocal answered, errors
             n = i
-            if i >= clients // 2:
-                await asyncio.sleep(stagger_s)
             while not stop:
                 ok = await ask_one(session, url, questions[n % len(questions)])
                 n += clients
@@ -111,33 +115,27 @@ def verdict(samples: list[dict], warmup_s: float, key: str = "rss_mb") -> dict:
             "ten_minute_means_mb": means, "mean_qps": float(np.mean([s["qps"] for s in kept]))}  # fmt: skip
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    own, flags = split_server_flags(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="Flags after -- go to the server.")
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--sample_s", type=float, default=10.0)
     p.add_argument("--warmup_min", type=float, default=2.0, help="minutes left out of the verdict")
     p.add_argument("--passages", type=int, default=100_000)
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="server torch threads")
-    p.add_argument("--malloc_trim_s", type=float, help="the server's --malloc_trim_s (default: its own)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="the server's --num_threads")
     p.add_argument("--json", type=Path, help="also write the samples and the verdict as JSON here")
-    p.add_argument("--encoder_dtype", default="auto", help="the server's --encoder_dtype (int8: its compiled kernels)")
-    p.add_argument("--index_prefilter", help="the server's --index_prefilter (default: its own)")
-    args = p.parse_args()
+    args = p.parse_args(own)
 
     corpus, npy, _, kind = prepare(args.passages, "auto")
     questions = toy_questions(corpus)
-    extra = ["--malloc_trim_s", str(args.malloc_trim_s)] if args.malloc_trim_s is not None else []
-    extra += ["--index_prefilter", args.index_prefilter] if args.index_prefilter else []
-    proc, url = start_server(corpus, npy, "torch", True, args.threads, args.encoder_dtype, *extra)
+    proc, url = start_server(corpus, npy, "torch", True, args.threads, *flags)
     now = datetime.now(timezone.utc)
-    trim = f"{args.malloc_trim_s:g} s" if args.malloc_trim_s is not None else "server default"
-    cpu = f"{os.cpu_count()} CPUs ({platform.machine()})"
-    malloc_env = "".join(f", {k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_"))
-    isa = f", oneDNN ISA cap {os.environ['ONEDNN_MAX_CPU_ISA']}" if "ONEDNN_MAX_CPU_ISA" in os.environ else ""
-    print(f"# retriever soak: {args.passages:,} passages ({kind} vectors), C={args.clients}, {args.minutes:g} min, "
-          f"encoder {args.encoder_dtype}, pre-scan {args.index_prefilter or 'auto'}, malloc_trim every {trim}"
-          f"{malloc_env}, {cpu}{isa}, {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
+    cpu = f"{os.cpu_count()} CPUs ({cpu_name()})"
+    env = "".join(f", {k}={v}" for k, v in sorted(os.environ.items()) if k.startswith(("MALLOC_", "ONEDNN_")))
+    shown = f", server flags: {shlex.join(flags)}" if flags else ""
+    print(f"# retriever soak: {args.passages:,} passages ({kind} vectors), C={args.clients}, {args.minutes:g} min"
+          f"{shown}{env}, {cpu}, {now:%Y-%m-%d %H:%M} UTC")  # fmt: skip
     try:
         samples = asyncio.run(soak(url, questions, args.clients, args.minutes, args.sample_s))
     finally:

