@@ -1,13 +1,9 @@
 """The encoder-backend interface and its plain backend, a Hugging Face model's own forward.
 
-Interface (:class:`Encoder`): ``dim``, ``device``, ``precision`` (a name, for logs and ``describe``) and
-``encode(texts, *, is_query=True)``, which returns one L2-normalised float32 row per text, in input order, on
-``device``. Called from one worker thread at a time.
-
-Plain backend (:class:`HFEncoder`): ``AutoModel`` in the precision of ``backend_rule.encoder_dtype`` (float16 on CUDA;
-on a CPU bfloat16 where it has native bf16, else float32), masked mean or CLS pooling, e5 and bge prefixes.
-:func:`encoder_for` is the one place the server and the index builder make it, so an index is never encoded with
-other pooling or prefixes than the server queries it with.
+Interface (:class:`Encoder`): ``dim``, ``device``, ``precision`` (a name) and ``encode(texts, *, is_query=True)``: one
+L2-normalised float32 row per text, in order, on ``device``; called from one thread at a time. Plain backend
+(:class:`HFEncoder`): ``AutoModel`` in ``backend_rule``'s precision, masked mean or CLS pooling, e5/bge prefixes.
+:func:`encoder_for` is the one place the server and the index builder make it, so both pool and prefix alike.
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ from typing import Literal, Protocol
 import torch
 
 from local_dense_retriever.backend_rule import encoder_dtype, resolve_device
-from local_dense_retriever.batch_tokenizer import BatchTokenizer
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.errors import EncoderError
 from local_dense_retriever.memory import bound_kernel_caches
@@ -76,10 +71,8 @@ class HFEncoder:
         shape_multiple: int = 1,
         kernel_cache: int | None = None,
     ) -> None:
-        """``shape_multiple`` and ``kernel_cache`` bound the CPU kernels oneDNN compiles and caches per input shape,
-        so memory stays flat under varied batches: on the CPU each pass's token length, and a row count above it, is
-        padded to a multiple of ``shape_multiple`` (padding rows are dropped), and at most ``kernel_cache`` kernels
-        are kept (``memory.bound_kernel_caches``; None: torch's defaults)."""
+        """``shape_multiple`` and ``kernel_cache`` bound the kernels oneDNN compiles per input shape on the CPU, so
+        memory stays flat: a pass's length and rows are padded to a multiple of ``shape_multiple``."""
         from transformers import AutoModel, AutoTokenizer
 
         self.device = resolve_device(device)
@@ -94,8 +87,6 @@ class HFEncoder:
             model = AutoModel.from_pretrained(str(model_name_or_path))
         except (OSError, ValueError) as e:
             raise EncoderError(f"cannot load encoder {model_name_or_path!r}: {e}") from e
-        multiple = self.shape_multiple if self.shape_multiple > 1 else None
-        self._tokenize = BatchTokenizer(self.tokenizer, max_length, multiple)
         self.dim = int(model.config.hidden_size)
         if getattr(model, "pooler", None) is not None:
             model.pooler = None  # unused (pooled here from last_hidden_state): a matmul less per pass
@@ -114,7 +105,10 @@ class HFEncoder:
         n, m = len(texts), self.shape_multiple
         if m > 1 and n > m:  # a few row counts, each compiled once; fewer rows than m are left as they are
             texts = texts + [""] * (-n % m)
-        batch = {name: t.to(self.device) for name, t in self._tokenize(texts).items()}
+        multiple = m if m > 1 and self.max_length % m == 0 else None  # the tokenizer refuses a max_length off it
+        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
+                               pad_to_multiple_of=multiple, return_tensors="pt")  # fmt: skip
+        batch = {name: t.to(self.device) for name, t in batch.items()}
         states = self.model(**batch).last_hidden_state.float()
         if self.pooling == "cls":
             emb = states[:, 0]
@@ -125,8 +119,7 @@ class HFEncoder:
 
 
 def encoder_for(config: ServerConfig, *, device: str | None = None, max_length: int | None = None) -> HFEncoder:
-    """The encoder ``config`` describes (model, prefixes, pooling, precision); ``device`` and ``max_length`` default
-    to the server's (``config.device``, ``config.query_max_length``)."""
+    """The encoder ``config`` describes; ``device`` and ``max_length`` default to the server's."""
     return HFEncoder(
         config.retriever_model,
         retriever_name=config.retriever_name,
