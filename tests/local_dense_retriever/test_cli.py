@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from cpu_bench.background_server import free_port
 from local_dense_retriever.retrieval_server import config_from_args, main
-from verl_search.testing.background_server import free_port
 
 SCRIPT = Path(__file__).resolve().parents[2] / "local_dense_retriever" / "retrieval_server.py"
 
@@ -63,12 +63,36 @@ def test_our_flags():
     assert config.requested_encoder_dtype() == "float32"  # --no_fp16 turns the auto half precision off
     config, _ = config_from_args([*PUBLISHED, "--encoder_dtype", "bfloat16"])
     assert config.requested_encoder_dtype() == "bfloat16"
-    config, _ = config_from_args([*PUBLISHED, "--encoder_dtype", "int8"])  # the CPU encoder's int8 layers
-    assert config.requested_encoder_dtype() == "int8"
     with pytest.raises(SystemExit):
         config_from_args([*PUBLISHED, "--encoder_dtype", "int4"])
-    with pytest.raises(SystemExit):  # int8 is an encoder precision, not a vector one
+    with pytest.raises(SystemExit):
         config_from_args([*PUBLISHED, "--index_dtype", "int8"])
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("command", "flags", "replaced_by"),
+    [
+        ([str(SCRIPT)], ["--encoder_dtype", "int8"], "--encoder_dtype int8 was removed (the int8 encoder): use "
+         "--encoder_dtype auto"),
+        ([str(SCRIPT)], ["--encoder-dtype=int8"], "--encoder_dtype int8 was removed"),
+        ([str(SCRIPT)], ["--index_scan_layout", "rows_first"], "--index_scan_layout was removed: the CPU scan has one "
+         "layout; drop the flag"),
+        ([str(SCRIPT)], ["--no-encoder-packed"], "--no_encoder_packed was removed: the encoder runs the model's own "
+         "forward"),
+        (["-m", "local_dense_retriever.serve"], ["--index_scan_layout", "auto"], "--index_scan_layout was removed"),
+        ([str(REPO / "local_dense_retriever" / "build_index.py")], ["--corpus_path", "c.jsonl", "--output", "x.npy",
+         "--no_encoder_packed"], "--no_encoder_packed was removed"),
+    ],
+)  # fmt: skip
+def test_a_removed_flag_is_refused_in_one_line_naming_what_replaced_it(command, flags, replaced_by):
+    out = subprocess.run([sys.executable, *command, *PUBLISHED[:4], *flags], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)  # fmt: skip
+    assert out.returncode == 2 and out.stdout == ""
+    [line] = out.stderr.splitlines()
+    assert ": error: " in line and replaced_by in line
 
 
 def test_backend_auto_follows_the_index_kind(tmp_path):
