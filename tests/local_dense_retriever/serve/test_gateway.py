@@ -181,7 +181,8 @@ def test_health_and_metrics_are_the_fleets(fleet):
     health = httpx.get(f"{fleet.url}/health")
     assert health.status_code == 200 and health.json()["status"] == "ready"
     assert health.json()["replicas"] == [{"replica": "r1", "status": "ready", "detail": health.json()["replicas"][0]
-                                          ["detail"], "report_age_s": 0.5}]  # fmt: skip
+                                          ["detail"], "report_age_s": 0.5, "gpus": []}]  # fmt: skip
+    assert health.json()["gpus"] == []  # a CPU fleet holds no GPU memory
     metrics = httpx.get(f"{fleet.url}/metrics").json()
     assert metrics["requests_total"] == 1 and metrics["replicas"][0]["replica"] == "r1"
     assert metrics["gateway"]["forwarded_total"] == 1  # this gateway's own counters, live
