@@ -1,10 +1,6 @@
-"""The HTTP layer: ``create_app`` builds the FastAPI service (POST /retrieve, POST /access, GET /health, GET /metrics,
-docs).
-
-Invariant: every request gets a JSON answer (results, or an ErrorResponse with a 4xx/5xx status, never raw error
-text: a 500 names an error id and the cause goes to the log); a bad request never affects other requests or the
-server. Model and index work never runs on the event loop.
-"""
+"""The HTTP layer: ``create_app`` builds the service (POST /retrieve, POST /access, GET /health, GET /metrics, docs).
+Invariant: every request gets a JSON answer (a 500 names an error id; the cause goes to the log); a bad request never
+affects others; model and index work never runs on the event loop."""
 
 from __future__ import annotations
 
@@ -47,8 +43,7 @@ class AccessBody(BaseModel):
 
 
 class RetrieverApp(FastAPI):
-    """The FastAPI app with its guarded POST endpoints (``guard``: body limits, hang-ups, /metrics) taken in front of
-    FastAPI's own middleware stack, so that POST /retrieve is answered on the lean path of ``guard``'s lane."""
+    """FastAPI with its guarded POST endpoints (``guard``: body limits, hang-ups, /metrics) taken in front of it."""
 
     guard: GuardPostBodies
 
@@ -129,8 +124,7 @@ def health_report(state: ServiceState) -> dict:
 
 
 def replica_report(state: ServiceState) -> dict:
-    """What one server of a fleet tells the others (local_dense_retriever.serve): its /health body, whether it is
-    healthy, and its /metrics body."""
+    """What one server of a fleet tells the others: its /health body, whether it is healthy, its /metrics body."""
     return {"health": health_report(state), "healthy": state.healthy, "metrics": state.metrics.snapshot()}
 
 
@@ -142,9 +136,8 @@ def create_app(
     on_load_failed: Callable[[BaseException], None] | None = None,
     on_ready: Callable[[], None] | None = None,
 ) -> FastAPI:
-    """The retrieval service. Give a loaded ``engine``, or a ``loader`` run in a thread at start-up (health says
-    'loading' until it returns; if it raises, health says 'failed' and ``on_load_failed`` is called).
-    ``on_ready`` is called once the service answers queries."""
+    """The service, from a loaded ``engine`` or a ``loader`` run in a thread at start-up (/health says 'loading',
+    then 'failed' and ``on_load_failed`` if it raises); ``on_ready`` once it answers queries."""
     if (engine is None) == (loader is None):
         raise ValueError("create_app needs exactly one of engine= or loader=")
     state = ServiceState(config)
@@ -215,8 +208,7 @@ def create_app(
 
     @app.post("/access", responses=_ERRORS)
     async def access(req: AccessBody, request: Request) -> JSONResponse:
-        """ASearcher's page access: ``{"result": [page or null per url]}``: the page of ``--pages_path``, else the
-        page joined from the corpus rows with that url (every hit's url has one: local_dense_retriever.page_urls)."""
+        """ASearcher's page access: ``{"result": [page or null per url]}``, from ``--pages_path`` or the corpus."""
         if len(req.urls) > config.max_queries_per_request:
             return error_response(422, "invalid_request", f"{len(req.urls)} urls; the limit is "
                                   f"{config.max_queries_per_request}", request)  # fmt: skip
@@ -231,15 +223,13 @@ def create_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        """200 once model, index and corpus are loaded and the service is not stuck; 503 while loading, after a
-        failed load, when the batching worker has stopped, or while the watchdog sees the service stuck. Once loaded,
-        ``gpus`` lists the GPU memory it holds on each GPU it uses (``local_dense_retriever.gpu_memory``)."""
+        """200 once model, index and corpus are loaded and nothing is stuck, else 503; once loaded, ``gpus`` lists the
+        memory the server holds on each GPU it uses."""
         return JSONResponse(health_report(state), status_code=200 if state.healthy else 503)
 
     @app.get("/metrics")
     async def metrics() -> JSONResponse:
-        """Requests, statuses, queue depth, batch-size histogram, latency percentiles (ms), CPU seconds per engine
-        stage, the C heap's bytes."""
+        """Requests, statuses, queue depth, batch sizes, latency percentiles (ms), CPU seconds per stage, memory."""
         return JSONResponse(state.metrics.snapshot())
 
     return app

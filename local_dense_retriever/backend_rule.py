@@ -1,10 +1,7 @@
-"""The backend rule: the device and precision the encoder and a flat index compute in, read from the device itself
-(CUDA, or the CPU's instruction flags), never timed.
-
-- Device, ``auto``: CUDA when torch sees a GPU, else the CPU.
-- Encoder, ``auto``: float16 on CUDA; on a CPU bfloat16 where it has native bf16 matmuls (``avx512_bf16`` or
-  ``amx_bf16`` in its flags), else float32. ``--no_fp16`` keeps float32; a named precision is kept.
-- Flat index (torch backend), ``auto``: float16 on CUDA, float32 on the CPU.
+"""The backend rule, read from the device (CUDA, or the CPU's flags), never timed. ``auto`` device: CUDA when torch
+sees a GPU, else the CPU. ``auto`` encoder: float16 on CUDA; on a CPU bfloat16 where its flags have ``avx512_bf16`` or
+``amx_bf16``, else float32 (``--no_fp16``: float32; a named precision is kept). ``auto`` flat index (torch backend):
+float16 on CUDA, float32 on the CPU.
 """
 
 from __future__ import annotations
@@ -65,8 +62,7 @@ def resolve_device(device: str) -> torch.device:
 
 
 def encoder_dtype(requested: str, device: torch.device, flags: frozenset[str] | None = None) -> torch.dtype:
-    """The encoder's precision under the rule above (``flags``: the CPU's, this one's by default); ``requested`` is a
-    name of ``config.Precision``."""
+    """The encoder's precision under the rule above (``flags``: the CPU's, this one's by default)."""
     if requested == "auto":
         if device.type == "cuda":
             return torch.float16
@@ -77,8 +73,7 @@ def encoder_dtype(requested: str, device: torch.device, flags: frozenset[str] | 
 
 
 def index_dtype(requested: str, device: torch.device) -> str:
-    """A flat index's precision: ``auto`` is float16 on GPUs (half the memory, exact enough to rank), float32 on the
-    CPU; a named one is kept."""
+    """A flat index's precision under the rule above."""
     if requested == "auto":
         return "float16" if device.type == "cuda" else "float32"
     return requested

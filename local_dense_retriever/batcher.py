@@ -1,11 +1,7 @@
-"""Dynamic batching: concurrent requests are served in shared micro-batches run in a worker thread.
-
-Invariants: every submitted request is resolved (result or exception), also when a batch raises, when the worker task
-dies, and on shutdown; at most ``max_queue`` queries wait, more are refused with ``Overloaded``. A micro-batch takes
-at most ``max_batch_size`` queries and about ``max_batch_tokens`` tokens, one query at a time round-robin across the
-waiting requests (``FairQueue``), so a small request waits about one micro-batch, never for a large one. A failing
-batch is retried request by request so only the request that broke it fails. Queries of callers that went away are
-never computed. Every pass of the worker takes a batch or awaits.
+"""Dynamic batching: concurrent requests are served in shared micro-batches, round-robin (``FairQueue``), run in one
+worker thread. Invariants: every request is resolved, also when a batch raises, the worker dies or the server stops;
+at most ``max_queue`` queries wait (else ``Overloaded``); a failing batch is retried request by request, so only the
+culprit fails; queries of callers that went away are never computed; every pass of the worker takes a batch or awaits.
 """
 
 from __future__ import annotations
@@ -23,8 +19,7 @@ from local_dense_retriever.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
-#: the engine's search as the batcher and the per-request mode call it: (queries, k) -> per query, (document, score)
-#: pairs, best first
+#: the engine's search: (queries, k) -> per query, (document, score) pairs, best first
 SearchFn = Callable[[list[str], int], list[list[tuple[dict, float]]]]
 CostFn = Callable[[str], int]
 
@@ -126,8 +121,7 @@ class Batcher:
         return self._queue.waiting_requests
 
     def stalled_for(self, now: float) -> float:
-        """Seconds the worker has made no progress while queries wait (0 when idle or moving); a watchdog reads this
-        from another thread."""
+        """Seconds without progress while queries wait (0 when idle or moving); read by the watchdog's thread."""
         if not self._queue.queued:
             return 0.0
         return max(0.0, now - self._last_progress)
@@ -183,8 +177,7 @@ class Batcher:
                 return
 
     def _plan_wait(self, size: int, backlog: int, started: float, ended: float) -> WaitPlan:
-        """What the next batch waits for, once a batch of ``size`` queries (run from ``started`` to ``ended``) is
-        answered and ``backlog`` queries were left queued when it was taken (the size or token cap)."""
+        """What the next batch waits for, after one of ``size`` queries ran, leaving ``backlog`` queued."""
         if backlog:  # the engine is the bottleneck: take the next batch at once
             return WaitPlan(0, 0, ended)
         arrived = self._queue.queued

@@ -42,9 +42,7 @@ def refuse_removed_flags(parser: argparse.ArgumentParser, argv: list[str] | None
 
 
 def default_cache_dir() -> Path:
-    """The project's machine-wide cache: ``$VERL_SEARCH_CACHE``, else ``$XDG_CACHE_HOME/verl_search``, else
-    ``~/.cache/verl_search``. The one definition: the embedded default corpus and index, the local tokenizer, the
-    toy worlds and the base models all live under it."""
+    """The machine-wide cache: ``$VERL_SEARCH_CACHE``, else ``$XDG_CACHE_HOME/verl_search``, else ``~/.cache/...``."""
     if os.environ.get("VERL_SEARCH_CACHE"):
         return Path(os.environ["VERL_SEARCH_CACHE"])
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "verl_search"
@@ -53,171 +51,112 @@ def default_cache_dir() -> Path:
 class ServerConfig(BaseModel):
     """Configuration of the local retrieval service. Unknown keys are rejected."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
-    # --- what to serve (the published Search-R1 flags) ---
-    index_path: Path | None = Field(
-        default=None,
-        description="Flat/any faiss index file, a .npy of passage vectors, or a bm25s index directory. "
-        "None (with corpus_path None) serves the embedded toy default.",
-    )
-    corpus_path: Path | None = Field(default=None, description="Corpus jsonl, one {id, contents} per line; row = id.")
-    topk: int = Field(default=3, ge=1, description="Passages per query when a request sends topk=null.")
-    retriever_name: str = Field(
-        default="e5", description="Model family ('e5' adds query:/passage: prefixes; 'bm25' selects the bm25 backend)."
-    )
-    retriever_model: str = Field(
-        default="intfloat/e5-base-v2", description="HF model id or local folder of the query encoder."
-    )
-    faiss_gpu: bool = Field(
-        default=False, description="faiss backend: shard an fp16 copy of the index over every visible GPU."
-    )
-    pages_path: Path | None = Field(
-        default=None,
-        description="JSONL of full pages, one object with a 'url' key per line (ASearcher/RLinf): served by POST "
-        "/access. Not given: /access answers null for every url.",
-    )
-    save_address_to: Path | None = Field(
-        default=None,
-        description="Folder (made if missing) where, once ready, the server writes Host<ip>_IP<port>.txt holding "
-        "<ip>:<port> (ASearcher/RLinf server discovery).",
-    )
-    faiss_gpu_id: int | None = Field(
-        default=None,
-        ge=0,
-        description="Accepted for SkyRL's launch script; we use every visible GPU (pick them with "
-        "CUDA_VISIBLE_DEVICES).",
-    )
+    # the published Search-R1 flags first, then our own
+    index_path: Path | None = None
+    """Flat/any faiss index file, a .npy of passage vectors, or a bm25s index directory. None (with corpus_path None)
+    serves the embedded toy default."""
+    corpus_path: Path | None = None
+    """Corpus jsonl, one {id, contents} per line; row = id."""
+    topk: int = Field(default=3, ge=1)
+    """Passages per query when a request sends topk=null."""
+    retriever_name: str = "e5"
+    """Model family ('e5' adds query:/passage: prefixes; 'bm25' selects the bm25 backend)."""
+    retriever_model: str = "intfloat/e5-base-v2"
+    """HF model id or local folder of the query encoder."""
+    faiss_gpu: bool = False
+    """faiss backend: shard an fp16 copy of the index over every visible GPU."""
+    pages_path: Path | None = None
+    """JSONL of full pages, one object with a 'url' key per line (ASearcher/RLinf): served by POST /access. Not given:
+    /access answers null for every url."""
+    save_address_to: Path | None = None
+    """Folder (made if missing) where, once ready, the server writes Host<ip>_IP<port>.txt holding <ip>:<port>
+    (ASearcher/RLinf server discovery)."""
+    faiss_gpu_id: int | None = Field(default=None, ge=0)
+    """Accepted for SkyRL's launch script; we use every visible GPU (pick them with CUDA_VISIBLE_DEVICES)."""
 
-    # --- our own flags ---
-    host: str = Field(default="127.0.0.1", description="Bind address (loopback unless you mean to expose it).")
-    port: int = Field(default=8000, ge=0, le=65535, description="TCP port (0 picks a free one).")
-    backend: Backend = Field(
-        default="auto",
-        description="'auto': bm25 when retriever_name is bm25, torch for flat IP indexes and .npy, faiss otherwise.",
-    )
-    device: str = Field(
-        default="auto",
-        pattern=r"^(auto|cpu|cuda(:[0-9]+)?)$",
-        description="Encoder device: auto, cpu, cuda or cuda:N; 'auto' uses CUDA when available.",
-    )
-    fp16: bool = Field(
-        default=True, description="Allow a half-precision encoder under encoder_dtype 'auto' (--no_fp16: float32)."
-    )
-    encoder_dtype: Precision = Field(
-        default="auto",
-        description="Encoder precision; 'auto' = float16 on CUDA, bfloat16 on a CPU with native bf16 (avx512_bf16 or "
-        "amx_bf16), float32 on other CPUs.",
-    )
-    index_dtype: Precision = Field(
-        default="auto", description="torch backend vector dtype; 'auto' = float16 on CUDA, float32 on CPU."
-    )
-    index_prefilter: Prefilter = Field(
-        default="auto",
-        description="torch backend, float32 index on the CPU: scan a bfloat16 (half size) or int8 (quarter size) "
-        "copy first, then re-score in float32 the rows within its proven error of the top k (float32's answers). "
-        "'auto' = on for indexes of 1M rows and more whose copy fits a quarter of the RAM: bfloat16 with amx_bf16, "
-        "int8 with avx512_vnni or amx_int8, off elsewhere.",
-    )
-    score_buffer_mb: int = Field(
-        default=1024,
-        ge=1,
-        description="torch backend: most MiB the (queries x rows) score buffer of one search step may take on each "
-        "device; a GPU scans its shard in as many steps as this needs.",
-    )
-    encoder_shape_multiple: int = Field(
-        default=4,
-        ge=1,
-        le=64,
-        description="CPU encoder: pad each pass's token length, and a row count above this, to a multiple of this, so "
-        "oneDNN compiles kernels for a few shapes, not one per batch size x length; 1 = no padding.",
-    )
-    encoder_kernel_cache: int = Field(
-        default=64,
-        ge=1,
-        le=4096,
-        description="CPU encoder: most compiled kernels oneDNN (and torch's ideep) keep, so rare batch shapes cannot "
-        "grow memory for ever (ONEDNN_PRIMITIVE_CACHE_CAPACITY and LRU_CACHE_CAPACITY take precedence).",
-    )
-    pooling: Pooling = Field(default="auto", description="'auto' = cls for bge models, mean otherwise.")
-    query_max_length: int = Field(default=256, ge=8, le=8192, description="Tokens kept per query.")
-    num_threads: int = Field(default=0, ge=0, description="torch/faiss CPU threads; 0 = all cores.")
+    host: str = "127.0.0.1"
+    """Bind address (loopback unless you mean to expose it)."""
+    port: int = Field(default=8000, ge=0, le=65535)
+    """TCP port (0 picks a free one)."""
+    backend: Backend = "auto"
+    """'auto': bm25 when retriever_name is bm25, torch for flat IP indexes and .npy, faiss otherwise."""
+    device: str = Field(default="auto", pattern="^(auto|cpu|cuda(:[0-9]+)?)$")
+    """Encoder device: auto, cpu, cuda or cuda:N; 'auto' uses CUDA when available."""
+    fp16: bool = True
+    """Allow a half-precision encoder under encoder_dtype 'auto' (--no_fp16: float32)."""
+    encoder_dtype: Precision = "auto"
+    """Encoder precision; 'auto' = float16 on CUDA, bfloat16 on a CPU with native bf16 (avx512_bf16 or amx_bf16),
+    float32 on other CPUs."""
+    index_dtype: Precision = "auto"
+    """torch backend vector dtype; 'auto' = float16 on CUDA, float32 on CPU."""
+    index_prefilter: Prefilter = "auto"
+    """torch backend, float32 index on the CPU: scan a bfloat16 (half size) or int8 (quarter size) copy first, then
+    re-score in float32 the rows within its proven error of the top k (float32's answers). 'auto' = on for indexes of 1M
+    rows and more whose copy fits a quarter of the RAM: bfloat16 with amx_bf16, int8 with avx512_vnni or amx_int8, off
+    elsewhere."""
+    score_buffer_mb: int = Field(default=1024, ge=1)
+    """torch backend: most MiB the (queries x rows) score buffer of one search step may take on each device; a GPU scans
+    its shard in as many steps as this needs."""
+    encoder_shape_multiple: int = Field(default=4, ge=1, le=64)
+    """CPU encoder: pad each pass's token length, and a row count above this, to a multiple of this, so oneDNN compiles
+    kernels for a few shapes, not one per batch size x length; 1 = no padding."""
+    encoder_kernel_cache: int = Field(default=64, ge=1, le=4096)
+    """CPU encoder: most compiled kernels oneDNN (and torch's ideep) keep, so rare batch shapes cannot grow memory for
+    ever (ONEDNN_PRIMITIVE_CACHE_CAPACITY and LRU_CACHE_CAPACITY take precedence)."""
+    pooling: Pooling = "auto"
+    """'auto' = cls for bge models, mean otherwise."""
+    query_max_length: int = Field(default=256, ge=8, le=8192)
+    """Tokens kept per query."""
+    num_threads: int = Field(default=0, ge=0)
+    """torch/faiss CPU threads; 0 = all cores."""
+    load_progress_s: float = Field(default=5.0, ge=0)
+    """Seconds between the progress lines logged while the index, corpus and url table load; 0: a line per step read."""
 
-    load_progress_s: float = Field(
-        default=5.0,
-        ge=0,
-        description="Seconds between the progress lines logged while the index, corpus and url table load; 0: a "
-        "line per step read.",
-    )
+    batching: bool = True
+    """Coalesce concurrent requests into one encode + search. False = the per-request reference mode (each request alone
+    on a thread of a pool, like the public servers)."""
+    max_batch_size: int = Field(default=256, ge=1)
+    """Most queries encoded and searched together."""
+    max_batch_tokens: int = Field(default=8192, ge=1)
+    """About the most query tokens in one engine call (estimated as characters/3, each query capped at
+    query_max_length): long queries are split over several calls so no request holds others up."""
+    max_wait_ms: float = Field(default=10.0, ge=0)
+    """Longest a batch waits for more requests: for as many as the last batch had, then briefly for those that arrived
+    while it ran (batcher.WaitPlan). No wait after a batch capped by size."""
+    max_queue: int = Field(default=8192, ge=1)
+    """Most queries waiting; more are answered 429."""
+    malloc_trim_s: float = Field(default=30.0, ge=0)
+    """Every this many seconds the C heap's free pages go back to the OS (malloc_trim); 0: never."""
+    unbatched_threads: int | None = Field(default=None, ge=1)
+    """Thread pool size of the per-request mode; default 40 with a CPU encoder, 1 with a GPU one (where concurrent
+    passes only contend for the device and the interpreter)."""
 
-    # --- batching ---
-    batching: bool = Field(
-        default=True,
-        description="Coalesce concurrent requests into one encode + search. False = the per-request reference mode "
-        "(each request alone on a thread of a pool, like the public servers).",
-    )
-    max_batch_size: int = Field(default=256, ge=1, description="Most queries encoded and searched together.")
-    max_batch_tokens: int = Field(
-        default=8192,
-        ge=1,
-        description="About the most query tokens in one engine call (estimated as characters/3, each query capped at "
-        "query_max_length): long queries are split over several calls so no request holds others up.",
-    )
-    max_wait_ms: float = Field(
-        default=10.0,
-        ge=0,
-        description="Longest a batch waits for more requests: for as many as the last batch had, then briefly for "
-        "those that arrived while it ran (batcher.WaitPlan). No wait after a batch capped by size.",
-    )
-    max_queue: int = Field(default=8192, ge=1, description="Most queries waiting; more are answered 429.")
-    malloc_trim_s: float = Field(
-        default=30.0,
-        ge=0,
-        description="Every this many seconds the C heap's free pages go back to the OS (malloc_trim); 0: never.",
-    )
-    unbatched_threads: int | None = Field(
-        default=None,
-        ge=1,
-        description="Thread pool size of the per-request mode; default 40 with a CPU encoder, 1 with a GPU one (where "
-        "concurrent passes only contend for the device and the interpreter).",
-    )
+    max_queries_per_request: int = Field(default=2560, ge=1)
+    """Most queries in one request (Search-R1 sends a whole rollout turn: 512 x 5 = 2,560), served in micro-batches
+    shared fairly with concurrent small requests."""
+    max_query_chars: int = Field(default=4096, ge=1)
+    """Most characters in one query."""
+    max_topk: int = Field(default=100, ge=1)
+    """Largest topk a request may ask for."""
+    max_body_bytes: int = Field(default=4 << 20, ge=64)
+    """Largest request body in bytes."""
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    """Longest wait for a request's headers, then for its body, to arrive in full (then a JSON 408 and the connection is
+    closed)."""
 
-    # --- request limits ---
-    max_queries_per_request: int = Field(
-        default=2560,
-        ge=1,
-        description="Most queries in one request (Search-R1 sends a whole rollout turn: 512 x 5 = 2,560), served in "
-        "micro-batches shared fairly with concurrent small requests.",
-    )
-    max_query_chars: int = Field(default=4096, ge=1, description="Most characters in one query.")
-    max_topk: int = Field(default=100, ge=1, description="Largest topk a request may ask for.")
-    max_body_bytes: int = Field(default=4 << 20, ge=64, description="Largest request body in bytes.")
-    body_timeout_s: float = Field(
-        default=30.0,
-        gt=0,
-        description="Longest wait for a request's headers, then for its body, to arrive in full (then a JSON 408 "
-        "and the connection is closed).",
-    )
+    watchdog_stall_s: float = Field(default=60.0, gt=0)
+    """The batching worker counts as stuck when queries wait and no micro-batch has started or finished for this long:
+    logged once, and /health answers 503 while it lasts."""
+    watchdog_loop_block_s: float = Field(default=1.0, gt=0)
+    """The event loop counts as blocked when it has not run for this long: logged once with the loop thread's stack,
+    /health answers 503 while it lasts, and a SIGTERM it cannot honour ends the process."""
 
-    # --- watchdog ---
-    watchdog_stall_s: float = Field(
-        default=60.0,
-        gt=0,
-        description="The batching worker counts as stuck when queries wait and no micro-batch has started or finished "
-        "for this long: logged once, and /health answers 503 while it lasts.",
-    )
-    watchdog_loop_block_s: float = Field(
-        default=1.0,
-        gt=0,
-        description="The event loop counts as blocked when it has not run for this long: logged once with the "
-        "loop thread's stack, /health answers 503 while it lasts, and a SIGTERM it cannot honour ends the process.",
-    )
-
-    # --- embedded default ---
-    toy_passages: int = Field(
-        default=2_000, ge=50, description="Passages of the embedded default corpus (encoded on first start)."
-    )
-    cache_dir: Path = Field(default_factory=default_cache_dir, description="Where the embedded default is cached.")
+    toy_passages: int = Field(default=2000, ge=50)
+    """Passages of the embedded default corpus (encoded on first start)."""
+    cache_dir: Path = Field(default_factory=default_cache_dir)
+    """Where the embedded default is cached."""
 
     @model_validator(mode="after")
     def _check(self) -> ServerConfig:

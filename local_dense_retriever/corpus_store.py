@@ -1,8 +1,5 @@
-"""CorpusStore: random access to a jsonl corpus by row id via a saved byte-offset table; rows are never held in memory.
-
-Invariant: the offsets file describes exactly the corpus file of the recorded size; any mismatch rebuilds it
-(atomically), so a stale or half-written table is never used.
-"""
+"""CorpusStore: a jsonl corpus read by row id through a saved byte-offset table; rows are never held in memory.
+Invariant: the table describes exactly the corpus file of the recorded size, else it is rebuilt atomically."""
 
 from __future__ import annotations
 
@@ -31,8 +28,7 @@ def offsets_path_for(corpus_path: Path) -> Path:
 def build_offsets(
     corpus_path: Path, out_path: Path, *, progress: bool = True, load_progress: LoadProgress | None = None
 ) -> np.ndarray:
-    """Scan ``corpus_path`` once and write ``uint64`` line-start offsets plus the file size as last entry
-    (``load_progress`` told the bytes of each chunk read)."""
+    """Scan ``corpus_path`` once and write its ``uint64`` line-start offsets, the file size last."""
     size = corpus_path.stat().st_size
     if load_progress is not None:
         load_progress.expect(size)
@@ -127,9 +123,6 @@ class CorpusStore:
         doc.setdefault("id", str(row))
         doc["id"] = str(doc["id"])
         return doc
-
-    def get_many(self, rows: list[int]) -> list[dict]:
-        return [self.get(r) for r in rows]
 
     def close(self) -> None:
         if self._fd >= 0:

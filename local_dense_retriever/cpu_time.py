@@ -1,12 +1,6 @@
-"""Where the server's CPU time goes: the engine's stages (encode, index search, corpus lookup) against the process.
-
-Invariant: a stage's CPU time is the CPU time of the thread that runs it (``time.thread_time``) plus nothing else;
-the intra-op threads torch and faiss start (OpenMP workers, tokenizer threads) are native threads that never run
-Python, so their whole CPU time is compute and is reported apart as ``native_threads``. What is left of the process
-time (``process - encode - search - lookup - native_threads``) is the service's own overhead: HTTP, validation,
-batching, bookkeeping, serialisation. Counters are cumulative since start-up (index loading included); compare two
-snapshots taken under load.
-"""
+"""Where the server's CPU time goes (/metrics ``cpu_seconds``): the engine's stages against the whole process.
+Invariant: a stage's time is its thread's; native threads (OpenMP workers) run no Python, so theirs is compute
+(``native_threads``); the rest is the service's own overhead. Cumulative since start-up."""
 
 from __future__ import annotations
 
@@ -20,8 +14,7 @@ STAGES = ("encode", "search", "lookup")
 
 
 class StageClock:
-    """Cumulative CPU and wall seconds per engine stage, from every thread that runs the engine (the batcher's one, or
-    the per-request mode's pool)."""
+    """Cumulative CPU and wall seconds per engine stage, from every thread that runs the engine."""
 
     def __init__(self) -> None:
         self.cpu = dict.fromkeys(STAGES, 0.0)
@@ -52,8 +45,7 @@ class StageClock:
 
 
 def native_threads_cpu() -> float | None:
-    """CPU seconds of this process's threads that run no Python (torch/faiss OpenMP workers, tokenizer threads);
-    None where ``/proc`` has no per-thread times."""
+    """CPU seconds of this process's threads that run no Python; None where ``/proc`` has no per-thread times."""
     python = {t.native_id for t in threading.enumerate()}
     tick = os.sysconf("SC_CLK_TCK")
     total = 0.0

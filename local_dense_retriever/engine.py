@@ -1,14 +1,12 @@
 """RetrievalEngine: backend + corpus → documents per query; ``load_engine`` builds one from a ServerConfig.
-
-Invariant: ``search`` is synchronous and CPU/GPU-bound; callers run it off the event loop, one batch at a time. A
-text that appears more than once in a batch is encoded and searched once, and every copy gets its answer.
-"""
+Invariant: ``search`` runs off the event loop; a text asked twice in a batch is encoded and searched once."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,12 +33,6 @@ logger = logging.getLogger(__name__)
 Hit = tuple[dict, float]
 
 
-def _with_url(doc: dict) -> dict:
-    """The hit with its ``url`` (the row's own, or derived from its title: local_dense_retriever.page_urls)."""
-    doc["url"] = url_of(doc)
-    return doc
-
-
 @dataclass
 class RetrievalEngine:
     """What the server serves: a search backend over a corpus."""
@@ -49,12 +41,9 @@ class RetrievalEngine:
     corpus: CorpusStore
     load_seconds: dict[str, float] = field(default_factory=dict)
     pages: PageStore | None = None
-    #: pages joined from the corpus by url (local_dense_retriever.page_urls); None: hits still get urls
-    corpus_pages: CorpusPages | None = None
-    #: CPU and wall time per stage (encode, search, lookup), for /metrics
-    clock: StageClock = field(default_factory=StageClock)
-    #: queries answered by an identical text of their batch, searched once (/metrics ``duplicate_queries_total``)
-    duplicate_queries: int = field(default=0, init=False)
+    corpus_pages: CorpusPages | None = None  # pages joined from the corpus by url (page_urls)
+    clock: StageClock = field(default_factory=StageClock)  # CPU and wall time per stage, for /metrics
+    duplicate_queries: int = field(default=0, init=False)  # copies of a text in a batch (/metrics)
 
     def __post_init__(self) -> None:
         if len(self.backend) > len(self.corpus):
@@ -64,8 +53,7 @@ class RetrievalEngine:
         self._count_lock = threading.Lock()  # the per-request mode searches from many threads
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
-        """Top-``k`` (document, score) per query, best first. Identical texts (the samples of a GRPO group can
-        search the same one, their question verbatim for one) are searched once and share one answer list."""
+        """Top-``k`` (document, score) per query, best first; identical texts are searched once."""
         distinct = list(dict.fromkeys(queries))
         if len(distinct) == len(queries):
             return self._search(queries, k)
@@ -83,11 +71,11 @@ class RetrievalEngine:
         else:
             with clock.stage("search"):
                 scores, ids = backend.search(queries, k)
-        with clock.stage("lookup"):
-            return [
-                [(_with_url(self.corpus.get(int(i))), float(s)) for s, i in zip(row_s, row_i, strict=True)]
-                for row_s, row_i in zip(scores, ids, strict=True)
-            ]
+        with clock.stage("lookup"):  # every hit gets its url (page_urls)
+            docs = [[self.corpus.get(int(i)) for i in row] for row in ids]
+            for doc in (d for row in docs for d in row):
+                doc["url"] = url_of(doc)
+            return [list(zip(row_d, map(float, row_s), strict=True)) for row_d, row_s in zip(docs, scores, strict=True)]
 
     def gpus(self) -> list[int]:
         """The CUDA ordinals (in this process's numbering) of the GPUs holding the index or the encoder."""
@@ -105,14 +93,12 @@ class RetrievalEngine:
         return device is not None and device.type == "cuda"
 
     def prefilter_crowded(self) -> int:
-        """Queries whose scores crowded within the pre-scan's margin beyond the rows it keeps (``accel.prescan``);
-        0 where there is no pre-scan."""
+        """Queries the pre-scan found crowded (``accel.prescan``); 0 without one."""
         index = getattr(self.backend, "index", None)  # BM25 has no vector index; faiss no pre-scan
         return int(getattr(index, "crowded_queries", 0))
 
     def page(self, url: str) -> dict | None:
-        """``POST /access``: the pages file's page of ``url``, else the page joined from the corpus rows with that
-        url, else None."""
+        """``POST /access``: the pages file's page of ``url``, else the one joined from the corpus rows, else None."""
         page = self.pages.get(url) if self.pages is not None else None
         if page is None and self.corpus_pages is not None:
             page = self.corpus_pages.get(url)
@@ -124,22 +110,14 @@ class RetrievalEngine:
         return f"{self.backend.describe()}; corpus {self.corpus.path.name} ({len(self.corpus):,} rows){pages}"
 
 
-class _Stage:
-    """One part of the load: logs 'loading PART' as it starts and 'loaded PART in S s' once done (its time kept in
-    ``log``); the :class:`LoadProgress` it gives logs how far its readers have got in between."""
-
-    def __init__(self, log: dict[str, float], part: str, every_s: float, detail: str = "", unit: str = "bytes"):
-        self.log, self.part, self.every_s, self.detail, self.unit = log, part, every_s, detail, unit
-
-    def __enter__(self) -> LoadProgress:
-        logger.info("loading %s%s", self.part, f" ({self.detail})" if self.detail else "")
-        self.t0 = time.perf_counter()
-        return LoadProgress(self.part, every_s=self.every_s, unit=self.unit)
-
-    def __exit__(self, *exc: object) -> None:
-        self.log[self.part] = time.perf_counter() - self.t0
-        if exc[0] is None:
-            logger.info("loaded %s in %.1f s", self.part, self.log[self.part])
+@contextmanager
+def _stage(log: dict[str, float], part: str, every_s: float, detail: str = "", unit: str = "bytes"):
+    """One part of the load, logged as it starts and ends (its time kept in ``log``); its LoadProgress in between."""
+    logger.info("loading %s%s", part, f" ({detail})" if detail else "")
+    t0 = time.perf_counter()
+    yield LoadProgress(part, every_s=every_s, unit=unit)
+    log[part] = time.perf_counter() - t0
+    logger.info("loaded %s in %.1f s", part, log[part])
 
 
 def _torch_serves_faiss_gpu(config: ServerConfig) -> bool:
@@ -169,9 +147,7 @@ def resolve_embedded_default(config: ServerConfig, *, progress: bool = True) -> 
 
 
 def load_flat_index(config: ServerConfig, source: Path | np.ndarray | VectorFile, **kw) -> VectorIndex:
-    """The torch backend's index of ``source`` (a file, or rows of one) as ``config`` asks: its device, dtype, score
-    buffer, and the pre-scan where ``--index_prefilter`` and its rule (``accel.rule``) say so; ``kw`` as for
-    ``TorchFlatIndex``."""
+    """The torch backend's index of ``source`` (a file, or rows of one), with the pre-scan ``accel.rule`` gives."""
     from local_dense_retriever.accel.rule import prescan_for
     from local_dense_retriever.index.torch_flat import TorchFlatIndex, index_source
 
@@ -183,10 +159,7 @@ def load_flat_index(config: ServerConfig, source: Path | np.ndarray | VectorFile
 
 
 def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorIndex | None = None) -> RetrievalEngine:
-    """Load (or, for the embedded default, build once) encoder, index and corpus; logs each part's time.
-
-    ``index`` replaces the index of ``config.index_path`` (the Serve router's fan-out over shards); the encoder and
-    the corpus still come from ``config``."""
+    """Load (the embedded default: build once) encoder, index and corpus; ``index`` replaces the file's index."""
     from local_dense_retriever.encoder import encoder_for
 
     if config.num_threads:
@@ -194,7 +167,7 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
     timings: dict[str, float] = {}
     every_s = config.load_progress_s
     if config.embedded_default:
-        with _Stage(timings, "embedded default", every_s):
+        with _stage(timings, "embedded default", every_s):
             config = resolve_embedded_default(config, progress=progress)
     assert config.corpus_path is not None
     if config.faiss_gpu and not torch.cuda.is_available():
@@ -215,21 +188,21 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
 
         for line in plan_for(config, backend_name):
             logger.info("%s", line)
-    with _Stage(timings, "corpus", every_s, Path(config.corpus_path).name) as stage:
+    with _stage(timings, "corpus", every_s, Path(config.corpus_path).name) as stage:
         corpus = CorpusStore(Path(config.corpus_path), progress=progress, load_progress=stage)
     backend: SearchBackend
     if backend_name == "bm25":
         from local_dense_retriever.index.bm25 import BM25Search, bm25_dir_for
 
         index_dir = Path(config.index_path) if config.index_path else bm25_dir_for(Path(config.corpus_path))
-        with _Stage(timings, "bm25 index", every_s, index_dir.name):
+        with _stage(timings, "bm25 index", every_s, index_dir.name):
             backend = BM25Search(index_dir, corpus, progress=progress)
     else:
         assert config.index_path is not None
-        with _Stage(timings, "encoder", every_s, f"{config.retriever_model} on {resolve_device(config.device)}"):
+        with _stage(timings, "encoder", every_s, f"{config.retriever_model} on {resolve_device(config.device)}"):
             encoder = encoder_for(config)
         if index is None:
-            with _Stage(timings, f"{backend_name} index", every_s, Path(config.index_path).name) as stage:
+            with _stage(timings, f"{backend_name} index", every_s, Path(config.index_path).name) as stage:
                 if backend_name == "torch":
                     index = load_flat_index(config, Path(config.index_path), progress=stage)
                 else:
@@ -239,9 +212,9 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
         backend = DenseSearch(encoder, index)
     pages = None
     if config.pages_path is not None:
-        with _Stage(timings, "pages", every_s, Path(config.pages_path).name):
+        with _stage(timings, "pages", every_s, Path(config.pages_path).name):
             pages = PageStore(Path(config.pages_path), progress=progress)
-    with _Stage(timings, "page urls", every_s, unit="rows") as stage:
+    with _stage(timings, "page urls", every_s, unit="rows") as stage:
         corpus_pages = CorpusPages(corpus, progress=progress, load_progress=stage)
     engine = RetrievalEngine(backend, corpus, load_seconds=timings, pages=pages, corpus_pages=corpus_pages)
     logger.info("ready: %s (%.1f s total)", engine.describe(), sum(timings.values()))

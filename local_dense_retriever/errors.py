@@ -68,5 +68,4 @@ class SizeMismatch(DownloadError):
 
 
 class QueueInvariantError(RetrieverError, AssertionError):
-    """The queue's counts disagree with its contents (a bug; ``FairQueue.check`` raises it, the property test calls
-    it)."""
+    """The queue's counts disagree with its contents (a bug; ``FairQueue.check`` raises it)."""

@@ -1,13 +1,6 @@
 """The batcher's waiting room: requests in round-robin order and the count of their queries not yet handed out.
-
-Invariant (``check`` states it; the property test runs it after every step): ``queued`` equals the sum of
-``remaining`` over the requests in the queue, and ``dead`` equals the number of queued requests with nothing left.
-This class is the only writer of both counts and of ``_Request.next``, and every path that ends a request's stay
-(``take``, ``discard``, ``clear``) goes through it, so no order of cancellation, done-callbacks, micro-batch completion
-and compaction can make the count and the queue disagree. In particular a request whose future is already done is
-discarded by ``take`` itself, not left for its done-callback (which asyncio runs later), so ``take`` returns no slice
-only when nothing is queued.
-"""
+Invariant (``check``): ``queued`` is the sum of ``remaining`` over the queued requests, written by this class alone;
+``take`` discards requests whose future is done itself, so it returns no slice only when nothing is queued."""
 
 from __future__ import annotations
 
@@ -94,8 +87,7 @@ class FairQueue:
         self._dead = 0
 
     def take(self, max_size: int, max_tokens: int | None) -> list[Slice]:
-        """The next micro-batch: up to ``max_size`` queries and about ``max_tokens`` tokens, round-robin. Empty only
-        when nothing is queued."""
+        """The next micro-batch: up to ``max_size`` queries and about ``max_tokens`` tokens, round-robin."""
         slices: dict[Request, Slice] = {}
         size = tokens = 0
         while self._deque and size < max_size:
@@ -137,8 +129,7 @@ class FairQueue:
         self._queued = self._dead = 0
 
     def resync(self) -> int:
-        """Re-derive both counts from the deque (the batcher's last resort if ``check`` would fail); the old
-        ``queued``."""
+        """Re-derive both counts from the deque (the batcher's last resort); the old ``queued``."""
         old = self._queued
         self._queued = sum(r.remaining for r in self._deque)
         self._dead = sum(1 for r in self._deque if not r.remaining)

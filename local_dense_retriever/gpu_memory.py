@@ -1,9 +1,5 @@
-"""The GPU memory this server holds on each GPU it uses, with each GPU's identity (GET /health ``gpus``), so that a
-training launch on the same node can check the retriever's share against its own.
-
-Invariant: only the GPUs the server uses are read (no CUDA context is made on any other); a server without GPUs
-reports an empty list without calling CUDA; a figure that cannot be measured is null, never a guess.
-"""
+"""The GPU memory this server holds on each GPU it uses (GET /health ``gpus``), for a training launch beside it.
+Invariant: only those GPUs are read (none without GPUs); a figure that cannot be measured is null, never a guess."""
 
 from __future__ import annotations
 
@@ -44,8 +40,7 @@ def _nvml():
 
 
 def nvml_process_bytes(uuid: str) -> int | None:
-    """GPU memory NVML counts for this process on the GPU ``uuid`` (its CUDA context, torch's pool, faiss's own
-    allocations), or None where NVML cannot tell (not installed, a MIG slice, a container that hides host pids)."""
+    """GPU memory NVML counts for this process on the GPU ``uuid``, or None where NVML cannot tell."""
     nvml = _nvml()
     if nvml is None:
         return None
@@ -65,9 +60,7 @@ def gpu_report(
     cuda: CudaMemory | None = None,
     process_bytes: Callable[[str], int | None] = nvml_process_bytes,
 ) -> list[dict[str, Any]]:
-    """One entry per GPU in ``ordinals`` (this process's CUDA numbering): ``index``, ``uuid``, ``name``,
-    ``total_bytes``, ``reserved_bytes`` (torch's caching allocator) and ``process_bytes`` (all this process holds
-    there, from NVML; null where it cannot be measured)."""
+    """One entry per GPU in ``ordinals`` (this process's numbering), as /health ``gpus`` lists them."""
     if not ordinals:
         return []
     if cuda is None:

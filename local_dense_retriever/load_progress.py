@@ -1,9 +1,5 @@
-"""LoadProgress: how far one loading stage has got, as log lines (``loading torch index: 12.0 of 61.3 GiB (20%),
-35 s``), so a start-up that takes minutes is never silent.
-
-Invariant: counts given to ``add`` are logged at most once per ``every_s`` seconds (each one when it is 0), and only
-from the thread that reads; nothing here reads files or devices itself.
-"""
+"""LoadProgress: how far one loading stage has got, as log lines, so a start-up that takes minutes is never silent.
+Invariant: a line at most every ``every_s`` seconds (each count when it is 0), from the thread that reads."""
 
 from __future__ import annotations
 

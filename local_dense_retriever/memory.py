@@ -1,11 +1,6 @@
-"""Process memory of the service: give the C heap's free pages back to the OS now and then, and report the heap.
-
-Invariant: glibc's allocator keeps its defaults (its dynamic mmap and trim thresholds), so the encoder's and the
-search's per-batch buffers are reused from the heap instead of being mapped, faulted in and unmapped on every call;
-what the heap holds free, including the holes that batches of varied shapes leave, is returned every
-``malloc_trim_s`` seconds by ``malloc_trim(0)``, so the process's RSS follows what is in use. On other C libraries
-nothing changes and the stats are None.
-"""
+"""Process memory: the C heap's free pages back to the OS every ``malloc_trim_s``, the heap and RSS reported, kernel
+caches bounded. Invariant: glibc keeps its default thresholds, so per-batch buffers are reused from the heap; on other
+C libraries nothing changes and the stats are None."""
 
 from __future__ import annotations
 
@@ -45,14 +40,12 @@ def _glibc() -> tuple[ctypes.CDLL | None, bool]:
 _LIBC, _HAS_MALLINFO2 = _glibc()
 
 
-#: torch's CPU kernel caches, read once per process at its first kernel: oneDNN's compiled primitives, ideep's
-#: primitive descriptors (one entry per op and input shape each, default capacity 1024)
+#: torch's CPU kernel caches (oneDNN's compiled primitives, ideep's descriptors), read once at the first kernel
 KERNEL_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
 
 def bound_kernel_caches(entries: int) -> dict[str, str]:
-    """Cap torch's CPU kernel caches at ``entries`` each, unless the environment already sets them; the capacities in
-    force. Effective only before the process's first oneDNN kernel (the first forward pass on a CPU)."""
+    """Cap torch's CPU kernel caches at ``entries`` each unless the environment sets them (before the first kernel)."""
     for name in KERNEL_CACHE_VARIABLES:
         os.environ.setdefault(name, str(entries))
     return {name: os.environ[name] for name in KERNEL_CACHE_VARIABLES}
@@ -63,10 +56,7 @@ MADV_DONTNEED = 4
 
 
 def release_mapped_pages(array) -> bool:
-    """Drop this process's pages of the read-only file mapping under ``array`` (a ``numpy.memmap`` opened with mode
-    'r'): RSS falls by what reading it mapped, the file's pages stay in the page cache (the kernel reclaims them
-    when memory is short) and fault back in when read. Anything else, or a C library without ``madvise``: False, and
-    nothing is done (on anonymous memory the advice would discard data)."""
+    """Drop this process's pages of a read-only ``numpy.memmap`` (the page cache keeps them); else False."""
     import numpy as np
 
     if _LIBC is None or not isinstance(array, np.memmap) or getattr(array, "mode", None) != "r" or not array.nbytes:
@@ -91,12 +81,8 @@ def release_free_memory() -> bool:
 
 
 def heap_stats() -> dict[str, int] | None:
-    """Bytes of the C heap: ``in_use`` (allocated), ``free`` (held by malloc, not in use), ``mapped`` (large blocks
-    mapped on their own), and the process's ``rss``, split where Linux says so into ``rss_anon`` (memory of its own:
-    the heap, tensors) and ``rss_file`` (pages of mapped files: libraries, weights, a memory-mapped corpus or index,
-    which the kernel can drop and read again); None without glibc 2.33+. Growth of ``in_use`` is a leak; growth of
-    ``free`` is retention the next trim returns; ``rss_file`` grows as more of the mapped files is read, up to their
-    size."""
+    """Bytes of the C heap (``in_use``, ``free``, ``mapped``) and the process's ``rss``, ``rss_anon`` (its own
+    memory) and ``rss_file`` (mapped files: libraries, weights, a mapped corpus or index); None without glibc 2.33+."""
     if not _HAS_MALLINFO2:
         return None
     info = _LIBC.mallinfo2()
@@ -108,8 +94,7 @@ _RESIDENT_FIELDS = {"VmRSS:": "rss", "RssAnon:": "rss_anon", "RssFile:": "rss_fi
 
 
 def resident_memory() -> dict[str, int]:
-    """The process's resident set ``rss`` and its parts ``rss_anon`` and ``rss_file``, in bytes, from one read of
-    ``/proc/self/status`` (lines like ``RssAnon:\t  573004 kB``)."""
+    """The process's ``rss``, ``rss_anon`` and ``rss_file`` in bytes, from one read of ``/proc/self/status``."""
     out = {}
     with open("/proc/self/status") as f:
         for line in f:

@@ -1,10 +1,6 @@
-"""The memory plan: what the server will hold on each device before it loads anything (the index's share in the
-precision it is held in, the search's working memory, the encoder's weights), logged as ``memory plan:`` lines.
-
-Invariant: ``plan_memory`` and ``plan_lines`` are arithmetic over the index's shape, its precisions and a device list,
-so any list of devices can be planned; ``plan_for`` alone reads the index file's header, the model's weight headers
-and the devices' sizes, and it places the index with the loader's own rules (``index.placement``).
-"""
+"""The memory plan: what the server will hold on each device, logged as ``memory plan:`` lines before it loads.
+Invariant: ``plan_memory`` and ``plan_lines`` are arithmetic over any devices; ``plan_for`` alone reads the files and
+devices, and places the index with the loader's own rules (``index.placement``)."""
 
 from __future__ import annotations
 
@@ -39,10 +35,8 @@ class Device:
 
 @dataclass(frozen=True)
 class IndexLayout:
-    """How an index is held: ``index_bytes`` in all in ``dtype`` (``rows`` x ``dim``; rows 0: a faiss index of a kind
-    whose shape the plan does not read), a float32 file ``mapped`` instead of copied (on the CPU: its pages are the
-    page cache's), a CPU pre-scan copy in ``coarse_dtype``, and on each GPU ``scratch_bytes`` of search working
-    memory (``scratch_name``: the score buffer, or faiss's temporary memory)."""
+    """How an index is held: ``index_bytes`` in ``dtype`` (rows 0: a shape not read), a float32 file ``mapped`` on
+    the CPU, a pre-scan copy in ``coarse_dtype``, and ``scratch_bytes`` of working memory on each GPU."""
 
     rows: int
     dim: int
@@ -83,8 +77,7 @@ class Share:
 
 
 def plan_memory(layout: IndexLayout, devices: Sequence[Device], encoder: EncoderSize | None = None) -> list[Share]:
-    """Each device's share of an index sharded in contiguous row ranges over ``devices`` (the loader's split), and
-    the encoder on its device (a line of its own when the index is elsewhere)."""
+    """Each device's share of the index (the loader's split), and the encoder on its device."""
     from local_dense_retriever.index.placement import shard_bounds
 
     shares = []
@@ -126,15 +119,11 @@ def _parts(share: Share, layout: IndexLayout) -> str:
 
 
 def _body(share: Share, layout: IndexLayout, count: int) -> str:
-    each = " each" if count > 1 else ""
-    total = share.device.total_bytes
-    if not total:
-        return f"{format_bytes(share.held_bytes)}{each}: {_parts(share, layout)}"
-    pct = 100 * share.held_bytes / total
-    memory = " RAM" if share.device.name == "cpu" else ""
-    return (
-        f"{format_bytes(share.held_bytes)}{each} of {format_bytes(total)}{memory} ({pct:.0f}%): {_parts(share, layout)}"
-    )
+    held, total = format_bytes(share.held_bytes) + (" each" if count > 1 else ""), share.device.total_bytes
+    if total:
+        ram = " RAM" if share.device.name == "cpu" else ""
+        held += f" of {format_bytes(total)}{ram} ({100 * share.held_bytes / total:.0f}%)"
+    return f"{held}: {_parts(share, layout)}"
 
 
 def _names(devices: list[str]) -> str:
@@ -163,17 +152,12 @@ def plan_lines(shares: Sequence[Share], layout: IndexLayout, source: str) -> lis
             groups[-1][1].append(share)
         else:
             groups.append((text, [share]))
-    for _, members in groups:
-        lines.append(
-            f"memory plan: {_names([s.device.name for s in members])}: {_body(members[0], layout, len(members))}"
-        )
-    return lines
+    names = [_names([s.device.name for s in members]) for _, members in groups]
+    return lines + [f"memory plan: {n}: {_body(m[0], layout, len(m))}" for n, (_, m) in zip(names, groups, strict=True)]
 
 
 def weight_bytes(model: str, dtype: str) -> int | None:
-    """Bytes of the encoder ``model`` (a folder or a Hugging Face id already downloaded) held in ``dtype``: its
-    float tensors counted from its safetensors headers (a pooler the encoder does not load included), else its
-    pytorch weights' size (read as float32); None when its weights are not on this machine yet."""
+    """Bytes of the encoder ``model`` in ``dtype`` from its weight files; None when they are not on this machine."""
     folder = Path(model)
     if not folder.is_dir():
         try:
@@ -206,10 +190,7 @@ def _encoder_size(config: ServerConfig, cpu: Device) -> EncoderSize:
     """The encoder's device, precision (``backend_rule``) and weights."""
     device = resolve_device(config.device)
     dtype = str(encoder_dtype(config.requested_encoder_dtype(), device)).removeprefix("torch.")
-    if device.type == "cuda":
-        where = _cuda_devices([torch.device("cuda", device.index or 0)])[0]
-    else:
-        where = cpu
+    where = _cuda_devices([torch.device("cuda", device.index or 0)])[0] if device.type == "cuda" else cpu
     return EncoderSize(where, weight_bytes(config.retriever_model, dtype), dtype)
 
 
@@ -236,8 +217,7 @@ def _torch_layout(config: ServerConfig, path: Path) -> tuple[IndexLayout, list[t
 
 
 def _faiss_layout(config: ServerConfig, path: Path) -> tuple[IndexLayout, list[torch.device]]:
-    """The faiss backend: a flat file's shape from its header (any other kind at its file's size), in memory as
-    read, or as fp16 shards over every visible GPU with ``--faiss_gpu``."""
+    """The faiss backend: as read on the CPU, or fp16 shards over every visible GPU with ``--faiss_gpu``."""
     from local_dense_retriever.index.faiss_index import GPU_SCRATCH_BYTES
     from local_dense_retriever.index.flat_file import is_flat_file, read_flat_header
 

@@ -1,9 +1,5 @@
-"""Server counters: requests, statuses, queue depth, batch-size histogram, latency percentiles, where the CPU time
-went and the C heap (GET /metrics).
-
-Invariant: updated only from the event-loop thread, so no locks are needed; latency percentiles cover the most
-recent ``window`` requests.
-"""
+"""Server counters for GET /metrics. Invariant: updated only from the event-loop thread (no locks); latency percentiles
+cover the most recent ``window`` requests."""
 
 from __future__ import annotations
 
@@ -31,12 +27,9 @@ class Metrics:
         self.failed_batches = 0
         self._latencies: collections.deque[float] = collections.deque(maxlen=window)
         self.queue_depth: Callable[[], int] = lambda: 0
-        #: the engine's CPU accounting (local_dense_retriever.cpu_time), once an engine is loaded
-        self.cpu_seconds: Callable[[], dict] | None = None
-        #: queries whose scores crowded beyond the rows the index's bf16 pre-scan keeps (it gathered more for them)
-        self.prefilter_crowded: Callable[[], int] = lambda: 0
-        #: queries answered by an identical text of their batch, encoded and searched once (the engine's count)
-        self.duplicate_queries: Callable[[], int] = lambda: 0
+        self.cpu_seconds: Callable[[], dict] | None = None  # the engine's (cpu_time), once one is loaded
+        self.prefilter_crowded: Callable[[], int] = lambda: 0  # the pre-scan's crowded queries (accel.prescan)
+        self.duplicate_queries: Callable[[], int] = lambda: 0  # texts repeated in a batch, searched once
 
     def observe_request(self, status: int, latency_s: float, n_queries: int, error: str | None = None) -> None:
         self.requests += 1

@@ -42,8 +42,7 @@ def internal_error(what: str, exc: BaseException, request=None) -> JSONResponse:
 
 
 async def read_body(receive, limit: int, timeout: float) -> tuple[bytes | None, str | None]:
-    """A request's whole body from ASGI ``receive``: (body, None), or (None, reason) with reason 'too_large',
-    'timeout' or 'disconnected'."""
+    """A request's whole body: (body, None), or (None, 'too_large' | 'timeout' | 'disconnected')."""
     chunks: list[bytes] = []
     size = 0
     loop = asyncio.get_running_loop()
@@ -136,8 +135,7 @@ class GuardPostBodies:
         if lane is not None:  # a lane reads the body as JSON itself
             await until_disconnect(lane(scope, body, send), receive)
             return
-        # the app's endpoints take JSON only: it parses the body as JSON whatever content-type the client sent (a
-        # client posting data=json.dumps(...) without the header is served; a broken body is a JSON 400, not a 422)
+        # the app parses the body as JSON whatever content-type the client sent (a broken body is a JSON 400)
         scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
         scope["headers"].append((b"content-type", b"application/json"))
         replayed = False
@@ -154,13 +152,8 @@ class GuardPostBodies:
 
 
 async def until_disconnect(work: Awaitable[Any], receive) -> Any:
-    """``work``'s result, or None when the client disconnects first (``work`` is then cancelled where it waits, and
-    has unwound, when this returns).
-
-    ``receive`` is the request's ASGI receive with the body already read. Should reading it fail, ``work`` still runs
-    to its end. An error ``work`` raises is raised here. ``work`` runs in the calling task (one watcher task per
-    request, nothing else: this is on every search's path).
-    """
+    """``work``'s result, or None when the client disconnects first (``work`` then cancelled and unwound); ``receive``
+    has had the body read. ``work`` runs in the calling task, with one watcher task beside it."""
     me = asyncio.current_task()
     assert me is not None, "until_disconnect runs inside a task"
     gone = False
@@ -197,9 +190,7 @@ def _raw_json(status: int, reason: str, error: str, detail: str) -> bytes:
 
 
 def json_400_protocol(header_timeout_s: float | None = None) -> type:
-    """uvicorn's HTTP protocol class with two changes: a request it cannot parse gets a JSON 400, not plain text; and
-    (with ``header_timeout_s``) a connection whose request headers do not arrive in full within that time gets a
-    JSON 408 and is closed, instead of being held forever (the body has its own deadline in ``GuardPostBodies``)."""
+    """uvicorn's HTTP protocol, with a JSON 400 for unparsable requests and a JSON 408 for slow headers."""
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     class JSON400Protocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]

@@ -1,19 +1,9 @@
-"""Every hit carries a ``url``, and ``POST /access`` answers for it: pages made from the corpus itself.
+"""Every hit carries a ``url`` (ASearcher's and RLinf's clients fetch pages by it), and ``POST /access`` answers it
+with a page joined from the corpus: a row's url is its ``url`` field, else the Wikipedia link of its title (its
+``title`` field, else the first line of ``contents`` unquoted); a url's page is its rows' texts in corpus order.
 
-ASearcher's and RLinf's clients read ``url`` from every hit and fetch whole pages by it. wiki-18, the corpus most users
-serve, has rows ``{"id", "contents"}`` with the title as the first line of ``contents`` (``"Title"\\ntext``) and no url,
-so those clients failed against it. The documented rule:
-
-- a row's **title** is its ``title`` field, else the first line of ``contents`` without its surrounding double quotes;
-- a row's **url** is its ``url`` field, else ``https://en.wikipedia.org/wiki/`` + the title with spaces as underscores,
-  percent-encoded as Wikipedia's own links are (``Marie Curie`` -> ``.../wiki/Marie_Curie``);
-- the **page** of a url (what ``/access`` answers when ``--pages_path`` has no page for it, or there is no pages file)
-  is ``{"url", "title", "contents"}``: the texts of the corpus rows with that url, in corpus order, joined by blank
-  lines (a wiki-18 row's text is ``contents`` without its title line), at most :data:`MAX_PAGE_ROWS` rows.
-
-Invariant: the url table (sorted 64-bit url hashes with row ids, saved beside the corpus) describes exactly the corpus
-file of the recorded size, else it is rebuilt atomically; a lookup re-reads each candidate row and compares its url, so
-a hash collision never mixes pages.
+Invariant: the url table (sorted url hashes with rows, beside the corpus) matches the corpus file's recorded size,
+else it is rebuilt atomically; a lookup compares each candidate row's url, so a hash collision never mixes pages.
 """
 
 from __future__ import annotations
@@ -61,8 +51,7 @@ def url_of(doc: dict[str, Any]) -> str:
 
 
 def text_of(doc: dict[str, Any]) -> str:
-    """The row's text without its title: ``contents`` minus a wiki-18 title line (rows with a ``title`` field keep
-    ``contents`` whole unless it starts with that title line too)."""
+    """The row's ``contents`` without its title line."""
     contents = str(doc.get("contents", ""))
     first, newline, rest = contents.partition("\n")
     if newline and first.strip().strip('"') == title_of(doc):
@@ -77,8 +66,7 @@ def table_path_for(corpus_path: Path) -> Path:
 def build_table(
     corpus: CorpusStore, out_path: Path, *, progress: bool = True, load_progress: LoadProgress | None = None
 ) -> None:
-    """One pass over the corpus: row 0 of the saved array is ``(file size, rows)``, then ``(url hash, row)`` sorted by
-    hash, saved atomically. ``load_progress`` is told the rows done, :data:`REPORT_ROWS` at a time."""
+    """One pass over the corpus, saved atomically: row 0 ``(file size, rows)``, then ``(url hash, row)`` by hash."""
     n = len(corpus)
     hashes = np.empty(n, dtype=np.uint64)
     if load_progress is not None:

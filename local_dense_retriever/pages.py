@@ -1,9 +1,5 @@
-"""PageStore: full pages by URL (ASearcher's ``POST /access``) from a JSONL file, without holding pages in memory.
-
-Invariant: a saved lookup table (sorted 64-bit URL hashes + byte offsets, beside the file) describes exactly the pages
-file of the recorded size, else it is rebuilt atomically; a lookup always checks the stored URL, so a hash collision
-never returns another page.
-"""
+"""PageStore: full pages by URL (``POST /access``) from a JSONL file, never held in memory. Invariant: its table
+(sorted URL hashes and offsets) matches the file's recorded size, else it is rebuilt; a lookup checks the URL."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The per-request mode (``--no_batching``): each request encodes and searches alone on a thread of a pool, as the
-public retrieval servers do. It is the reference that batching is measured against, not a serving mode;
-POST /retrieve reaches it through the same endpoint as :class:`local_dense_retriever.batcher.Batcher`.
-
-Invariant: a request is refused with ``Overloaded`` before any work when it would take the queries in flight past
-``max_queue``; every request that is run is counted in the metrics, failed or not.
-"""
+"""The per-request mode (``--no_batching``): each request alone on a thread of a pool, as the public servers do. It
+is the reference batching is measured against, not a serving mode; POST /retrieve reaches it as it reaches Batcher.
+Invariant: a request past ``max_queue`` queries in flight is refused before any work; every run is counted."""
 
 from __future__ import annotations
 

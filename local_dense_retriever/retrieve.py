@@ -1,10 +1,6 @@
-"""POST /retrieve: a request's queries → their hits, served as a plain ASGI endpoint (the one path every search
-takes), beside the FastAPI app that serves everything else.
-
-Invariant: a request is answered here with one ``json.loads``, one pydantic validation of the body and two ASGI
-messages, and no routing, dependency solving or middleware stack (FastAPI's per-request machinery was the largest part
-of the server's own CPU per query); FastAPI's ``/retrieve`` route only declares the endpoint in the OpenAPI schema.
-"""
+"""POST /retrieve as a plain ASGI endpoint, the one path every search takes: one ``json.loads``, one validation, two
+ASGI messages, no routing or middleware stack (FastAPI's machinery was most of the server's own CPU per query).
+FastAPI's ``/retrieve`` route only declares the endpoint in the OpenAPI schema; both answer through ``respond``."""
 
 from __future__ import annotations
 
@@ -33,15 +29,6 @@ class RetrieveBody(BaseModel):
     return_scores: bool = Field(default=False, description="Wrap each document as {document, score}.")
 
 
-def _lone_surrogate(text: str) -> int | None:
-    """Position of the first lone UTF-16 surrogate in ``text`` (legal in JSON, not text), or None."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        return e.start
-    return None
-
-
 def request_problem(req: RetrieveBody, config: ServerConfig) -> str | None:
     """The reason ``req`` is out of the server's limits, or None when it is fine."""
     if (req.queries is None) == (req.query is None):
@@ -52,10 +39,11 @@ def request_problem(req: RetrieveBody, config: ServerConfig) -> str | None:
     for i, q in enumerate(queries):
         if len(q) > config.max_query_chars:
             return f"query {i} has {len(q)} characters; the limit is {config.max_query_chars}"
-        if (pos := _lone_surrogate(q)) is not None:
+        try:  # a lone UTF-16 surrogate is legal in JSON, not text
+            q.encode("utf-8")
+        except UnicodeEncodeError as e:
             return (
-                f"query {i} holds a lone UTF-16 surrogate ({q[pos]!a} at character {pos}), which is not text; "
-                "send valid Unicode"
+                f"query {i} holds a lone UTF-16 surrogate ({q[e.start]!a} at character {e.start}); send valid Unicode"
             )
     if req.topk is not None and not 1 <= req.topk <= config.max_topk:
         return f"topk must be between 1 and {config.max_topk}, got {req.topk}"
@@ -63,16 +51,11 @@ def request_problem(req: RetrieveBody, config: ServerConfig) -> str | None:
 
 
 def invalid_body_response(errors: list[dict], labels: dict) -> Response:
-    """The answer to a body that is not JSON (400) or not a RetrieveBody (422), from pydantic's error list; locations
-    are named from the body down (``queries.1: Input should be a valid string``)."""
+    """A 400 for a body that is not JSON, a 422 naming where it is not a RetrieveBody (``queries.1: ...``)."""
     if any(e.get("type") == "json_invalid" for e in errors):
         return refuse(labels, 400, "invalid_json", "request body is not valid JSON")
-    parts = [f"{_location(e.get('loc', ()))}: {e.get('msg')}" for e in errors[:5]]
-    return refuse(labels, 422, "invalid_request", "; ".join(parts))
-
-
-def _location(loc: tuple) -> str:
-    return ".".join(str(x) for x in loc if x != "body") or "body"
+    parts = [f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body') or 'body'}: {e.get('msg')}" for e in errors]
+    return refuse(labels, 422, "invalid_request", "; ".join(parts[:5]))
 
 
 def refuse(labels: dict, status: int, kind: str, detail: str) -> Response:
@@ -82,8 +65,7 @@ def refuse(labels: dict, status: int, kind: str, detail: str) -> Response:
 
 
 def parse_body(body: bytes) -> RetrieveBody:
-    """``body`` as a RetrieveBody, read the way FastAPI reads a JSON body (an empty body is a missing one);
-    raises ValidationError (``json_invalid`` for bytes that are not JSON)."""
+    """``body`` as a RetrieveBody, read as FastAPI reads a JSON body; raises ValidationError."""
     if not body:
         raise ValidationError.from_exception_data(
             "RetrieveBody", [{"type": "missing", "loc": ("body",), "input": None}]
@@ -98,8 +80,7 @@ def parse_body(body: bytes) -> RetrieveBody:
 
 
 class RetrieveEndpoint:
-    """POST /retrieve for one service: ``serve`` answers a request whose body has been read (the lean path), and
-    ``respond`` turns a parsed body into the answer (shared with the FastAPI route)."""
+    """POST /retrieve: ``serve`` answers a read body; ``respond`` turns a parsed one into the answer."""
 
     def __init__(self, state: ServiceState) -> None:
         self.state = state
@@ -121,8 +102,7 @@ class RetrieveEndpoint:
         await send({"type": "http.response.body", "body": response.body})
 
     async def respond(self, req: RetrieveBody, labels: dict) -> Response:
-        """Top-k passages per query, in Search-R1's wire format. With return_scores each hit is {document, score}.
-        ``{"queries": []}`` answers ``{"result": []}``; SkyRL's ``{"query": str}`` answers one list of hits."""
+        """The answer to a parsed body (also the FastAPI route's)."""
         state, config = self.state, self.state.config
         queries = req.queries if req.queries is not None else [req.query] if req.query is not None else []
         labels["n_queries"] = len(queries)

@@ -1,14 +1,7 @@
-"""A thread that notices a stuck service, tells /health, and makes SIGTERM work even then.
-
-Two conditions, each logged once per episode with the batcher's state (and the loop thread's stack): the event loop
-has not run for ``loop_block_s`` (nothing on it can answer, so only a thread can see it), and queries have waited
-``stall_s`` with no micro-batch started or finished. While either lasts ``problem`` names it and /health answers 503,
-so a supervisor (Ray Serve's health check, systemd, k8s probes) restarts the server. A termination request that the
-blocked loop cannot act on ends the process after ``exit_grace_s``: SIGTERM is always honoured.
-
-Invariant: the thread only reads the service's state (ints and a deque it copies defensively); it never touches the
-event loop except through the heartbeat task that the loop itself runs.
-"""
+"""A thread that notices a stuck service, tells /health, and makes SIGTERM work even then: the event loop not run for
+``loop_block_s``, or queries waiting ``stall_s`` with no micro-batch started or finished, is logged once (with the
+loop thread's stack) and answered 503 while it lasts; a SIGTERM the blocked loop cannot act on ends the process after
+``exit_grace_s``. Invariant: the thread only reads the service's state, never touches the event loop."""
 
 from __future__ import annotations
 
@@ -88,11 +81,7 @@ class Watchdog:
             self.check(time.monotonic())
 
     def current_problem(self) -> str | None:
-        """What is stuck at this instant, for a health check (``problem`` is as of the thread's last look).
-
-        Called on the event loop's own thread, the loop is evidently running: a block the last look saw has ended,
-        and reporting it would fail the very check that proves the loop is back (the check queued behind the block
-        runs first when it ends, before the heartbeat and the next look). Nothing is logged here."""
+        """What is stuck now, for a health check (run on the event loop's thread, so the loop evidently runs)."""
         watched = self._loop_thread is not None and not self._stop.is_set()  # a heartbeat beats only in between
         on_loop = threading.get_ident() == self._loop_thread
         return self._diagnose(time.monotonic(), loop_running=on_loop or not watched)

@@ -1,6 +1,4 @@
-"""Search backends behind one interface (``search(queries, k) -> (scores, ids)``): exact flat inner product in torch,
-any faiss index, and BM25.
-
-Leaves of the service: they may import numpy, torch, faiss, bm25s, the corpus store and ``verl_search.atomic``;
-nothing here knows about HTTP, batching or the tool. Loading readers report to ``local_dense_retriever.load_progress``.
-"""
+"""Search backends behind one interface (``base``): exact flat inner product in torch (its shards behind the scan
+interface of ``scan``), any faiss index, and BM25. Leaves of the service: they may import numpy, torch, faiss, bm25s,
+the corpus store, ``load_progress``, ``backend_rule`` and ``verl_search.atomic``; nothing here knows about HTTP or
+batching."""

@@ -1,8 +1,5 @@
-"""The search-backend interface: ``search(queries, k) -> (scores, ids)``, one row per query, best first.
-
-Invariant: ids are corpus row numbers; a row may be shorter than ``k`` only when the index holds fewer than ``k``
-passages (missing slots never appear as -1 to callers).
-"""
+"""The search-backend interface: ``search(queries, k) -> (scores, ids)``, one row per query, best first. Invariant:
+ids are corpus rows; a row is shorter than ``k`` only when the index holds fewer passages (never -1 slots)."""
 
 from __future__ import annotations
 
@@ -40,10 +37,6 @@ class SearchBackend(Protocol):
     def describe(self) -> str: ...
 
 
-def _untimed(_stage: str) -> nullcontext:
-    return nullcontext()
-
-
 class DenseSearch:
     """An encoder followed by a vector index."""
 
@@ -58,7 +51,7 @@ class DenseSearch:
 
     def search(self, queries: list[str], k: int, clock: StageClock | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``clock``: the encoding and the index search are timed as its ``encode`` and ``search`` stages."""
-        stage = clock.stage if clock is not None else _untimed
+        stage = clock.stage if clock is not None else (lambda _name: nullcontext())
         with stage("encode"):
             vectors = self.encoder.encode(queries, is_query=True)
         with stage("search"):

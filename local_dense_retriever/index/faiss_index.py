@@ -1,7 +1,5 @@
-"""FaissIndex: any faiss index file (flat, HNSW, IVF, ...) on CPU, or an fp16 copy sharded over all GPUs.
-
-Invariant: ids returned are corpus rows; faiss's -1 padding never reaches callers (k is capped at the index size).
-"""
+"""FaissIndex: any faiss index file (flat, HNSW, IVF, ...) on CPU, or an fp16 copy sharded over all GPUs. Invariant:
+ids are corpus rows; faiss's -1 padding never reaches callers."""
 
 from __future__ import annotations
 
@@ -17,14 +15,12 @@ from local_dense_retriever.load_progress import LoadProgress
 
 logger = logging.getLogger(__name__)
 
-#: from this many queries on, the server has faiss score a batch with BLAS matmuls over blocks of rows instead of
-#: row by row (``faiss.cvar.distance_compute_blas_threshold``, process-wide, set by ``set_blas_threshold``). The
-#: threshold faiss-cpu 1.15 ships keeps batches below 333 queries of dimension 384 off BLAS, and a batch's time then
-#: grows with every query: over 100k x 384 rows on a 2-core Zen 3, 64 queries took 599 ms against 75 ms with BLAS.
-#: BLAS wins there from 3 queries on (1.2x) and loses at 2 (``benchmarks/faiss_blas.py``; same ids)
+#: from this many queries on, faiss scores a batch with BLAS matmuls instead of row by row (its process-wide
+#: ``distance_compute_blas_threshold``): the threshold faiss-cpu ships keeps batches of hundreds of queries off BLAS,
+#: and their time then grows with every query
 BLAS_MIN_QUERIES = 3
-#: the threshold faiss ships -> what it counts: a batch's queries, or its query elements, queries x dimension (faiss
-#: PR #5022 made the change; faiss-cpu 1.15 ships 128,000). The server leaves a faiss with another value alone.
+#: the threshold faiss ships -> what it counts: a batch's queries, or queries x dimension (newer faiss); a faiss with
+#: another value is left alone
 SHIPPED_RULES = {20: "queries", 128_000: "elements"}
 #: bytes faiss hands the reader per call when it reads an index file (bounds the Python copy of each read)
 READ_CHUNK_BYTES = 16 << 20
@@ -41,8 +37,7 @@ def shipped_blas_threshold() -> int:
 
 
 def blas_threshold(dim: int, *, shipped: int, min_queries: int = BLAS_MIN_QUERIES) -> int | None:
-    """The value of faiss's threshold that sends batches of ``min_queries`` or more vectors of ``dim`` to BLAS, or
-    None where faiss ships a value whose rule is not known here."""
+    """faiss's threshold that sends batches of ``min_queries`` vectors of ``dim`` to BLAS; None: rule not known."""
     rule = SHIPPED_RULES.get(shipped)
     if rule is None:
         return None

@@ -1,10 +1,6 @@
-"""The flat index file formats the torch backend reads (a ``.npy`` array, a faiss IndexFlat file): their headers
-checked, their float32 rows memory-mapped, or streamed by offset through one bounded staging buffer.
-
-Invariant: nothing of a file is read beyond its header until its rows are asked for; streaming never holds more than
-``staging_bytes`` of it (one row if a row is larger), and a file shorter than its header says is an
-:class:`IndexLoadError`, never rows of zeros.
-"""
+"""The flat index files the torch backend reads (``.npy``, faiss IndexFlat): headers checked, float32 rows mapped or
+streamed through one bounded staging buffer. Invariant: nothing is read beyond the header until rows are asked for;
+a file shorter than its header says is an IndexLoadError, never rows of zeros."""
 
 from __future__ import annotations
 
@@ -43,8 +39,7 @@ def is_flat_file(path: Path) -> bool:
 
 
 def read_flat_header(path: Path) -> FlatHeader:
-    """Parse the header of a faiss IndexFlat file without reading its vectors (faiss's writer: fourcc, d, ntotal,
-    two dummies, is_trained, metric_type, [metric_arg if metric_type > 1], then the vector size and the floats)."""
+    """The header of a faiss IndexFlat file, read without its vectors."""
     with open(path, "rb") as f:
         head = f.read(4 + _HEADER.size + 4 + 8)
     fourcc = head[:4]
@@ -67,8 +62,7 @@ def read_flat_header(path: Path) -> FlatHeader:
 
 
 def read_flat_vectors(path: Path) -> np.ndarray:
-    """Vectors (n, d) of a ``.npy`` file or a faiss flat inner-product index file, memory-mapped (no copy, one header
-    read: nothing of the file is loaded before queries touch it)."""
+    """Vectors (n, d) of a ``.npy`` or faiss flat inner-product file, memory-mapped (nothing read but the header)."""
     path = Path(path)
     if not path.is_file():
         raise IndexLoadError(f"index file not found: {path}")
@@ -95,8 +89,7 @@ def row_blocks(
     pin: bool = False,
     progress: LoadProgress | None = None,
 ):
-    """``(row, block)`` over rows ``[lo, hi)``, at most ``staging_bytes`` per block; ``progress`` is told the bytes
-    of each block read."""
+    """``(row, block)`` over rows ``[lo, hi)``, at most ``staging_bytes`` per block."""
     if isinstance(vectors, VectorFile):
         yield from vectors.steps(lo, hi, staging_bytes, pin=pin and torch.cuda.is_available(), progress=progress)
         return
@@ -111,9 +104,8 @@ def row_blocks(
 
 @dataclass(frozen=True)
 class VectorFile:
-    """The float32 row-major vectors of an index file (``.npy`` or faiss flat), read by offset: rows are streamed
-    through one staging buffer, never mapped, so loading them elsewhere (GPUs, another dtype) leaves nothing of the
-    file in this process and in the page cache."""
+    """The float32 rows of an index file, streamed by offset through one staging buffer, never mapped: loading them
+    elsewhere (GPUs, another dtype) leaves nothing of the file in this process or the page cache."""
 
     path: Path
     offset: int
@@ -137,9 +129,7 @@ class VectorFile:
         pin: bool = False,
         progress: LoadProgress | None = None,
     ):
-        """``(row, block)`` for rows ``[lo, hi)`` in order; every block is a view of the same staging buffer of at
-        most ``staging_bytes`` (one row if a row is larger), valid until the next step. ``pin``: page-locked staging
-        (faster copies to a GPU). ``progress`` is told the bytes of each block once read."""
+        """``(row, block)`` over rows ``[lo, hi)``, each a view of one staging buffer, valid until the next step."""
         per_step = max(1, staging_bytes // (self.dim * 4))
         staging = torch.empty((min(per_step, max(hi - lo, 1)), self.dim), dtype=torch.float32, pin_memory=pin)
         buf = staging.numpy()

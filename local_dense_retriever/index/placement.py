@@ -1,8 +1,5 @@
-"""Where a flat index's rows go: one contiguous shard per device, every visible GPU or the one CPU.
-
-Invariant: the loader (``TorchFlatIndex``) and the memory plan (``local_dense_retriever.memory_plan``) place rows with
-these two functions alone, so the plan logged before a load is the split the load makes.
-"""
+"""Where a flat index's rows go: one contiguous shard per device, every visible GPU or the one CPU. Invariant: the
+loader and the memory plan place rows with these functions alone, so the plan logged is the split made."""
 
 from __future__ import annotations
 
@@ -11,8 +8,7 @@ import torch
 
 
 def shard_devices(device: torch.device) -> list[torch.device]:
-    """The devices an index on ``device`` is sharded over: every visible GPU for any CUDA device (which ones are
-    visible is CUDA_VISIBLE_DEVICES's choice: launch_retriever.sh's GPUS), else the one CPU."""
+    """Every visible GPU (CUDA_VISIBLE_DEVICES) for any CUDA ``device``, else the one CPU."""
     if device.type == "cuda":
         return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
     return [device]

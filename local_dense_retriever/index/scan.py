@@ -1,12 +1,9 @@
-"""The index-scan interface: how one shard of a flat index is scored for a batch of queries and cut to each query's
-top k, and :class:`ExactScan`, the plain scan every shard starts with.
+"""The index-scan interface, how one shard of a flat index is searched, and :class:`ExactScan`, the plain scan.
 
-Interface (:class:`ShardScan`): ``topk(queries, k) -> (scores, ids)`` (float32 and int64 CPU tensors of shape
-``(n, k)``; ids are rows of the shard, best first, equal scores by lower id), ``describe()``, and
-``crowded_queries``, the queries that needed more than the scan's usual work (always 0 for :class:`ExactScan`).
-:data:`ScanWrapper` builds another scan of a CPU shard around its exact scan (``local_dense_retriever.accel``).
-
-Invariant: every scan returns what :class:`ExactScan` returns for the same rows, up to float rounding.
+Interface (:class:`ShardScan`): ``topk(queries, k) -> (scores, ids)``, float32 and int64 CPU tensors ``(n, k)`` (ids
+are rows of the shard, best first, equal scores by lower id); ``describe()``; ``crowded_queries``, the queries that
+needed more than the scan's usual work. :data:`ScanWrapper` builds another scan of a CPU shard around its exact one
+(``accel``). Invariant: every scan returns what :class:`ExactScan` returns, up to float rounding.
 """
 
 from __future__ import annotations
@@ -22,11 +19,9 @@ from local_dense_retriever.load_progress import LoadProgress
 
 #: rows scored per matmul on CPU, bounding the (queries x rows) score buffer
 CPU_CHUNK_ROWS = 1 << 18
-#: the most memory the (queries x rows) score buffer of one step may take on any device (the server's
-#: --score_buffer_mb): a GPU shard is scanned in as many steps as this needs
+#: the most memory the score buffer of one step may take on any device (the server's --score_buffer_mb)
 SCORE_BYTES = 1 << 30
-#: the largest CPU score buffer a thread keeps for reuse: glibc's largest mmap threshold, above which malloc maps
-#: and unmaps a block on its own, so it cannot fragment the heap
+#: the largest CPU score buffer a thread keeps: glibc's largest mmap threshold (larger blocks cannot fragment the heap)
 RETAINED_SCORE_BYTES = 32 << 20
 #: ``(lo, hi)``: told that a scan being built is done reading rows ``lo:hi`` of the shard (a memory map's pages leave)
 RowsRead = Callable[[int, int], object]
@@ -43,9 +38,8 @@ class ShardScan(Protocol):
 
 
 class ScoreBuffers(threading.local):
-    """Each calling thread's CPU score buffer, grown to the largest step it has scored and reused: a fresh buffer per
-    batch fragmented glibc's heap, so a long-running server's RSS drifted. Steps larger than
-    :data:`RETAINED_SCORE_BYTES` get a buffer of their own."""
+    """Each thread's CPU score buffer, grown to its largest step and reused (a fresh one per batch fragmented the
+    heap); steps above :data:`RETAINED_SCORE_BYTES` get their own."""
 
     buffer: torch.Tensor | None = None  # bytes, viewed as each step's dtype
 
@@ -98,16 +92,11 @@ class ExactScan:
             best_i.append(i.cpu())
         if len(best_s) == 1:
             return best_s[0], best_i[0]
-        return merge_steps(torch.cat(best_s, dim=1), torch.cat(best_i, dim=1), k)
+        s, at = block_topk(torch.cat(best_s, dim=1), k)  # ties by position: steps are in id order
+        return s, torch.gather(torch.cat(best_i, dim=1), 1, at)
 
     def describe(self) -> str:
         return "exact scan"
-
-
-def merge_steps(scores: torch.Tensor, ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-``k`` per row of per-step top-k lists laid side by side (steps in id order), by score then lower id."""
-    s, at = block_topk(scores, k)  # block_topk breaks ties by position, which is id order here
-    return s, torch.gather(ids, 1, at)
 
 
 #: ``(exact, rows_read, progress)``: another scan of a CPU shard, built around its exact scan; ``rows_read`` is told

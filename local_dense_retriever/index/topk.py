@@ -1,10 +1,5 @@
-"""Exact top-k with one tie rule: best score first, equal scores by lower id (so any split of an index merges back to
-the same answer).
-
-Invariant: ``block_topk`` over a block and ``merge_topk`` over any partition of the rows into blocks return the same
-(scores, ids) as ``block_topk`` over all rows at once, ties included, whenever the per-row scores are the same;
-``grouped_topk`` returns exactly what ``block_topk`` returns.
-"""
+"""Exact top-k with one tie rule: best score first, equal scores by lower id. Invariant: any partition of the rows,
+merged (``merge_topk``), and ``grouped_topk`` return what ``block_topk`` over all rows returns, ties included."""
 
 from __future__ import annotations
 
@@ -16,11 +11,8 @@ TIE_KEY_BYTES = 256 << 20
 
 
 def exact_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Columns of the top ``k`` of each row by (score descending, column ascending), in that order, in one selection.
-
-    Each score becomes a unique int64 key: its float32 bits made order-preserving (negative floats' magnitude bits
-    flipped; -0.0 folded onto 0.0 first) above the column's complement, so a larger key is a better (score, column).
-    """
+    """Columns of the top ``k`` of each row by (score desc, column asc), in one selection over unique int64 keys: the
+    score's float32 bits made order-preserving, above the column's complement."""
     bits = (scores.float() + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into 0.0: equal scores, equal bits
     bits = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
     n = scores.shape[1]
@@ -29,12 +21,8 @@ def exact_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def block_topk(scores: torch.Tensor, k: int, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-``k`` of each row of ``scores`` (queries x rows of one block); ids are ``offset`` + column.
-
-    ``torch.topk`` orders equal values arbitrarily and may keep any of them at the cut: rows whose k-th and (k+1)-th
-    values are equal are re-selected exactly, all at once (``exact_topk``: common in half precision, where a GPU
-    scan of a large batch finds such a tie in a few percent of its rows at every step).
-    """
+    """Top-``k`` of each row of ``scores``; ids are ``offset`` + column. ``torch.topk`` may keep any of equal values
+    at the cut, so rows tied at the cut (common in half precision) are re-selected exactly."""
     k = min(k, scores.shape[1])
     take = min(k + 1, scores.shape[1])
     s, i = torch.topk(scores, take, dim=1)
@@ -59,9 +47,7 @@ def ranked(scores: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch
 
 
 def merge_topk(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``k`` per row of concatenated per-block results (n x sum of k_j), ordered by (score desc, id asc).
-
-    Exact when each block contributed its own top-k under the same rule (``block_topk``)."""
+    """Top-``k`` per row of concatenated per-block top-k lists, by (score desc, id asc)."""
     order = np.lexsort((ids, -scores), axis=1)[:, :k]
     return np.take_along_axis(scores, order, 1), np.take_along_axis(ids, order, 1)
 
@@ -71,9 +57,7 @@ GROUP = 256
 
 
 def best_groups(scores: torch.Tensor, count: int, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(maxima, groups)``: per row of ``scores``, the ``count + 1`` highest maxima of its full groups of ``group``
-    columns (best first) and those groups' indices: the first ``count`` are the groups to keep, the last bounds every
-    score of the groups left out. One reduction over the scores and a top-k over ``n // group`` maxima."""
+    """``(maxima, groups)``: per row, its ``count + 1`` best group maxima and their groups, best first."""
     n_rows, n = scores.shape
     n_groups = n // group
     maxima = scores[:, : n_groups * group].reshape(n_rows, n_groups, group).amax(dim=2)
@@ -83,14 +67,8 @@ def best_groups(scores: torch.Tensor, count: int, group: int = GROUP) -> tuple[t
 def grouped_topk(
     scores: torch.Tensor, k: int, offset: int = 0, group: int = GROUP
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``block_topk(scores, k, offset)``, exactly, in two cheap passes instead of one selection over every column.
-
-    The columns are cut into groups of ``group``; the best ``k`` groups by their maximum hold the top ``k`` scores
-    unless the best group left out reaches the ``k``-th score found. So: one max per group (a reduction, as fast as
-    reading the scores), a top-``k + 1`` over the group maxima, an exact ``block_topk`` over the ``k`` groups' columns
-    (kept in column order, so the tie rule still sees ids in order), and ``block_topk`` over the whole row for the rows
-    whose best left-out group ties or beats their ``k``-th score (rare: an exact tie at the cut).
-    """
+    """``block_topk(scores, k, offset)``, exactly, in two cheap passes: the best ``k`` groups by their maximum hold
+    the top ``k`` unless the best group left out reaches the ``k``-th score found (then that row is selected whole)."""
     n_rows, n = scores.shape
     k = min(k, n)
     n_groups = n // group

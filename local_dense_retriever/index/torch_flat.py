@@ -1,11 +1,6 @@
-"""TorchFlatIndex: exact inner-product search as matmul + top-k, on CPU or sharded over every visible GPU.
-
-Each shard is searched by a scan (``index.scan``): the exact scan, or, on a CPU shard, the scan a ``ScanWrapper``
-builds around it (the opt-in pre-scan of ``local_dense_retriever.accel``).
-
-Invariant: results equal an exact flat inner-product scan (faiss IndexFlatIP) up to float rounding; ids are global rows;
-equal scores come in id order, whatever the chunking.
-"""
+"""TorchFlatIndex: exact inner product as matmul + top-k, on the CPU or sharded over every visible GPU, each shard
+searched by a scan (``index.scan``; on the CPU optionally the pre-scan of ``accel``). Invariant: faiss IndexFlatIP's
+answers up to float rounding; equal scores in id order, whatever the chunking."""
 
 from __future__ import annotations
 
@@ -28,17 +23,10 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 
 def index_source(path: Path, device: torch.device, dtype: str = "auto") -> np.ndarray | VectorFile:
-    """What to build shards from: the memory map when the shards are the file's own float32 rows on the CPU, else
-    the file to stream (nothing of it mapped)."""
+    """The memory map when the shards are the file's float32 rows on the CPU, else the file to stream."""
     if device.type == "cpu" and index_dtype(dtype, device) == "float32":
         return read_flat_vectors(path)
     return vector_file(path)
-
-
-def _as_tensor(rows: np.ndarray) -> torch.Tensor:
-    with warnings.catch_warnings():  # memory-mapped arrays are read-only; we never write to them
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(np.asarray(rows))
 
 
 class TorchFlatIndex:
@@ -56,11 +44,9 @@ class TorchFlatIndex:
         cpu_scan: ScanWrapper | None = None,
         progress: LoadProgress | None = None,
     ) -> None:
-        """Shards of ``vectors``: a float32 array on the CPU is used as is (a memory map stays one); anything else
-        (GPUs, another dtype) is filled step by step through ``staging_bytes`` of host memory, from a file without
-        mapping it (:class:`VectorFile`). ``score_bytes`` bounds the score buffer of one step of a search.
-        ``cpu_scan`` builds the scan of a float32 CPU shard instead of the exact one. ``progress`` is told what each
-        copy reads of ``vectors`` (a float32 map kept as it is reads nothing)."""
+        """Shards of ``vectors``: float32 on the CPU used as is (a map stays one), else filled through
+        ``staging_bytes`` of host memory; ``score_bytes`` bounds a search step's scores; ``cpu_scan`` builds the CPU
+        shard's scan instead of the exact one."""
         self.dtype = _DTYPES[index_dtype(dtype, device)]
         self.dim = int(vectors.shape[1])
         self._n = int(vectors.shape[0])
@@ -76,7 +62,9 @@ class TorchFlatIndex:
         self._scans: list[ShardScan] = []
         for dev, (lo, hi) in zip(self.devices, shard_bounds(self._n, len(self.devices)), strict=True):
             if not copied:
-                part = _as_tensor(vectors[lo:hi])
+                with warnings.catch_warnings():  # a read-only memory map: never written to
+                    warnings.simplefilter("ignore", UserWarning)
+                    part = torch.from_numpy(np.asarray(vectors[lo:hi]))
             else:  # host memory used by the copy does not grow with the index
                 part = torch.empty((hi - lo, self.dim), dtype=self.dtype, device=dev)
                 blocks = row_blocks(vectors, lo, hi, staging_bytes, pin=dev.type == "cuda", progress=progress)
@@ -97,8 +85,7 @@ class TorchFlatIndex:
 
     @classmethod
     def from_file(cls, path: Path, *, device: torch.device, dtype: str = "auto", **kw) -> TorchFlatIndex:
-        """The index of ``path``: memory-mapped when it stays float32 on the CPU (no copy, instant), else streamed;
-        ``kw`` as for the constructor."""
+        """The index of ``path`` (``index_source``); ``kw`` as for the constructor."""
         return cls(index_source(Path(path), device, dtype), device=device, dtype=dtype, **kw)
 
     def __len__(self) -> int:
