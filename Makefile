@@ -93,6 +93,7 @@ lint: install
 format: install
 	$(VENV)/bin/ruff format verl_search local_dense_retriever data_preprocess benchmarks tests
 
+# Benchmarks (one at a time, on a quiet machine); what each measures and the recorded figures: docs/results/.
 bench: bench-tool bench-retriever bench-encoder
 
 bench-tool: install
@@ -104,8 +105,9 @@ bench-retriever: install
 bench-retriever-quick: install
 	$(PY) benchmarks/retriever_load.py --quick
 
+# the query encoder batched against one query at a time, on this machine's device (fp16 on a GPU)
 bench-encoder: install
-	$(PY) benchmarks/encoder_precision.py
+	$(PY) benchmarks/search_path.py --parts encoder
 
 # GPU environments: requirements/gpu-<rollout>-cu<12|13>-py<version>.txt, resolved by uv (installed into
 # .cache/lock-tools).
