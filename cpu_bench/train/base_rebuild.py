@@ -42,6 +42,7 @@ def _built_on(seconds: float) -> dict[str, Any]:
 
     import torch
     import transformers
+
     from local_dense_retriever.backend_rule import cpu_model
 
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
@@ -54,6 +55,7 @@ def float_path() -> str:
     dispatch to, and MKL's cap where one is set. The model name alone does not: a KVM guest names a Zen 3 (AVX2) and a
     Zen 4 (AVX-512) both "AMD EPYC"."""
     import torch
+
     from local_dense_retriever.backend_rule import cpu_model
 
     path = f"{cpu_model()}, ATen {torch.backends.cpu.get_cpu_capability()}"

@@ -60,7 +60,8 @@ def test_the_installed_package_writes_a_runs_inputs_outside_the_checkout(install
             "http://127.0.0.1:1/retrieve", {{"topk": 1}},
         )
         qa = out / "qa.jsonl"
-        qa.write_text(json.dumps({{"id": "q0", "question": "who?", "golden_answers": ["a"], "data_source": "nq"}}) + "\\n")
+        row = {{"id": "q0", "question": "who?", "golden_answers": ["a"], "data_source": "nq"}}
+        qa.write_text(json.dumps(row) + "\\n")
         config = PreprocessConfig(
             template_file=resources.shipped_file(resources.PROMPT_YAML), template="search_r1", input_jsonl=qa,
             splits=("test",), local_dir=out / "rl",
