@@ -50,17 +50,17 @@ test-all: install
 	$(PY) -m pytest -m "not gpu" -q $(PYTEST_ARGS)
 
 # A real tiny model rolling out with our tool and loop and trained by GRPO through verl's own trainer: `make train`'s
-# warm start (its base model the one shipped in verl_search/train/shipped_base_model, see `make base-model`; the SFT
+# warm start (its base model the one shipped in cpu_bench/train/shipped_base_model, see `make base-model`; the SFT
 # model cached under .cache/demo), then 8 GRPO steps, redone every run.
 demo: $(TRAIN_INSTALL)
-	$(TRAIN_PY) -m verl_search.train --demo --out .cache/demo $(TRAIN_ROLLOUT) $(TRAIN_ARGS)
+	$(TRAIN_PY) -m cpu_bench.train --demo --out .cache/demo $(TRAIN_ROLLOUT) $(TRAIN_ARGS)
 
-# The base model shipped in verl_search/train/shipped_base_model/ (what make demo and make train start from instead of
+# The base model shipped in cpu_bench/train/shipped_base_model/ (what make demo and make train start from instead of
 # 10-17 minutes of pre-training): build it from the code (.cache/base-model, reused) and compare it with the shipped
 # one, by weights where this CPU gives the same floats, else by held-out score; UPDATE=1 ships the rebuild.
 UPDATE ?=
 base-model: install
-	$(PY) -m verl_search.train.base_rebuild --out .cache/base-model $(if $(filter 1,$(UPDATE)),--update)
+	$(PY) -m cpu_bench.train.base_rebuild --out .cache/base-model $(if $(filter 1,$(UPDATE)),--update)
 
 # The former name of `make demo`.
 demo-model: demo
@@ -68,30 +68,30 @@ demo-model: demo
 # The retrieval pipeline through verl's real agent loops with a SCRIPTED policy (no model): about a minute,
 # deterministic; it measures retrieval, not a model.
 demo-scripted: install
-	$(PY) -m verl_search.testing.scripted_demo
+	$(PY) -m cpu_bench.testing.scripted_demo
 
 # SFT warm start + GRPO of a tiny model to search, on this CPU (toy corpus, real retriever, verl's own
 # SFT trainer and main_ppo); prints the before/after table; artifacts under runs/train (TRAIN_ARGS: more flags).
 train: $(TRAIN_INSTALL)
-	$(TRAIN_PY) -m verl_search.train --out runs/train $(TRAIN_ROLLOUT) $(TRAIN_ARGS)
+	$(TRAIN_PY) -m cpu_bench.train --out runs/train $(TRAIN_ROLLOUT) $(TRAIN_ARGS)
 
 train-quick: $(TRAIN_INSTALL)
-	$(TRAIN_PY) -m verl_search.train --quick --out runs/train-quick $(TRAIN_ROLLOUT) $(TRAIN_ARGS)
+	$(TRAIN_PY) -m cpu_bench.train --quick --out runs/train-quick $(TRAIN_ROLLOUT) $(TRAIN_ARGS)
 
 # make train once per seed of SEEDS (runs/seed<N>, all from the machine's cached base model), then the table over them
 # (mean, spread, how many gained +0.10) and the curves with a band from the lowest to the highest run: runs/seeds/
 SEEDS ?= 0 1 2 3 4
 train-seeds: $(TRAIN_INSTALL)
-	for s in $(SEEDS); do $(TRAIN_PY) -m verl_search.train --out runs/seed$$s --seed $$s $(TRAIN_ROLLOUT) $(TRAIN_ARGS) \
+	for s in $(SEEDS); do $(TRAIN_PY) -m cpu_bench.train --out runs/seed$$s --seed $$s $(TRAIN_ROLLOUT) $(TRAIN_ARGS) \
 		|| exit 1; done
-	$(TRAIN_PY) -m verl_search.train.seeds $(foreach s,$(SEEDS),runs/seed$(s)) --out runs/seeds
+	$(TRAIN_PY) -m cpu_bench.train.seeds $(foreach s,$(SEEDS),runs/seed$(s)) --out runs/seeds
 
 lint: install
-	$(VENV)/bin/ruff check verl_search local_dense_retriever data_preprocess benchmarks tests
-	$(VENV)/bin/ruff format --check verl_search local_dense_retriever data_preprocess benchmarks tests
+	$(VENV)/bin/ruff check verl_search cpu_bench local_dense_retriever data_preprocess benchmarks tests
+	$(VENV)/bin/ruff format --check verl_search cpu_bench local_dense_retriever data_preprocess benchmarks tests
 
 format: install
-	$(VENV)/bin/ruff format verl_search local_dense_retriever data_preprocess benchmarks tests
+	$(VENV)/bin/ruff format verl_search cpu_bench local_dense_retriever data_preprocess benchmarks tests
 
 # Benchmarks (one at a time, on a quiet machine); what each measures and the recorded figures: docs/results/.
 bench: bench-tool bench-retriever bench-encoder
