@@ -27,9 +27,8 @@
 #
 # SERVERS=N starts N server processes on ports PORT..PORT+N-1, each with its own copy of the index on the same
 # devices, and prints their URLs as one comma-separated RETRIEVER_URL: the search tool sends each call to the server
-# with the fewest requests in flight. One server's Python interpreter, not the GPU, bounds its throughput on a GPU;
-# on one H200 under 256 clients, 4 servers answered 3.2-3.6x one server's queries/s (benchmarks/RESULTS.md). Each
-# copy of the index takes its full size in device memory (wiki-18 under e5 in float16: 32 GB). With SERVERS > 1 the
+# with the fewest requests in flight: one server's Python interpreter, not the GPU, bounds its throughput on a GPU.
+# Each copy of the index takes its full size in device memory (wiki-18 under e5 in float16: 32 GB). With SERVERS > 1 the
 # log of the server on port P is LOG_FILE with -P before its .log (default retriever-P.log), and each server gets
 # nproc / SERVERS CPU threads unless the arguments give --num_threads.
 #
