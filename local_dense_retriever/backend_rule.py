@@ -21,17 +21,12 @@ BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 @functools.cache
 def cpu_info() -> dict[str, str]:
     """The first processor's fields in ``/proc/cpuinfo`` (empty where there is none)."""
-    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if not line.strip():
-                    break
-                key, _, value = line.partition(":")
-                fields[key.strip()] = value.strip()
+            first = f.read().split("\n\n", 1)[0]
     except OSError:
-        pass
-    return fields
+        return {}
+    return {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first.splitlines())}
 
 
 def cpu_flags() -> frozenset[str]:

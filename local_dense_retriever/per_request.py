@@ -19,8 +19,7 @@ class PerRequestRunner:
         self._search = search
         self.max_queue = max_queue
         self._metrics = metrics
-        self._inflight = 0
-        self.threads = threads
+        self._inflight, self.threads = 0, threads
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="retriever-request")
         metrics.queue_depth = lambda: self._inflight
 

@@ -47,10 +47,8 @@ class TorchFlatIndex:
         """Shards of ``vectors``: float32 on the CPU used as is (a map stays one), else filled through
         ``staging_bytes`` of host memory; ``score_bytes`` bounds a search step's scores; ``cpu_scan`` builds the CPU
         shard's scan instead of the exact one."""
-        self.dtype = _DTYPES[index_dtype(dtype, device)]
-        self.dim = int(vectors.shape[1])
-        self._n = int(vectors.shape[0])
-        self.device = device
+        self.dtype, self.device = _DTYPES[index_dtype(dtype, device)], device
+        self._n, self.dim = (int(x) for x in vectors.shape)
         #: the devices holding the shards, in row order
         self.devices = shard_devices(device)
         row_bytes = self.dim * (4 if isinstance(vectors, VectorFile) else vectors.itemsize)
@@ -102,10 +100,9 @@ class TorchFlatIndex:
         return sum(scan.crowded_queries for scan in self._scans)
 
     def describe(self) -> str:
-        where = f"{len(self._scans)} x {self.device.type}"
         scan = self._scans[0].describe()
-        extra = "" if scan == "exact scan" else f", {scan}"
-        return f"torch flat IP, {self._n:,} x {self.dim} {str(self.dtype).removeprefix('torch.')} on {where}{extra}"
+        where = f"{len(self._scans)} x {self.device.type}" + ("" if scan == "exact scan" else f", {scan}")
+        return f"torch flat IP, {self._n:,} x {self.dim} {str(self.dtype).removeprefix('torch.')} on {where}"
 
     @torch.inference_mode()
     def search(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
