@@ -14,7 +14,7 @@ import torch
 from local_dense_retriever.config import Precision
 from local_dense_retriever.errors import EncoderError
 
-#: CPU flags of native bf16 matmuls (AVX-512 BF16: Intel Cooper Lake and later, AMD Zen 4 and later; AMX)
+#: CPU flags of native bf16 matmuls (AVX-512 BF16, AMX)
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 

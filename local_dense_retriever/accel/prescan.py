@@ -2,10 +2,10 @@
 first, to find every row that can be in a query's float32 top-k; only those are scored in float32. The copy is half
 (bf16) or a quarter (int8) of the float32 rows, so a scan reads that much less memory.
 
-Its scores are rounded: ranked by them alone, near-ties could swap. Here the rounding is bounded
-instead (:meth:`Bf16Copy.bounds`, :meth:`Int8Copy.bounds`): the pre-scan keeps, in every block of rows, ``k + extra``
-of the best coarse scores of each query (:func:`kept_rows`), and a row can be in the float32 top-k only if its coarse
-score is within twice the error of the k-th best coarse score. If every score a block left out is below that margin,
+Its scores are rounded: ranked by them alone, near-ties could swap. Here the rounding is bounded instead
+(:meth:`Bf16Copy.bounds`, :meth:`Int8Copy.bounds`): the pre-scan keeps, in every block of rows, ``k + extra`` of the
+best coarse scores of each query (:func:`kept_rows`), and a row can be in the float32 top-k only if its coarse score
+is within twice the error of the k-th best coarse score. If every score a block left out is below that margin,
 the kept rows hold the whole top-k; the rows among them within the margin are scored in float32, which gives the flat
 scan's answer. For a query for which a block left out a score within the margin ("crowded": scores packed more
 tightly than the copy can tell apart), every row of the block within it is taken from the block's scores while they
