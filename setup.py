@@ -74,7 +74,7 @@ EXTRAS = {
     # per CUDA major, at verl 0.9.1's own pin (its cupy-cu130 extra)
     "cupy-cu12": ["cupy-cuda12x==14.0.1"],
     "cupy-cu13": ["cupy-cuda13x==14.0.1"],
-    # python -m verl_search.eval.report's plots
+    # python -m verl_search.report's plots
     "report": ["matplotlib>=3.7"],
     # optional: a source build on most machines (`pip install flash-attn --no-build-isolation` after torch);
     # without it the run scripts use PyTorch's sdpa attention.
@@ -119,7 +119,7 @@ setup(
             "verl-search-retriever = local_dense_retriever.retrieval_server:main",
             "verl-search-preprocess = verl_search.data.cli:main",
             "verl-search-download = local_dense_retriever.artifacts.download:main",
-            "verl-search-report = verl_search.eval.report:main",
+            "verl-search-report = verl_search.report:main",
         ],
     },
     license="Apache-2.0",

@@ -151,7 +151,7 @@ vs_preflight() {
 
 # vs_metrics_file: the launch's per-step metrics go to RUN_DIR/metrics.jsonl (verl's file logger;
 # VERL_FILE_LOGGER_PATH wins when set). verl empties the file when it starts, so a relaunch into the same run folder
-# first moves the previous launch's file into metrics/ beside it, named by its time; `python -m verl_search.eval.report
+# first moves the previous launch's file into metrics/ beside it, named by its time; `python -m verl_search.report
 # RUN_DIR` reads them all, oldest first. Call it after vs_preflight (a dry run moves nothing).
 vs_metrics_file() {
     export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-${RUN_DIR}/metrics.jsonl}"

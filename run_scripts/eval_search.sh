@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Evaluate a model or a training checkpoint with search: verl's validation-only mode, greedy decoding, every
-# generation dumped as JSONL, then summarised with `python -m verl_search.eval.report`.
+# generation dumped as JSONL, then summarised with `python -m verl_search.report`.
 #
 #   CHECKPOINT=runs/my-exp/checkpoints RETRIEVER_URL=http://127.0.0.1:8000 bash run_scripts/eval_search.sh
 #       # DATA_DIR/val_subset.parquet: at most 500 test rows per source, written by the preprocessing by default
@@ -40,7 +40,7 @@ env "${VS_KNOB_ENV[@]}" "$PYTHON" -m verl_search.launch.eval_run notes \
 
 summary_hint() {
     echo "generations: ${OUTPUT_DIR}"
-    echo "summary:     ${PYTHON} -m verl_search.eval.report ${OUTPUT_DIR} --data ${VAL_DATA}"
+    echo "summary:     ${PYTHON} -m verl_search.report ${OUTPUT_DIR} --data ${VAL_DATA}"
 }
 
 if [[ "$DEVICE" == cpu ]]; then
@@ -60,7 +60,7 @@ vs_trainer_overrides "$N_GPUS" "$TRAIN_BATCH_SIZE" "$TRAIN_BATCH_SIZE" cuda
 ARGS+=("${VS_ROLLOUT_ARGS[@]}" "${VS_SEARCH_ARGS[@]}" "${VS_TRAINER_ARGS[@]}" "$@")
 
 echo "run folder: ${RUN_DIR}; generations go to ${OUTPUT_DIR}"
-echo "summarise them afterwards with: ${PYTHON} -m verl_search.eval.report ${OUTPUT_DIR} --data ${VAL_DATA}"
+echo "summarise them afterwards with: ${PYTHON} -m verl_search.report ${OUTPUT_DIR} --data ${VAL_DATA}"
 vs_preflight --agent "$AGENT" -- "${ARGS[@]}"
 "${VS_COMMAND[@]}"
 summary_hint

@@ -309,7 +309,7 @@ def test_every_module_the_scripts_and_make_run_exists():
 @pytest.mark.parametrize(
     "argv",
     [
-        ["-m", "verl_search.eval.report", "--help"],
+        ["-m", "verl_search.report", "--help"],
         ["-m", "verl_search.launch.preflight", "--help"],
         ["-m", "cpu_bench.train", "--help"],
         ["-m", "cpu_bench.train.tiny_model", "--help"],

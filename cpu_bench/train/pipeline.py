@@ -1,5 +1,5 @@
 """``make train`` end to end: retriever, data, initial model, base model (pre-trained on other toy worlds), SFT warm
-start, the answer-only baseline, GRPO, the evaluation report (``verl_search.eval.report``), plots, and the
+start, the answer-only baseline, GRPO, the evaluation report (``verl_search.report``), plots, and the
 before/after table. The package's functions are called directly; only the trainers (verl's, in Ray) and the retriever
 run as child processes.
 
@@ -28,7 +28,7 @@ from cpu_bench.train.stage import digest
 from cpu_bench.train.stages import GRPORun, run_grpo, run_sft, sft_stage
 from cpu_bench.train.summary import Gain, StageResult, as_dicts, paired_gain, render_table, stage_result
 from verl_search.atomic import atomic_path
-from verl_search.eval.report import write_report
+from verl_search.report import write_report
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def _sft_label(stats: dict) -> str:
 
 
 def _report(run: GRPORun, val_data: Path) -> Path:
-    """The report of the run's latest validation dump (what ``python -m verl_search.eval.report`` writes there)."""
+    """The report of the run's latest validation dump (what ``python -m verl_search.report`` writes there)."""
     report, step, _ = write_report(run.val_dir, val_data)
     logger.info("report of step %d: %s", step, run.val_dir / "report.md")
     return run.val_dir / "report.md"

@@ -1,8 +1,8 @@
 """The before/after table of ``make train``: EM on the held-out questions (all, single-hop, two-hop) and searches per
 question for the no-search baseline, the SFT warm start and the GRPO policy, read from verl's validation dumps.
 
-Invariant: every figure comes from a dump through :func:`verl_search.eval.report.build_report` (the same numbers
-``python -m verl_search.eval.report`` prints); nothing is recomputed from the model.
+Invariant: every figure comes from a dump through :func:`verl_search.report.build_report` (the same numbers
+``python -m verl_search.report`` prints); nothing is recomputed from the model.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_search.eval.report import build_report, gold_retrieved
 from verl_search.eval.validation_dump import SourceLookup, read_dump
+from verl_search.report import build_report, gold_retrieved
 from verl_search.reward import gold_answers
 
 _RESULT_BLOCK = re.compile(r"<information>|<tool_response>")

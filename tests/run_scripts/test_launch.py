@@ -117,9 +117,9 @@ def test_eval_dry_run_loads_the_latest_checkpoint_greedily(run_script, small_env
         f"data.val_files={data_dir}/val_subset.parquet",
     ):
         assert setting in command, setting
-    assert f"-m verl_search.eval.report {tmp_path}/eval/generations" in result.stdout
+    assert f"-m verl_search.report {tmp_path}/eval/generations" in result.stdout
     # the dumps carry no data_source: the printed report command must name the evaluated data
-    report = f"-m verl_search.eval.report {tmp_path}/eval/generations --data {data_dir}/val_subset.parquet"
+    report = f"-m verl_search.report {tmp_path}/eval/generations --data {data_dir}/val_subset.parquet"
     assert report in result.stdout
 
 

@@ -1,4 +1,4 @@
-"""Evaluation tooling people run after training: read verl's validation dumps and write the paper-style report.
+"""Evaluation helpers behind ``python -m verl_search.report``: reading verl's validation dumps, drawing a run's plots.
 
 Offline tooling: it may import the shared leaves and pandas; it never imports verl's trainer, the tool or ``cpu``.
 """

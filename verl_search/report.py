@@ -1,4 +1,4 @@
-"""Evaluation report: ``python -m verl_search.eval.report DIR`` turns a verl validation dump into the Search-R1 EM table
+"""Evaluation report: ``python -m verl_search.report DIR`` turns a verl validation dump into the Search-R1 EM table
 and a run folder's per-step metrics into its search-health plots.
 
 Prints (and writes ``DIR/report.md`` and ``DIR/report.json``, atomically) EM per dataset for NQ, TriviaQA, PopQA,
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry; exits 1 with one line on stderr when the dump cannot be read."""
     from verl_search.eval.plots import run_metrics_files
 
-    p = argparse.ArgumentParser(prog="python -m verl_search.eval.report", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m verl_search.report", description=__doc__.splitlines()[0])
     p.add_argument(
         "dir",
         type=Path,
