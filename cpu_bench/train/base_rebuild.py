@@ -3,7 +3,8 @@ repository (:mod:`cpu_bench.train.shipped_base`), and ship the rebuild on reques
 
 The comparison is by hash where the rebuild followed the shipped model's float path (CPU model, torch's instruction
 set, MKL's cap: :func:`float_path`), else by the held-out loss within :data:`HELDOUT_TOLERANCE`. Rebuilds along other
-float paths have landed 7-42% apart (``benchmarks/RESULTS.md``), so there a mismatch is reported as expected.
+float paths have landed tens of percent apart (docs/results/training.md), so there a mismatch is reported as
+expected.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ class Comparison:
         if not self.matches and self.shipped_on != self.rebuilt_on and self.rebuilt_on is not None:
             text += (
                 ". On another float path this is expected: rebuilds along other float paths have landed 7-42% apart "
-                "(benchmarks/RESULTS.md); runs with the default settings still restore the shipped model"
+                "(docs/results/training.md); runs with the default settings still restore the shipped model"
             )
         return text
 

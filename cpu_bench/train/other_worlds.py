@@ -2,7 +2,7 @@
 
 A real base model arrives able to copy a name from its prompt into a query and a year from a passage into an answer.
 A 1.5M-parameter model from random weights cannot, and the few hundred SFT updates a CPU affords on the evaluated
-world do not teach it (``benchmarks/tiny_copy_probe.py``). Trajectories from other worlds teach exactly that skill
+world do not teach it (docs/results/training.md, findings). Trajectories from other worlds teach exactly that skill
 and nothing about the evaluated world: their entities, cities and years are different draws, so every name must be
 copied, not recalled. Each search result is the supporting passage itself (the retriever is not running for those
 worlds), formatted and capped exactly as the search tool formats a result.

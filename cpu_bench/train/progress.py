@@ -1,9 +1,8 @@
 """The line ``make train`` and ``make demo`` print before each stage: its number, what it does, and how long it is
 expected to take, from the stage's size and the pace measured on two CPU cores.
 
-The pace is ``make demo``'s on a fresh clone on the 2-core ``AMD EPYC`` at the default model size
-(benchmarks/RESULTS.md, "make demo in under ten minutes"): another CPU or model size runs at another pace, so the
-line says "about". A stage that is already finished is reused at once, and its own line says so.
+The pace is ``make demo``'s on a fresh clone on two cores at the default model size (docs/results/training.md):
+another CPU or model size runs at another pace, so the line says "about". A stage that is already finished is reused at once, and its own line says so.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Keep Python's garbage collector off the objects a rollout worker made before it started searching.
 
 A verl rollout worker has imported torch, transformers, verl and their dependencies before it builds the tool:
-about 400,000 objects that live as long as the process. Every full collection walks all of them (about 180 ms), and
-the allocations of HTTP calls trigger collections often, so the worker's HTTP clients lose a large share of their
-throughput to the collector: a bare aiohttp client made 6,700-7,200 calls/s in a fresh process and 3,700 in one
-that had imported verl_search's tool (benchmarks/tool_overhead.py; benchmarks/RESULTS.md, "Tool overhead").
+hundreds of thousands of objects that live as long as the process. Every full collection walks all of them, and the
+allocations of HTTP calls trigger collections often, so the worker's HTTP clients lose a large share of their
+throughput to the collector (docs/results/tool.md has the figures).
 ``gc.freeze()`` moves the objects alive at that moment to a permanent generation the collector skips; objects made
 afterwards are collected as before.
 

@@ -10,7 +10,8 @@ from cpu_bench.train.progress import Progress, base_model_seconds, duration, grp
 
 
 def test_the_demo_stages_are_expected_to_take_what_a_fresh_clone_measured():
-    """benchmarks/RESULTS.md: SFT 105 s on 1,382 trajectories, GRPO 214 s, the base model 745 s when built."""
+    """The paces a fresh clone's make demo measured (docs/results/training.md): SFT 105 s on 1,382 trajectories,
+    GRPO 214 s, the base model 745 s when built."""
     demo = demo_config(Path("demo"))
     assert duration(sft_seconds(1382, demo, 1)) == "about 2 min"
     six_steps = TrainConfig(grpo=GRPOSettings(steps=6, test_freq=6))  # the demo's GRPO until 2026-11-25: 175-218 s

@@ -195,7 +195,7 @@ def test_make_base_model_rebuilds_what_is_shipped(tmp_path, capsys):
     """The full rebuild (10-17 minutes on 2 cores). On the float path that built the shipped one (CPU model, torch's
     instruction set, MKL's cap): the same bits, else the held-out score within the tolerance. On another float path
     training can end at another model: the Zen 4-built model's held-out loss came out 6.8% apart rebuilt on a Zen 3
-    (a match), 15-42% on the 2-core Intel Xeon (two float paths; benchmarks/RESULTS.md), so there a mismatch is an
+    (a match), 15-42% on the 2-core Intel Xeon (two float paths; docs/results/training.md), so there a mismatch is an
     expected failure, reported with its figures, until the recipe or the tolerance is settled by measurement."""
     code = base_rebuild.main(["--out", str(tmp_path)])
     verdict = capsys.readouterr().out.strip()
