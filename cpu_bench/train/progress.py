@@ -2,7 +2,8 @@
 expected to take, from the stage's size and the pace measured on two CPU cores.
 
 The pace is ``make demo``'s on a fresh clone on two cores at the default model size (docs/results/training.md):
-another CPU or model size runs at another pace, so the line says "about". A stage that is already finished is reused at once, and its own line says so.
+another CPU or model size runs at another pace, so the line says "about". A stage that is already finished is
+reused at once, and its own line says so.
 """
 
 from __future__ import annotations
