@@ -1,12 +1,12 @@
 """Language-model pre-training of the tiny policy on the text of *another* toy world (a different seed).
 
-A random 1.5M-parameter model does not learn to copy a name it has never seen from its prompt into a query, nor from
-a passage into an answer, in the few hundred SFT updates a CPU affords: it memorises names from the SFT set instead
-(docs/results/training.md, findings). Copying needs induction heads, which plain text forms only after far more
-tokens than that. So pre-training has two parts: a repeated-span task (a window of the other world's text in which a
-random run of vocabulary pieces occurs twice; only the second occurrence is scored, so copying is the only way to
-lower the loss), then next-token training on the other world's passages mixed with some of the same task (the names of both worlds are made of the same
-syllable pieces). ``train_on_trajectories`` then trains on search trajectories of other worlds
+A random 1.5M-parameter model does not learn to copy a name it has never seen from its prompt into a query, nor from a
+passage into an answer, in the few hundred SFT updates a CPU affords: it memorises names from the SFT set instead
+(docs/results/training.md, findings). Copying needs induction heads, which plain text forms only after far more tokens
+than that. So pre-training has two parts: a repeated-span task (a window of the other world's text in which a random run
+of vocabulary pieces occurs twice; only the second occurrence is scored, so copying is the only way to lower the loss),
+then next-token training on the other world's passages mixed with some of the same task (the names of both worlds are
+made of the same syllable pieces). ``train_on_trajectories`` then trains on search trajectories of other worlds
 (``cpu_bench.train.other_worlds``), which the copy skill alone does not yet turn into copying names into queries and
 years into answers. The model learns no fact of the world it is asked about: it plays the part of a real base model's
 pre-training. ``make train`` runs both as its base-model stage (``cpu_bench.train.base_model``).
