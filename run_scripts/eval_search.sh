@@ -17,7 +17,7 @@
 # Extra hydra overrides go at the end. The same preflight as training runs first.
 #
 # DEVICE=cuda (default) or cpu. On a CPU the evaluation is run_tiny_search_cpu.sh in validation-only mode: verl's CPU
-# trainer (DESIGN §1.1) with that script's knobs and defaults (MAX_RESPONSE_LENGTH, N_RANKS, ...; see
+# trainer with that script's knobs and defaults (MAX_RESPONSE_LENGTH, N_RANKS, ...; see
 # verl_search/launch/cpu_run.py), ROLLOUT=vllm or hf_cpu, and TRAIN_BATCH_SIZE rows read for the idle train loader.
 set -euo pipefail
 

@@ -12,7 +12,7 @@
 #       # python -m cpu_bench.train.tiny_model --out /tmp/tiny-qwen2-h256 --hidden 256 --heads 4 --kv-heads 2
 #
 # Every knob is an environment variable; any other verl setting goes at the end as a hydra override. It sets every
-# override DESIGN §1.1 lists for a CPU (platform, logical GPUs for placement, one storage unit, fsdp2, sdpa, fp32...).
+# override a CPU needs (platform, logical GPUs for placement, one storage unit, fsdp2, sdpa, fp32...).
 set -euo pipefail
 
 # shellcheck source=run_scripts/common.sh
@@ -27,7 +27,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 KNOBS="$("$PYTHON" -m verl_search.launch.cpu_run shell -- "$@")" || vs_die "fix the knob named above"
 eval "$KNOBS"
 
-# DESIGN §1.1: the CPU platform (verl_search.cpu, registered by our verl.plugins entry point), and FSDP engines
+# The CPU platform (verl_search.cpu, registered by our verl.plugins entry point), and FSDP engines
 # looked up under "cuda" (verl registers none for "cpu"; the platform makes them run on the CPU).
 export VERL_PLATFORM=cpu
 export VERL_ENGINE_DEVICE="${VERL_ENGINE_DEVICE:-cuda}"

@@ -1,6 +1,6 @@
 """Wire models of the retrieval service's ``POST /retrieve``, shared by the server and the client.
 
-The shape is the one every Search-R1 client already speaks (DESIGN §3.1); changing it breaks users.
+The shape is the one every Search-R1 client already speaks; changing it breaks users.
 """
 
 from __future__ import annotations

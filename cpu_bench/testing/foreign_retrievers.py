@@ -1,11 +1,11 @@
 """Stand-ins for the retrieval servers of other projects, as ASGI apps to run under uvicorn (``BackgroundServer``).
 
-They answer the way DESIGN §1.3 records the real ones doing, so our client and preflight are tested against them:
+They answer the way the real ones were recorded answering, so our client and preflight are tested against them:
 
 - ``search_r1_reference_app``: Search-R1's ``retrieval_server.py`` (and verl ≤0.5's copy). Its handler unpacks
   ``results, scores = batch_search(..., return_score=return_scores)``; with ``return_scores: false`` the search returns
   only the results, so two queries give a misshaped 200 (the first query's documents as ``result``) and any other
-  count an HTTP 500. With ``return_scores: true`` it answers §3.1's scored form.
+  count an HTTP 500. With ``return_scores: true`` it answers the scored form.
 - ``skyrl_app``: SkyRL's search server: one query per request, ``{"query", "topk", "return_scores"}`` →
   ``{"result": [hits]}``; the batch body is a 422 (FastAPI's validation of the missing ``query``).
 

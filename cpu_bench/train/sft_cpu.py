@@ -21,7 +21,7 @@ _RENDEZVOUS = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_S
 
 
 def prepare_environment(env: dict[str, str] | Any = os.environ) -> None:
-    """Select the CPU platform and the FSDP engines (DESIGN §1.1) and set single-process rendezvous defaults."""
+    """Select the CPU platform and the FSDP engines and set single-process rendezvous defaults."""
     env.setdefault("VERL_PLATFORM", "cpu")
     env.setdefault("VERL_ENGINE_DEVICE", "cuda")  # verl registers no FSDP engine for device "cpu"
     for key, value in _RENDEZVOUS.items():

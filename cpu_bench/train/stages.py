@@ -59,7 +59,7 @@ def sft_command(config: TrainConfig, data: Path, model: Path, ckpt_dir: Path, ep
         "+model.override_config.attn_implementation=sdpa",
         "engine.strategy=fsdp2",
         "engine.model_dtype=fp32",
-        # verl's FSDP engine otherwise computes in bf16, which a CPU without avx512_bf16/AMX emulates (~10x slower)
+        # verl's FSDP engine otherwise computes in bf16, which a CPU without avx512_bf16 or AMX emulates, far slower
         "+engine.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
         "engine.use_torch_compile=False",
         f"optim.lr={s.lr}",
@@ -193,7 +193,7 @@ def grpo_overrides(
 
 
 def cpu_run_env(run_dir: Path) -> dict[str, str]:
-    """The environment of a CPU run (DESIGN §1.1: the CPU platform, FSDP engines looked up under "cuda")."""
+    """The environment of a CPU run (the CPU platform, FSDP engines looked up under "cuda")."""
     return {
         "VERL_PLATFORM": "cpu",
         "VERL_ENGINE_DEVICE": "cuda",

@@ -1,4 +1,4 @@
-"""Bridges for the three verl 0.9.x gaps that stop its trainers on a CPU (DESIGN §1.1); the CPU plugin applies 1 and
+"""Bridges for the three verl 0.9.x gaps that stop its trainers on a CPU; the CPU plugin applies 1 and
 2 for ``main_ppo``, ``cpu_bench.train.sft_cpu`` applies 3 for the SFT trainer.
 
 1. ``verl.utils.distributed.initialize_global_process_group_ray`` builds the backend ``cpu:gloo,{device}:{backend}``,

@@ -1,4 +1,4 @@
-"""QARecord + prompt template -> one verl RLHFDataset row (DESIGN §3.5), and the fixed parquet schema of those rows.
+"""QARecord + prompt template -> one verl RLHFDataset row, and the fixed parquet schema of those rows.
 
 Invariant: every row routes to the ``search`` tool (``tools_kwargs.search.create_kwargs``) and names its agent loop.
 """

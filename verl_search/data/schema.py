@@ -11,7 +11,7 @@ from typing import Any
 
 from verl_search.data.errors import InputSchemaError
 
-#: columns every Search-R1 parquet split must have (the others of DESIGN §3.5 are optional here)
+#: columns every Search-R1 parquet split must have (the others are optional here)
 REQUIRED_PARQUET_COLUMNS = ("question", "golden_answers", "data_source")
 #: keys every FlashRAG jsonl row must have (data_source may come from --data_source instead)
 REQUIRED_JSONL_KEYS = ("question", "golden_answers")

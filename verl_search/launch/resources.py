@@ -120,7 +120,7 @@ def check_tool_response_length(ctx: LaunchContext) -> str:
 
 
 def probe_retriever(url: str, timeout: float) -> str:
-    """One real ``POST /retrieve`` in the batch form (§3.1, ``return_scores: true``); a server that rejects it with a
+    """One real ``POST /retrieve`` in the batch form (``return_scores: true``); a server that rejects it with a
     4xx gets one probe in SkyRL's single-query form. Passes for every server the tool can use, naming the form."""
     import requests
 

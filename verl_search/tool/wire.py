@@ -1,6 +1,6 @@
 """The request bodies the search client sends and the replies it reads, in both wire forms found in the wild.
 
-- ``search_r1`` (DESIGN §3.1; Search-R1's reference server, verl ≤0.5's copy, ours): ``{"queries": [...], "topk": k,
+- ``search_r1`` (Search-R1's reference server, verl ≤0.5's copy, ours): ``{"queries": [...], "topk": k,
   "return_scores": true}`` → ``{"result": [[hit, ...] per query]}``.
 - ``skyrl`` (SkyRL's search server): one query per request, ``{"query": q, "topk": k, "return_scores": true}`` →
   ``{"result": [[hit, ...]]}`` (a list holding one list).
