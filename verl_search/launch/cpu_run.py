@@ -22,7 +22,7 @@ from pydantic import Field
 from verl_search.errors import VerlSearchError
 from verl_search.launch.run_knobs import RunKnobs, data_overrides, knobs_main, resume_overrides, value
 
-#: the overrides that make verl's FSDP engine compute in fp32 (without avx512_bf16 or AMX, bf16 is emulated and far slower)
+#: the overrides that make verl's FSDP engine compute in fp32 (bf16 is emulated, far slower, without avx512_bf16)
 FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 
 
