@@ -109,7 +109,7 @@ setup(
         include=["verl_search", "verl_search.*", "local_dense_retriever", "local_dense_retriever.*"],
         exclude=["cpu_bench", "cpu_bench.*"],
     ),
-    package_data={"verl_search": ["py.typed"]},
+    package_data={"verl_search": ["py.typed"], "local_dense_retriever": ["toy/shipped_index/*"]},
     cmdclass={"build_py": BuildWithShippedFiles},
     install_requires=CORE,
     extras_require=EXTRAS,

@@ -114,13 +114,9 @@ def test_the_run_folder_and_checkpoints_follow_the_experiment_named_on_the_line(
     assert folders[0] != folders[1]
 
 
-def test_the_line_s_experiment_wins_over_the_knob(home, retriever_url, tmp_path):
+def test_the_line_s_experiment_wins_over_the_knob(home, tmp_path):
     done = launch(
-        home,
-        tmp_path,
-        "trainer.experiment_name='quoted-name'",
-        EXPERIMENT_NAME="knob-name",
-        RETRIEVER_URL=retriever_url,
+        home, tmp_path, "trainer.experiment_name='quoted-name'", EXPERIMENT_NAME="knob-name", SKIP_PREFLIGHT="1"
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"run folder: {tmp_path}/runs/quoted-name " in done.stdout
@@ -210,7 +206,7 @@ def test_a_launch_records_its_experiment_and_another_one_in_the_same_folder_stop
     naming both; the first resumes; RESUME_FROM starts from the first's weights on purpose."""
     shared = tmp_path / "shared-run"
     env = {"RETRIEVER_URL": retriever_url, "RUN_DIR": str(shared)}
-    first = launch(home, tmp_path, "trainer.experiment_name=first", **env)
+    first = launch(home, tmp_path, "trainer.experiment_name=first", SKIP_PREFLIGHT="1", **env)
     assert first.returncode == 0, first.stdout + first.stderr
     # what a real launch does once its checks pass (a dry run stops before): the experiment is recorded
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -229,9 +225,8 @@ def test_a_launch_records_its_experiment_and_another_one_in_the_same_folder_stop
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"resumes experiment 'first' from {shared}/checkpoints/global_step_100" in again.stderr
 
-    on_purpose = launch(
-        home, tmp_path, "trainer.experiment_name=second", RESUME_FROM=str(shared / "checkpoints"), **env
-    )
+    resume = {"RESUME_FROM": str(shared / "checkpoints"), "SKIP_PREFLIGHT": "1"}
+    on_purpose = launch(home, tmp_path, "trainer.experiment_name=second", **resume, **env)
     assert on_purpose.returncode == 0, on_purpose.stdout + on_purpose.stderr
     overrides = printed_overrides(on_purpose.stdout)
     assert "trainer.resume_mode=resume_path" in overrides

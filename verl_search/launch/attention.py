@@ -35,17 +35,17 @@ class AttentionChoice:
 
 def flash_attention_2_problem() -> str | None:
     """None when transformers reports FlashAttention-2 usable here (package, version and a CUDA device), else why
-    not, in a few words."""
+    not, in a few words (without flash_attn's package there is nothing to ask: transformers is not imported)."""
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn") is None:
+        return "flash-attn is not installed"
     try:
         from transformers.utils import is_flash_attn_2_available
     except ImportError as e:
         return f"transformers does not import ({e})"
     if is_flash_attn_2_available():
         return None
-    import importlib.util
-
-    if importlib.util.find_spec("flash_attn") is None:
-        return "flash-attn is not installed"
     return "transformers finds no usable FlashAttention-2 (a flash_attn without FA2 kernels, or no CUDA device)"
 
 

@@ -53,3 +53,52 @@ def test_servers_starting_together_on_one_cache_build_it_once(tmp_path, waiting_
     assert later.finish().strip() == str(first.index_path)
     assert "building the embedded default index" not in later.log  # it found the index built
     assert np.load(first.index_path).shape[0] == 50
+
+
+def test_the_shipped_index_is_what_this_code_and_model_encode(tmp_path):
+    """The default corpus's index ships with the package: it must stand for the corpus the generator writes now and
+    be the bundled model's encoding of it (within float16), or a first start would serve stale vectors."""
+    import torch
+
+    from local_dense_retriever.corpus_store import CorpusStore
+    from local_dense_retriever.encoder import HFEncoder, bundled_minilm_path
+    from local_dense_retriever.toy.corpus import generate_toy_dataset
+    from local_dense_retriever.toy.embedded_default import MINILM_NAME, SHIPPED_SOURCE, SHIPPED_VECTORS, shipped_source
+
+    config = ServerConfig()
+    dataset = generate_toy_dataset(tmp_path / "toy", config.toy_passages, seed=0)
+    model = bundled_minilm_path()
+    assert json.loads(SHIPPED_SOURCE.read_text()) == shipped_source(dataset.corpus_path, model), (
+        "the shipped index was encoded from another corpus: python -m local_dense_retriever.toy.embedded_default "
+        "--write-shipped"
+    )
+    shipped = np.load(SHIPPED_VECTORS)
+    assert shipped.shape == (config.toy_passages, 384) and shipped.dtype == np.float16
+    corpus = CorpusStore(dataset.corpus_path, progress=False)
+    rows = list(range(0, config.toy_passages, config.toy_passages // 32))
+    encoder = HFEncoder(model, retriever_name=MINILM_NAME, device="cpu", dtype="float32")
+    fresh = encoder.encode([corpus.get(i)["contents"] for i in rows], is_query=False)
+    cosine = torch.nn.functional.cosine_similarity(fresh, torch.from_numpy(shipped[rows].astype(np.float32)))
+    assert float(cosine.min()) > 0.999
+
+
+def test_a_first_start_copies_the_shipped_index_and_another_corpus_is_encoded(tmp_path, caplog):
+    import logging
+
+    from local_dense_retriever.encoder import bundled_minilm_path
+    from local_dense_retriever.toy.embedded_default import SHIPPED_VECTORS, _copy_shipped, shipped_source
+
+    caplog.set_level(logging.INFO, logger="local_dense_retriever")
+    paths = prepare_embedded_default(ServerConfig(cache_dir=tmp_path), progress=False)
+    assert "from the shipped copy" in caplog.text and "building the embedded default index" not in caplog.text
+    assert np.array_equal(np.load(paths.index_path), np.load(SHIPPED_VECTORS).astype(np.float32))
+
+    # a shipped copy of another corpus is never served: the index is left to be encoded
+    other = tmp_path / "other-shipped"
+    other.mkdir()
+    (other / "source.json").write_text(json.dumps({**shipped_source(paths.corpus_path, bundled_minilm_path()),
+                                                   "corpus_sha256": "0" * 64}))  # fmt: skip
+    np.save(other / "minilm_flat.f16.npy", np.zeros((3, 384), dtype=np.float16))
+    target = tmp_path / "index.npy"
+    assert not _copy_shipped(paths.corpus_path, bundled_minilm_path(), target, shipped_dir=other)
+    assert not target.exists()
