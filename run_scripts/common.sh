@@ -152,9 +152,15 @@ vs_preflight() {
 # vs_metrics_file: the launch's per-step metrics go to RUN_DIR/metrics.jsonl (verl's file logger;
 # VERL_FILE_LOGGER_PATH wins when set). verl empties the file when it starts, so a relaunch into the same run folder
 # first moves the previous launch's file into metrics/ beside it, named by its time; `python -m verl_search.report
-# RUN_DIR` reads them all, oldest first. Call it after vs_preflight (a dry run moves nothing).
+# RUN_DIR` reads them all, oldest first. Call it after vs_preflight (a dry run moves nothing). vs_metrics_path: that
+# file's absolute path.
+vs_metrics_path() {
+    vs_abs "${VERL_FILE_LOGGER_PATH:-${RUN_DIR}/metrics.jsonl}"
+}
+
 vs_metrics_file() {
-    export VERL_FILE_LOGGER_PATH="${VERL_FILE_LOGGER_PATH:-${RUN_DIR}/metrics.jsonl}"
+    VERL_FILE_LOGGER_PATH="$(vs_metrics_path)"
+    export VERL_FILE_LOGGER_PATH
     mkdir -p "$(dirname "$VERL_FILE_LOGGER_PATH")"
     if [[ "$DRY_RUN" != 1 && -s "$VERL_FILE_LOGGER_PATH" ]]; then
         local kept
@@ -186,7 +192,10 @@ vs_serve_retriever() {
     launch=(env SERVE=1 RAY_ADDRESS="$address" PORT="$port" REPLICAS="${RETRIEVER_REPLICAS:-1}"
         REPLICA_GPUS="${RETRIEVER_GPUS:-0}" REPLICA_CPUS="${RETRIEVER_CPUS:-1}"
         bash "${VS_REPO_DIR}/run_scripts/launch_retriever.sh")
-    VS_RAY_ARGS=("+ray_kwargs.ray_init.address=${address}")
+    # a cluster started before this script does not have its environment: the per-step metrics file is named to verl's
+    # trainer through the job's runtime environment
+    VS_RAY_ARGS=("+ray_kwargs.ray_init.address=${address}"
+        "++ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH=$(vs_metrics_path)")
     echo "retriever: a Ray Serve fleet in the trainer's Ray cluster (${address}):"
     if ((${#head[@]})); then vs_print_command "${head[@]}"; fi
     vs_print_command "${launch[@]}"

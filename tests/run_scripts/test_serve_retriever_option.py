@@ -16,6 +16,8 @@ def test_serve_retriever_plan_and_verl_joins_the_cluster(run_script, small_env, 
     for knob in ("SERVE=1", "RAY_ADDRESS=auto", "PORT=8123", "REPLICAS=2", "REPLICA_GPUS=0", "launch_retriever.sh"):
         assert knob in out, knob
     assert "+ray_kwargs.ray_init.address=auto" in out  # verl's ray.init joins the cluster; the preflight accepted it
+    # the cluster's workers get the per-step metrics file through the job's runtime environment
+    assert f"++ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={tmp_path}/run/metrics.jsonl" in out
     assert "preflight: passed" in result.stderr
 
 
