@@ -10,8 +10,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Backend = Literal["auto", "torch", "faiss", "bm25"]
+Backend = Literal["auto", "torch", "faiss", "bm25", "web"]
 Pooling = Literal["auto", "mean", "cls"]
+WebProvider = Literal["serper", "serpapi", "brave"]
+WebCacheMode = Literal["live", "cache_first", "replay"]
 #: precision of the encoder and of the torch backend's vectors ('auto' resolves per device: ``backend_rule``)
 Precision = Literal["auto", "float32", "float16", "bfloat16"]
 #: the opt-in coarse pre-scan of a float32 flat index on the CPU (``local_dense_retriever.accel``)
@@ -75,6 +77,43 @@ class ServerConfig(BaseModel):
     (ASearcher/RLinf server discovery)."""
     faiss_gpu_id: int | None = Field(default=None, ge=0)
     """Accepted for SkyRL's launch script; we use every visible GPU (pick them with CUDA_VISIBLE_DEVICES)."""
+
+    # the web backend (--backend web): a search provider's API behind /retrieve, with a durable cache and a budget
+    web_provider: WebProvider = "serper"
+    """--backend web: the search API called (serper, serpapi or brave)."""
+    web_base_url: str | None = None
+    """--backend web: the provider's endpoint URL; default its public one (point it at a local stub to test)."""
+    web_api_key_env: str | None = None
+    """--backend web: name of the environment variable holding the API key; default SERPER_API_KEY, SERPAPI_API_KEY or
+    BRAVE_API_KEY by provider. Replay mode needs no key."""
+    web_cache_mode: WebCacheMode = "cache_first"
+    """--backend web: 'cache_first' answers from the cache and calls the provider on a miss; 'live' always calls (and
+    records); 'replay' answers from the cache only, a miss failing as not_cached (no call is ever made)."""
+    web_cache_path: Path | None = None
+    """--backend web: SQLite file of the cached answers and the budget ledger; default cache_dir/web_search.sqlite3."""
+    web_budget_scope: str = Field(default="default", min_length=1, max_length=200)
+    """--backend web: name of the run whose live calls and spend the ledger counts; the count survives restarts, so a
+    restarted server continues its run's budget. A new name starts a new run."""
+    web_max_live_calls: int | None = Field(default=None, ge=0)
+    """--backend web: most live provider calls this run (budget scope) may make; then queries that miss the cache fail
+    as budget_exhausted. None: no ceiling."""
+    web_cost_per_call: float = Field(default=0.0, ge=0)
+    """--backend web: USD one live call costs, for the spend in /metrics and for web_max_spend."""
+    web_max_spend: float | None = Field(default=None, ge=0)
+    """--backend web: most USD this run (budget scope) may spend on live calls. None: no ceiling."""
+    web_qps: float = Field(default=5.0, gt=0)
+    """--backend web: most live calls per second, shared by every query of this server (a token bucket)."""
+    web_timeout_s: float = Field(default=10.0, gt=0)
+    """--backend web: deadline of one query's live call, retries included."""
+    web_max_attempts: int = Field(default=3, ge=1, le=10)
+    """--backend web: attempts per live call; 429, 5xx, timeouts and dropped connections are retried with exponential
+    backoff and jitter (at least the provider's Retry-After)."""
+
+    @model_validator(mode="after")
+    def _check_web(self) -> ServerConfig:
+        if self.backend == "web" and (self.index_path is not None or self.corpus_path is not None):
+            raise ValueError("--backend web searches the provider: drop --index_path and --corpus_path")
+        return self
 
     host: str = "127.0.0.1"
     """Bind address (loopback unless you mean to expose it)."""
@@ -174,9 +213,9 @@ class ServerConfig(BaseModel):
     @property
     def embedded_default(self) -> bool:
         """True when no corpus was given: serve the generated toy corpus with the bundled MiniLM."""
-        return self.corpus_path is None
+        return self.corpus_path is None and self.backend != "web"
 
-    def resolved_backend(self) -> Literal["torch", "faiss", "bm25"]:
+    def resolved_backend(self) -> Literal["torch", "faiss", "bm25", "web"]:
         """The backend actually used (resolves 'auto' from the retriever name and the index file)."""
         if self.backend != "auto":
             return self.backend

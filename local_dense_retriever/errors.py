@@ -7,11 +7,17 @@ RetrieverError
 │   ├── CorpusError            the corpus file is missing, compressed, or a row is not a JSON document
 │   ├── EncoderError           the encoder model cannot be loaded
 │   ├── IndexLoadError         the index file is missing, of the wrong kind, or does not fit the encoder
-│   └── PagesError             the pages file is missing or unreadable
+│   ├── PagesError             the pages file is missing or unreadable
+│   └── WebSetupError          the web backend cannot start (its API key variable is unset, its cache unusable)
 ├── request time (``app.py`` answers them)
 │   ├── Overloaded             the queue is full: 429, the caller retries later
 │   ├── BatcherStopped         the batcher is not running (shutting down, or its worker died): 503
-│   └── QueryRejected          this request's text makes the engine fail while its batch-mates were answered: 422
+│   ├── QueryRejected          this request's text makes the engine fail while its batch-mates were answered: 422
+│   └── QueryFailed            one query failed on its own; its request gets ``status`` and ``kind``, batch-mates
+│       │                      are answered (returned in the query's result slot by a document backend: web/)
+│       ├── BudgetExhausted    the run's live-call or spend ceiling is reached: 503 budget_exhausted
+│       ├── NotCached          replay mode and the query is not in the cache: 503 not_cached
+│       └── UpstreamError      the web search provider keeps failing or refuses the key: 502 upstream_error
 ├── DownloadError              a download could not be completed (artifacts/)
 │   ├── SourceUnreachable      no network, HF_HUB_OFFLINE, a closed mirror endpoint
 │   └── SizeMismatch           a file's size differs from what the source declares
@@ -43,6 +49,10 @@ class PagesError(RetrieverError, RuntimeError):
     """The pages file is missing or unreadable."""
 
 
+class WebSetupError(RetrieverError, RuntimeError):
+    """The web backend cannot start: its API key variable is unset (named, never its value), or its cache unusable."""
+
+
 class Overloaded(RetrieverError, RuntimeError):
     """The queue is full; the caller should retry later (HTTP 429)."""
 
@@ -53,6 +63,35 @@ class BatcherStopped(RetrieverError, RuntimeError):
 
 class QueryRejected(RetrieverError, ValueError):
     """This request's queries made the engine fail while the other requests of the same batch were answered."""
+
+
+class QueryFailed(RetrieverError, RuntimeError):
+    """One query failed on its own: a document backend returns this in the query's result slot (never raises it for
+    the batch), and the request holding the query is answered ``status`` with error ``kind``."""
+
+    status = 500
+    kind = "internal_error"
+
+
+class BudgetExhausted(QueryFailed):
+    """The run's ceiling on live web calls or on spend is reached; cached answers are still served."""
+
+    status = 503
+    kind = "budget_exhausted"
+
+
+class NotCached(QueryFailed):
+    """Replay mode: the query has no cached answer, and replay never calls the provider."""
+
+    status = 503
+    kind = "not_cached"
+
+
+class UpstreamError(QueryFailed):
+    """The web search provider failed after the allowed retries, timed out, or refused the request or the key."""
+
+    status = 502
+    kind = "upstream_error"
 
 
 class DownloadError(RetrieverError, RuntimeError):

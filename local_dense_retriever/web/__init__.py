@@ -1,0 +1,3 @@
+"""The web-search backend: a search provider's API (``providers``) behind /retrieve, answers kept in a durable SQLite
+cache (``cache``), live calls limited by a per-run budget and a shared rate (``limits``), made with retries by
+``caller`` and served to the engine by ``backend.WebSearch``. Imports only the service's config and errors."""

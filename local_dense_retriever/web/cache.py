@@ -1,0 +1,140 @@
+"""The durable cache of web answers and the budget ledger: one SQLite file in WAL mode, one connection per process.
+
+Keys: (provider, normalised query, k). A query is normalised by NFKC, casefolding, stripping and collapsing runs of
+whitespace to one space; the provider is sent the normalised text, so a cached answer is exactly what a live call for
+the key returned. An answer recorded for k' serves any k <= k' (its first k hits), and one that came back with fewer
+hits than asked (the provider had no more) serves any k. Only answers are stored: errors never are, nor the key.
+
+Durability: every write is one short transaction; WAL with ``synchronous=NORMAL`` never tears a row or the file when
+the process is killed (a commit is in the WAL before it returns). Only an OS crash or power loss can roll back the
+last commits, which costs a repeated live call, or a ledger a few calls short; FULL would fsync on every commit.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import unicodedata
+from pathlib import Path
+
+from local_dense_retriever.errors import WebSetupError
+from local_dense_retriever.web.providers import WebHit
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS answers (
+    provider TEXT NOT NULL,
+    query TEXT NOT NULL,
+    k INTEGER NOT NULL,
+    hits TEXT NOT NULL,
+    complete INTEGER NOT NULL,
+    recorded_at REAL NOT NULL,
+    PRIMARY KEY (provider, query, k)
+);
+CREATE TABLE IF NOT EXISTS ledger (
+    scope TEXT PRIMARY KEY,
+    live_calls INTEGER NOT NULL,
+    spend_usd REAL NOT NULL
+);
+"""
+
+
+def normalize_query(text: str) -> str:
+    """The cache key of a query: NFKC, casefolded, stripped, whitespace runs collapsed to one space."""
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+
+
+class WebStore:
+    """Cached answers and the per-run ledger in one SQLite file; safe to call from any thread of the process."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+            self._rows = self._db.execute("SELECT COUNT(*) FROM answers").fetchone()[0]
+        except (OSError, sqlite3.Error) as e:
+            raise WebSetupError(f"cannot open the web cache {path}: {e}") from None
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        """Answers held (all providers)."""
+        return self._rows
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def get(self, provider: str, query: str, k: int) -> list[WebHit] | None:
+        """The first ``k`` hits of a cached answer that covers ``k``, else None."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT hits FROM answers WHERE provider = ? AND query = ? AND (k >= ? OR complete = 1) "
+                "ORDER BY k LIMIT 1",
+                (provider, query, k),
+            ).fetchone()
+        if row is None:
+            return None
+        return [WebHit(h["title"], h["url"], h["snippet"]) for h in json.loads(row[0])[:k]]
+
+    def put(self, provider: str, query: str, k: int, hits: list[WebHit]) -> None:
+        """Record the answer of a live call for top ``k`` (replacing an older one of the same key)."""
+        payload = json.dumps([{"title": h.title, "url": h.url, "snippet": h.snippet} for h in hits], ensure_ascii=False)
+        key = (provider, query, k)
+        with self._lock:
+            known = self._db.execute("SELECT 1 FROM answers WHERE provider = ? AND query = ? AND k = ?", key).fetchone()
+            self._db.execute(
+                "INSERT OR REPLACE INTO answers (provider, query, k, hits, complete, recorded_at) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (*key, payload, int(len(hits) < k), time.time()),
+            )
+            self._rows += known is None
+
+    def ledger(self, scope: str) -> tuple[int, float]:
+        """(live calls, spend in USD) recorded for the run ``scope``."""
+        with self._lock:
+            row = self._db.execute("SELECT live_calls, spend_usd FROM ledger WHERE scope = ?", (scope,)).fetchone()
+        return (int(row[0]), float(row[1])) if row else (0, 0.0)
+
+    def reserve(
+        self, scope: str, cost: float, max_calls: int | None, max_spend: float | None
+    ) -> tuple[bool, int, float]:
+        """Count one live call of ``cost`` for ``scope`` if it stays within both ceilings, atomically across
+        processes sharing the file: (granted, live calls, spend) after the attempt."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")  # the ledger row is read and written under one write lock
+            try:
+                self._db.execute(
+                    "INSERT OR IGNORE INTO ledger (scope, live_calls, spend_usd) VALUES (?, 0, 0)", (scope,)
+                )
+                calls, spend = self._db.execute(
+                    "SELECT live_calls, spend_usd FROM ledger WHERE scope = ?", (scope,)
+                ).fetchone()
+                granted = (max_calls is None or calls < max_calls) and (
+                    max_spend is None or spend + cost <= max_spend + 1e-9
+                )
+                if granted:
+                    calls, spend = calls + 1, spend + cost
+                    self._db.execute(
+                        "UPDATE ledger SET live_calls = ?, spend_usd = ? WHERE scope = ?", (calls, spend, scope)
+                    )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return granted, int(calls), float(spend)
+
+    def refund(self, scope: str, cost: float) -> tuple[int, float]:
+        """Take back a reserved call the provider refused with an error status (not billed): the ledger after."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE ledger SET live_calls = MAX(live_calls - 1, 0), spend_usd = MAX(spend_usd - ?, 0) "
+                "WHERE scope = ?",
+                (cost, scope),
+            )
+            row = self._db.execute("SELECT live_calls, spend_usd FROM ledger WHERE scope = ?", (scope,)).fetchone()
+        return (int(row[0]), float(row[1])) if row else (0, 0.0)

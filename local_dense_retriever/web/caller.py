@@ -1,0 +1,125 @@
+"""LiveCaller: one query's call to the provider, with the run's budget, the shared rate limit, bounded retries with
+backoff and a deadline. Invariants: no call outlives ``timeout_s``; only 429, 5xx, timeouts and dropped connections
+are retried; every failure is an ``UpstreamError`` or ``BudgetExhausted`` whose text never holds the key or a URL
+carrying it (transport errors are described by kind, not by aiohttp's message, which names the URL)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+from pydantic import SecretStr
+
+from local_dense_retriever.errors import UpstreamError
+from local_dense_retriever.web.limits import Budget, TokenBucket, backoff_delay
+from local_dense_retriever.web.providers import Provider, ProviderFailure, WebHit
+
+logger = logging.getLogger(__name__)
+
+
+class _TransportFailure(Exception):
+    """No usable answer arrived: a timeout or a connection failure (``sent``: the request may have reached it)."""
+
+    def __init__(self, message: str, *, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent
+        self.retry_after: float | None = None
+
+
+class LiveCaller:
+    """Calls ``provider`` at ``base_url``; lives on one event loop (its HTTP session is made there on first use)."""
+
+    def __init__(
+        self,
+        provider: Provider,
+        base_url: str,
+        key: SecretStr,
+        *,
+        budget: Budget,
+        bucket: TokenBucket,
+        timeout_s: float,
+        max_attempts: int,
+        backoff_base: float = 0.25,
+        backoff_max: float = 4.0,
+    ) -> None:
+        self.provider, self.base_url, self._key = provider, base_url, key
+        self.budget, self.bucket = budget, bucket
+        self.timeout_s, self.max_attempts = timeout_s, max_attempts
+        self.backoff_base, self.backoff_max = backoff_base, backoff_max
+        self.requests_sent = 0  # HTTP requests made by this process (retries included)
+        self.failures = 0  # calls that ended in UpstreamError
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def call(self, query: str, k: int) -> list[WebHit]:
+        """The provider's top ``k`` for ``query``; raises ``UpstreamError`` or ``BudgetExhausted``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        attempt, last = 0, ""
+        while attempt < self.max_attempts:
+            attempt += 1
+            await self.bucket.acquire(deadline)
+            self.budget.charge()
+            try:
+                return await self._send(query, k, deadline)
+            except ProviderFailure as e:
+                if e.status is not None and e.status != 200:  # an error status is not a billed search
+                    self.budget.refund()
+                last = self._redact(str(e))
+                if not e.retryable:
+                    break
+                retry_after = e.retry_after
+            except _TransportFailure as e:
+                if not e.sent:
+                    self.budget.refund()
+                last, retry_after = str(e), None
+            delay = backoff_delay(attempt, self.backoff_base, self.backoff_max, retry_after)
+            if attempt >= self.max_attempts or loop.time() + delay >= deadline:
+                break
+            logger.debug("%s: attempt %d failed (%s); retrying in %.3g s", self.provider.name, attempt, last, delay)
+            await asyncio.sleep(delay)
+        self.failures += 1
+        raise UpstreamError(f"web search failed after {attempt} attempt{'s' * (attempt > 1)}: {last}")
+
+    async def _send(self, query: str, k: int, deadline: float) -> list[WebHit]:
+        loop = asyncio.get_running_loop()
+        timeout = deadline - loop.time()
+        if timeout <= 0:
+            raise _TransportFailure(f"{self.provider.name}: no time left within {self.timeout_s:g} s", sent=False)
+        req = self.provider.request(self.base_url, query, k, self._key.get_secret_value())
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        self.requests_sent += 1
+        try:
+            async with self._session.request(
+                req.method, req.url, params=req.params, headers=req.headers, json=req.json,
+                timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False,
+            ) as resp:  # fmt: skip
+                raw = await resp.read()
+                status, retry_after = resp.status, _seconds(resp.headers.get("Retry-After"))
+        except asyncio.TimeoutError:
+            raise _TransportFailure(f"{self.provider.name} did not answer within {timeout:.3g} s", sent=True) from None
+        except aiohttp.ClientConnectorError:
+            raise _TransportFailure(f"cannot connect to {self.provider.name}", sent=False) from None
+        except aiohttp.ClientError as e:
+            raise _TransportFailure(
+                f"{self.provider.name} dropped the connection ({type(e).__name__})", sent=True
+            ) from None
+        return self.provider.parse(status, raw, retry_after)
+
+    def _redact(self, text: str) -> str:
+        """``text`` with the key taken out (a provider's error text may echo what it was sent)."""
+        key = self._key.get_secret_value()
+        return text.replace(key, "***") if key else text
+
+
+def _seconds(value: str | None) -> float | None:
+    """A Retry-After header given in seconds (an HTTP date is ignored: backoff applies)."""
+    try:
+        return max(0.0, float(value)) if value else None
+    except ValueError:
+        return None

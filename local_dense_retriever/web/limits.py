@@ -1,0 +1,81 @@
+"""What bounds live web calls: the run's budget (a durable ledger of calls and spend per scope), a token bucket for
+the provider's rate shared by all calls of the process, and the backoff between attempts.
+
+A run is a budget scope (``--web_budget_scope``): its count lives in the cache file, so a server restarted mid-run
+continues it, and servers sharing the file share it. Invariants: the ledger never passes a ceiling (a call is counted
+before it is sent, atomically); a call the provider refused with an error status is taken back (not billed); backoff
+arithmetic is bounded whatever the attempt number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+
+from local_dense_retriever.errors import BudgetExhausted, UpstreamError
+from local_dense_retriever.web.cache import WebStore
+
+#: doublings of the backoff counted up to this exponent (2 ** 16 times the base is past any cap)
+_MAX_DOUBLINGS = 16
+
+
+class Budget:
+    """The ceilings of one run on live calls and spend, kept in ``store``'s ledger under ``scope``."""
+
+    def __init__(
+        self, store: WebStore, scope: str, *, max_calls: int | None, max_spend: float | None, cost_per_call: float
+    ) -> None:
+        self.store, self.scope = store, scope
+        self.max_calls, self.max_spend, self.cost = max_calls, max_spend, cost_per_call
+        self.live_calls, self.spend = store.ledger(scope)  # the run so far (this process's view, for /metrics)
+        self.refusals = 0
+
+    def charge(self) -> None:
+        """Count one live call, or raise ``BudgetExhausted`` when it would pass a ceiling."""
+        granted, self.live_calls, self.spend = self.store.reserve(self.scope, self.cost, self.max_calls, self.max_spend)
+        if not granted:
+            self.refusals += 1
+            raise BudgetExhausted(f"the web search budget of run {self.scope!r} is spent ({self.describe()})")
+
+    def refund(self) -> None:
+        """Take back the last charged call: the provider refused it with an error status."""
+        self.live_calls, self.spend = self.store.refund(self.scope, self.cost)
+
+    def describe(self) -> str:
+        calls = f"{self.live_calls} live calls" + (f" of {self.max_calls}" if self.max_calls is not None else "")
+        spend = f"${self.spend:.4g}" + (f" of ${self.max_spend:g}" if self.max_spend is not None else "")
+        return f"{calls}, {spend} spent"
+
+
+class TokenBucket:
+    """At most ``rate`` acquisitions per second on average, bursts up to ``rate`` (at least one); waiters are served
+    in arrival order. Lives on one event loop."""
+
+    def __init__(self, rate: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.capacity = max(1.0, rate)
+        self._tokens = self.capacity
+        self._clock = clock
+        self._stamp = clock()
+
+    async def acquire(self, deadline: float) -> None:
+        """Take a token, waiting for it; raises ``UpstreamError`` if it would come after ``deadline`` (clock time)."""
+        now = self._clock()
+        self._tokens = min(self.capacity, self._tokens + (now - self._stamp) * self.rate)
+        self._stamp = now
+        wait = max(0.0, (1.0 - self._tokens) / self.rate)
+        if now + wait > deadline:
+            raise UpstreamError(f"the rate limit of {self.rate:g} calls/s leaves no slot before this query's deadline")
+        self._tokens -= 1.0  # may go below zero: later callers wait behind this one
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+
+def backoff_delay(attempt: int, base: float, cap: float, retry_after: float | None = None) -> float:
+    """Seconds before attempt ``attempt + 1``: full jitter over ``base * 2 ** (attempt - 1)`` capped at ``cap``, and at
+    least the provider's ``retry_after``."""
+    exponent = min(max(attempt - 1, 0), _MAX_DOUBLINGS)
+    jittered = random.uniform(0, min(cap, base * 2.0**exponent))
+    return max(jittered, retry_after or 0.0)

@@ -1,0 +1,162 @@
+"""Request and response adapters of the web search providers (Serper, SerpAPI, Brave), in their documented shapes.
+Invariant: the API key travels only in the request built here; no message raised here can hold it or a URL with it."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+#: a documented answer of SerpAPI that means "no results", not a failure
+_SERPAPI_EMPTY = "hasn't returned any results"
+_TAG = re.compile(r"<[^>]*>")
+
+
+@dataclass(frozen=True)
+class WebHit:
+    """One organic result, in rank order."""
+
+    title: str
+    url: str
+    snippet: str
+
+
+@dataclass(frozen=True)
+class ProviderRequest:
+    """What to send: ``method`` to ``url`` with query ``params``, ``headers`` and a JSON body (or None)."""
+
+    method: str
+    url: str
+    params: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    json: dict | None = None
+
+
+class ProviderFailure(Exception):
+    """A provider answered with an error, or with a reply that is not its documented shape. ``retryable``: 429 and
+    5xx; ``retry_after``: its Retry-After seconds, if any. The message holds the provider's own text, never the key."""
+
+    def __init__(self, message: str, *, status: int | None, retryable: bool, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+def _text(value: Any) -> str:
+    """A provider's text field as plain text: tags stripped, entities unescaped, whitespace collapsed."""
+    if not isinstance(value, str):
+        return ""
+    return " ".join(html.unescape(_TAG.sub("", value)).split())
+
+
+def _hits(items: Any, url_key: str, snippet_key: str) -> list[WebHit]:
+    if not isinstance(items, list):
+        raise ProviderFailure("the results are not a list", status=200, retryable=False)
+    hits = []
+    for item in items:
+        if isinstance(item, dict) and isinstance(item.get(url_key), str) and item[url_key]:
+            hits.append(WebHit(_text(item.get("title")), item[url_key], _text(item.get(snippet_key))))
+    return hits
+
+
+class Provider:
+    """One provider: how to ask for the top ``k`` of a query and how to read the answer."""
+
+    name = ""
+    default_url = ""
+    key_env = ""
+    max_k = 100
+
+    def request(self, base_url: str, query: str, k: int, key: str) -> ProviderRequest:
+        raise NotImplementedError
+
+    def results(self, body: dict) -> list[WebHit]:
+        """The hits of a 200 answer's JSON object."""
+        raise NotImplementedError
+
+    def error_message(self, body: Any) -> str | None:
+        """The provider's own error text in ``body``, if it holds one."""
+        raise NotImplementedError
+
+    def parse(self, status: int, raw: bytes, retry_after: float | None = None) -> list[WebHit]:
+        """The hits of an answer, or ``ProviderFailure``: a non-200 status, an error body, a reply that is not JSON."""
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            body = None
+        if status != 200:
+            detail = self.error_message(body) or f"HTTP {status}"
+            retryable = status == 429 or status >= 500
+            raise ProviderFailure(f"{self.name} answered {status}: {detail[:200]}", status=status,
+                                  retryable=retryable, retry_after=retry_after)  # fmt: skip
+        if not isinstance(body, dict):
+            raise ProviderFailure(f"{self.name} sent a reply that is not a JSON object", status=200, retryable=False)
+        return self.results(body)
+
+
+class Serper(Provider):
+    """google.serper.dev: POST JSON {q, num} with the key in X-API-KEY; hits under ``organic``."""
+
+    name, default_url, key_env = "serper", "https://google.serper.dev/search", "SERPER_API_KEY"
+
+    def request(self, base_url: str, query: str, k: int, key: str) -> ProviderRequest:
+        headers = {"X-API-KEY": key, "Content-Type": "application/json"}
+        return ProviderRequest("POST", base_url, headers=headers, json={"q": query, "num": min(k, self.max_k)})
+
+    def results(self, body: dict) -> list[WebHit]:
+        return _hits(body.get("organic", []), "link", "snippet")
+
+    def error_message(self, body: Any) -> str | None:
+        return str(body["message"]) if isinstance(body, dict) and body.get("message") else None
+
+
+class SerpApi(Provider):
+    """serpapi.com: GET search.json?engine=google&q&num&api_key; hits under ``organic_results``; an ``error`` key is a
+    failure, except its documented 'no results' answer."""
+
+    name, default_url, key_env = "serpapi", "https://serpapi.com/search.json", "SERPAPI_API_KEY"
+
+    def request(self, base_url: str, query: str, k: int, key: str) -> ProviderRequest:
+        params = {"engine": "google", "q": query, "num": str(min(k, self.max_k)), "api_key": key}
+        return ProviderRequest("GET", base_url, params=params)
+
+    def results(self, body: dict) -> list[WebHit]:
+        error = body.get("error")
+        if error is not None:
+            if _SERPAPI_EMPTY in str(error):
+                return []
+            raise ProviderFailure(f"serpapi answered an error: {str(error)[:200]}", status=200, retryable=False)
+        return _hits(body.get("organic_results", []), "link", "snippet")
+
+    def error_message(self, body: Any) -> str | None:
+        return str(body["error"]) if isinstance(body, dict) and body.get("error") else None
+
+
+class Brave(Provider):
+    """api.search.brave.com: GET web/search?q&count (at most 20) with X-Subscription-Token; hits under
+    ``web.results``, descriptions in HTML."""
+
+    name, default_url, key_env = "brave", "https://api.search.brave.com/res/v1/web/search", "BRAVE_API_KEY"
+    max_k = 20
+
+    def request(self, base_url: str, query: str, k: int, key: str) -> ProviderRequest:
+        headers = {"X-Subscription-Token": key, "Accept": "application/json"}
+        return ProviderRequest("GET", base_url, params={"q": query, "count": str(min(k, self.max_k))}, headers=headers)
+
+    def results(self, body: dict) -> list[WebHit]:
+        if body.get("type") == "ErrorResponse":
+            raise ProviderFailure(f"brave answered an error: {self.error_message(body)}", status=200, retryable=False)
+        web = body.get("web")
+        return _hits(web.get("results", []) if isinstance(web, dict) else [], "url", "description")
+
+    def error_message(self, body: Any) -> str | None:
+        error = body.get("error") if isinstance(body, dict) else None
+        if isinstance(error, dict):
+            return str(error.get("detail") or error.get("code") or "")[:200] or None
+        return None
+
+
+PROVIDERS: dict[str, Provider] = {p.name: p for p in (Serper(), SerpApi(), Brave())}
