@@ -31,7 +31,7 @@ from verl_search.protocol import ErrorResponse, RetrieveResponse
 
 logger = logging.getLogger(__name__)
 
-_ERRORS = {code: {"model": ErrorResponse} for code in (400, 408, 413, 422, 429, 500, 503)}
+_ERRORS = {code: {"model": ErrorResponse} for code in (400, 408, 413, 422, 429, 500, 502, 503)}
 
 
 class AccessBody(BaseModel):
@@ -104,6 +104,7 @@ class ServiceState:
         self.metrics.cpu_seconds = engine.clock.snapshot
         self.metrics.prefilter_crowded = engine.prefilter_crowded
         self.metrics.duplicate_queries = lambda: engine.duplicate_queries
+        self.metrics.backend_stats = engine.backend_stats
         self.gpus = engine.gpus()
         self.engine = engine
         self.status, self.detail = "ready", engine.describe()
@@ -111,12 +112,13 @@ class ServiceState:
 
 def health_report(state: ServiceState) -> dict:
     """The body of GET /health (its status code: 200 when ``state.healthy``, else 503)."""
-    body = {"status": state.status, "detail": state.detail}
+    detail = state.engine.describe() if state.status == "ready" and state.engine is not None else state.detail
+    body = {"status": state.status, "detail": detail}  # described when asked: the web backend's counts move
     if state.status == "ready" and not state.healthy:
         problem = state.watchdog.current_problem() or "the batching worker is not running"
         body = {"status": "stuck", "detail": f"{problem}; restart the server if this lasts"}
     if state.engine is not None:
-        body["passages"] = len(state.engine.corpus)
+        body["passages"] = state.engine.passages
         body["batching"] = state.config.batching
         body["pages"] = len(state.engine.pages) if state.engine.pages is not None else None
         body["gpus"] = gpu_report(state.gpus)

@@ -1,7 +1,8 @@
 """Dynamic batching: concurrent requests are served in shared micro-batches, round-robin (``FairQueue``), run in one
 worker thread. Invariants: every request is resolved, also when a batch raises, the worker dies or the server stops;
 at most ``max_queue`` queries wait (else ``Overloaded``); a failing batch is retried request by request, so only the
-culprit fails; queries of callers that went away are never computed; every pass of the worker takes a batch or awaits.
+culprit fails; a query the engine answers with its ``QueryFailed`` fails its own request only; queries of callers
+that went away are never computed; every pass of the worker takes a batch or awaits.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from local_dense_retriever.errors import BatcherStopped, Overloaded, QueryRejected
+from local_dense_retriever.errors import BatcherStopped, Overloaded, QueryFailed, QueryRejected
 from local_dense_retriever.fair_queue import FairQueue, Request, Slice
 from local_dense_retriever.metrics import Metrics
 
@@ -243,7 +244,10 @@ class Batcher:
         for s in batch:
             n = s.hi - s.lo
             req = s.req
-            if not req.future.done():
+            failed = next((r for r in results[pos : pos + n] if isinstance(r, QueryFailed)), None)
+            if failed is not None:  # a query of this request failed on its own: only this request fails
+                self._fail(req, failed)
+            elif not req.future.done():
                 req.results[s.lo : s.hi] = [hits[: req.k] for hits in results[pos : pos + n]]
                 req.answered += n
                 if req.answered == len(req.queries):

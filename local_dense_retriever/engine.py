@@ -1,5 +1,6 @@
 """RetrievalEngine: backend + corpus → documents per query; ``load_engine`` builds one from a ServerConfig.
-Invariant: ``search`` runs off the event loop; a text asked twice in a batch is encoded and searched once."""
+Invariant: ``search`` runs off the event loop; a text asked twice in a batch is encoded and searched once. A document
+backend (web) has no corpus, and a query it failed holds its ``QueryFailed`` in place of its hits."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from local_dense_retriever.config import ServerConfig, is_flat_ip
 from local_dense_retriever.corpus_store import CorpusStore
 from local_dense_retriever.cpu_time import StageClock
 from local_dense_retriever.errors import IndexLoadError
-from local_dense_retriever.index.base import DenseSearch, SearchBackend, VectorIndex
+from local_dense_retriever.index.base import DenseSearch, DocumentBackend, SearchBackend, VectorIndex
 from local_dense_retriever.load_progress import LoadProgress
 from local_dense_retriever.page_urls import CorpusPages, url_of
 from local_dense_retriever.pages import PageStore
@@ -37,8 +38,8 @@ Hit = tuple[dict, float]
 class RetrievalEngine:
     """What the server serves: a search backend over a corpus."""
 
-    backend: SearchBackend
-    corpus: CorpusStore
+    backend: SearchBackend | DocumentBackend
+    corpus: CorpusStore | None  # None for a backend whose hits are documents (web)
     load_seconds: dict[str, float] = field(default_factory=dict)
     pages: PageStore | None = None
     corpus_pages: CorpusPages | None = None  # pages joined from the corpus by url (page_urls)
@@ -46,7 +47,7 @@ class RetrievalEngine:
     duplicate_queries: int = field(default=0, init=False)  # copies of a text in a batch (/metrics)
 
     def __post_init__(self) -> None:
-        if len(self.backend) > len(self.corpus):
+        if self.corpus is not None and len(self.backend) > len(self.corpus):
             raise IndexLoadError(
                 f"index holds {len(self.backend):,} passages but the corpus only {len(self.corpus):,} rows"
             )
@@ -66,11 +67,15 @@ class RetrievalEngine:
         if not queries:
             return []
         clock, backend = self.clock, self.backend
+        if isinstance(backend, DocumentBackend):  # hits are documents already; a failed query is its QueryFailed
+            with clock.stage("search"):
+                return backend.search(queries, k)
         if isinstance(backend, DenseSearch):  # encoding and index search timed apart
             scores, ids = backend.search(queries, k, clock=clock)
         else:
             with clock.stage("search"):
                 scores, ids = backend.search(queries, k)
+        assert self.corpus is not None, "a row-id backend needs a corpus"
         with clock.stage("lookup"):  # every hit gets its url (page_urls)
             docs = [[self.corpus.get(int(i)) for i in row] for row in ids]
             for doc in (d for row in docs for d in row):
@@ -104,9 +109,21 @@ class RetrievalEngine:
             page = self.corpus_pages.get(url)
         return page
 
+    @property
+    def passages(self) -> int | None:
+        """Rows of the corpus served; None for a document backend (web), which has no corpus."""
+        return len(self.corpus) if self.corpus is not None else None
+
+    def backend_stats(self) -> dict | None:
+        """The backend's own /metrics block (the web backend's cache and budget), if it keeps one."""
+        stats = getattr(self.backend, "stats", None)
+        return stats() if callable(stats) else None
+
     def describe(self) -> str:
         """What is served, naming files without their folders (this text is shown by /health)."""
         pages = f"; pages {self.pages.path.name} ({len(self.pages):,})" if self.pages is not None else ""
+        if self.corpus is None:
+            return f"{self.backend.describe()}{pages}"
         return f"{self.backend.describe()}; corpus {self.corpus.path.name} ({len(self.corpus):,} rows){pages}"
 
 
@@ -158,6 +175,21 @@ def load_flat_index(config: ServerConfig, source: Path | np.ndarray | VectorFile
                           cpu_scan=scan, **kw)  # fmt: skip
 
 
+def _load_web_engine(config: ServerConfig, timings: dict[str, float], *, progress: bool) -> RetrievalEngine:
+    """The engine of ``--backend web``: the provider behind its cache, no corpus; pages if a pages file is given."""
+    from local_dense_retriever.web.backend import WebSearch
+
+    with _stage(timings, "web backend", config.load_progress_s, f"{config.web_provider}, {config.web_cache_mode}"):
+        backend = WebSearch(config)
+    pages = None
+    if config.pages_path is not None:
+        with _stage(timings, "pages", config.load_progress_s, Path(config.pages_path).name):
+            pages = PageStore(Path(config.pages_path), progress=progress)
+    engine = RetrievalEngine(backend, None, load_seconds=timings, pages=pages)
+    logger.info("ready: %s (%.1f s total)", engine.describe(), sum(timings.values()))
+    return engine
+
+
 def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorIndex | None = None) -> RetrievalEngine:
     """Load (the embedded default: build once) encoder, index and corpus; ``index`` replaces the file's index."""
     from local_dense_retriever.encoder import encoder_for
@@ -166,6 +198,8 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
         torch.set_num_threads(config.num_threads)
     timings: dict[str, float] = {}
     every_s = config.load_progress_s
+    if config.resolved_backend() == "web":
+        return _load_web_engine(config, timings, progress=progress)
     if config.embedded_default:
         with _stage(timings, "embedded default", every_s):
             config = resolve_embedded_default(config, progress=progress)

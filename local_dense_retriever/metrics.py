@@ -30,6 +30,7 @@ class Metrics:
         self.cpu_seconds: Callable[[], dict] | None = None  # the engine's (cpu_time), once one is loaded
         self.prefilter_crowded: Callable[[], int] = lambda: 0  # the pre-scan's crowded queries (accel.prescan)
         self.duplicate_queries: Callable[[], int] = lambda: 0  # texts repeated in a batch, searched once
+        self.backend_stats: Callable[[], dict | None] = lambda: None  # the web backend's cache and budget block
 
     def observe_request(self, status: int, latency_s: float, n_queries: int, error: str | None = None) -> None:
         self.requests += 1
@@ -65,4 +66,5 @@ class Metrics:
             "prefilter_crowded_queries_total": self.prefilter_crowded(),
             "duplicate_queries_total": self.duplicate_queries(),
             "memory_bytes": heap_stats(),
+            **({"web": web} if (web := self.backend_stats()) is not None else {}),
         }

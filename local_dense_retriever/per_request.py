@@ -8,7 +8,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 from local_dense_retriever.batcher import SearchFn
-from local_dense_retriever.errors import Overloaded
+from local_dense_retriever.errors import Overloaded, QueryFailed
 from local_dense_retriever.metrics import Metrics
 
 
@@ -52,4 +52,7 @@ class PerRequestRunner:
         finally:
             self._inflight -= len(queries)
         self._metrics.observe_batch(len(queries))
+        failed = next((r for r in result if isinstance(r, QueryFailed)), None)
+        if failed is not None:  # a query failed on its own (web backend): this request fails with it
+            raise failed
         return result

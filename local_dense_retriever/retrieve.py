@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from starlette.responses import Response
 
-from local_dense_retriever.errors import BatcherStopped, Overloaded, QueryRejected
+from local_dense_retriever.errors import BatcherStopped, Overloaded, QueryFailed, QueryRejected
 from local_dense_retriever.middleware import error_response, internal_error
 
 if TYPE_CHECKING:
@@ -131,6 +131,8 @@ class RetrieveEndpoint:
             return refuse(labels, 503, "unavailable", str(e))
         except QueryRejected as e:
             return refuse(labels, 422, "invalid_query", str(e))
+        except QueryFailed as e:  # one of its queries failed on its own (budget spent, not cached, provider down)
+            return refuse(labels, e.status, e.kind, str(e))
         except Exception as e:  # the engine failed: this batch's callers get a 500, the server stays up
             labels["error"] = "internal_error"
             return internal_error("retrieval", e)

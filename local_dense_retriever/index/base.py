@@ -4,7 +4,7 @@ ids are corpus rows; a row is shorter than ``k`` only when the index holds fewer
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -33,6 +33,20 @@ class SearchBackend(Protocol):
     def __len__(self) -> int: ...
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def describe(self) -> str: ...
+
+
+@runtime_checkable
+class DocumentBackend(Protocol):
+    """A backend whose hits are documents, not corpus rows (the web backend): per query its (document, score) pairs,
+    best first, or the ``QueryFailed`` that query met (its batch-mates are still answered)."""
+
+    returns_documents: bool
+
+    def __len__(self) -> int: ...
+
+    def search(self, queries: list[str], k: int) -> list: ...
 
     def describe(self) -> str: ...
 
