@@ -18,6 +18,7 @@ RetrieverError
 │       ├── BudgetExhausted    the run's live-call or spend ceiling is reached: 503 budget_exhausted
 │       ├── NotCached          replay mode and the query is not in the cache: 503 not_cached
 │       └── UpstreamError      the web search provider keeps failing or refuses the key: 502 upstream_error
+├── web.providers.ProviderFailure   one attempt at a web provider failed (retried, or turned into UpstreamError)
 ├── DownloadError              a download could not be completed (artifacts/)
 │   ├── SourceUnreachable      no network, HF_HUB_OFFLINE, a closed mirror endpoint
 │   └── SizeMismatch           a file's size differs from what the source declares

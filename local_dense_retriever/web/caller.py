@@ -18,15 +18,6 @@ from local_dense_retriever.web.providers import Provider, ProviderFailure, WebHi
 logger = logging.getLogger(__name__)
 
 
-class _TransportFailure(Exception):
-    """No usable answer arrived: a timeout or a connection failure (``sent``: the request may have reached it)."""
-
-    def __init__(self, message: str, *, sent: bool) -> None:
-        super().__init__(message)
-        self.sent = sent
-        self.retry_after: float | None = None
-
-
 class LiveCaller:
     """Calls ``provider`` at ``base_url``; lives on one event loop (its HTTP session is made there on first use)."""
 
@@ -67,16 +58,12 @@ class LiveCaller:
             try:
                 return await self._send(query, k, deadline)
             except ProviderFailure as e:
-                if e.status is not None and e.status != 200:  # an error status is not a billed search
+                if not e.sent or (e.status is not None and e.status != 200):  # never sent, or refused: not billed
                     self.budget.refund()
                 last = self._redact(str(e))
                 if not e.retryable:
                     break
                 retry_after = e.retry_after
-            except _TransportFailure as e:
-                if not e.sent:
-                    self.budget.refund()
-                last, retry_after = str(e), None
             delay = backoff_delay(attempt, self.backoff_base, self.backoff_max, retry_after)
             if attempt >= self.max_attempts or loop.time() + delay >= deadline:
                 break
@@ -86,10 +73,11 @@ class LiveCaller:
         raise UpstreamError(f"web search failed after {attempt} attempt{'s' * (attempt > 1)}: {last}")
 
     async def _send(self, query: str, k: int, deadline: float) -> list[WebHit]:
-        loop = asyncio.get_running_loop()
+        loop, name = asyncio.get_running_loop(), self.provider.name
         timeout = deadline - loop.time()
         if timeout <= 0:
-            raise _TransportFailure(f"{self.provider.name}: no time left within {self.timeout_s:g} s", sent=False)
+            raise ProviderFailure(f"{name}: no time left within {self.timeout_s:g} s", status=None, retryable=False,
+                                  sent=False)  # fmt: skip
         req = self.provider.request(self.base_url, query, k, self._key.get_secret_value())
         if self._session is None:
             self._session = aiohttp.ClientSession()
@@ -102,13 +90,14 @@ class LiveCaller:
                 raw = await resp.read()
                 status, retry_after = resp.status, _seconds(resp.headers.get("Retry-After"))
         except asyncio.TimeoutError:
-            raise _TransportFailure(f"{self.provider.name} did not answer within {timeout:.3g} s", sent=True) from None
-        except aiohttp.ClientConnectorError:
-            raise _TransportFailure(f"cannot connect to {self.provider.name}", sent=False) from None
-        except aiohttp.ClientError as e:
-            raise _TransportFailure(
-                f"{self.provider.name} dropped the connection ({type(e).__name__})", sent=True
+            raise ProviderFailure(
+                f"{name} did not answer within {timeout:.3g} s", status=None, retryable=True
             ) from None
+        except aiohttp.ClientConnectorError:
+            raise ProviderFailure(f"cannot connect to {name}", status=None, retryable=True, sent=False) from None
+        except aiohttp.ClientError as e:
+            raise ProviderFailure(f"{name} dropped the connection ({type(e).__name__})", status=None,
+                                  retryable=True) from None  # fmt: skip
         return self.provider.parse(status, raw, retry_after)
 
     def _redact(self, text: str) -> str:

@@ -9,6 +9,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from local_dense_retriever.errors import RetrieverError
+
 #: a documented answer of SerpAPI that means "no results", not a failure
 _SERPAPI_EMPTY = "hasn't returned any results"
 _TAG = re.compile(r"<[^>]*>")
@@ -34,15 +36,20 @@ class ProviderRequest:
     json: dict | None = None
 
 
-class ProviderFailure(Exception):
-    """A provider answered with an error, or with a reply that is not its documented shape. ``retryable``: 429 and
-    5xx; ``retry_after``: its Retry-After seconds, if any. The message holds the provider's own text, never the key."""
+class ProviderFailure(RetrieverError, RuntimeError):
+    """One attempt failed: the provider answered an error or a reply that is not its documented shape, or (``status``
+    None) no answer came. ``retryable``: 429, 5xx, timeouts, dropped connections; ``retry_after``: its Retry-After
+    seconds; ``sent``: the request may have reached the provider (and been billed). The message holds the provider's
+    own text or the kind of transport failure, never the key or a URL."""
 
-    def __init__(self, message: str, *, status: int | None, retryable: bool, retry_after: float | None = None) -> None:
+    def __init__(
+        self, message: str, *, status: int | None, retryable: bool, retry_after: float | None = None, sent: bool = True
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.retryable = retryable
         self.retry_after = retry_after
+        self.sent = sent
 
 
 def _text(value: Any) -> str:
