@@ -10,6 +10,8 @@
     │       ├── ServiceUnavailable       connection refused/dropped, 429/503 after retries, no healthy endpoint
     │       ├── RequestRejected          the service answered 4xx (our request was wrong; never retried)
     │       ├── ServerError              the service answered 5xx other than 503 (never retried)
+    │       ├── BudgetSpent              the service's web search budget for this run is spent (never retried)
+    │       ├── NotCached                the service replays a web cache that lacks the query (never retried)
     │       └── BadResponse              the reply was not JSON or not the /retrieve shape (never retried)
     ├── data.errors.PreprocessError (ValueError)   preprocessing failed; the CLI prints it and exits 1
     │   ├── TemplateError                prompt.yaml is unreadable or a template is invalid / unknown
@@ -108,6 +110,20 @@ class ServerError(RetrievalError):
 
 class BadResponse(RetrievalError):
     kind = "bad_response"
+
+
+class BudgetSpent(RetrievalError):
+    """The service answered ``budget_exhausted``: its live web calls for this run are used up. A retry cannot help
+    and the endpoint is not at fault."""
+
+    kind = "budget"
+
+
+class NotCached(RetrievalError):
+    """The service answered ``not_cached``: it replays a web cache offline and this query was never recorded. A retry
+    cannot help and the endpoint is not at fault."""
+
+    kind = "unavailable"
 
 
 class ResourceMissing(VerlSearchError, FileNotFoundError):

@@ -20,7 +20,9 @@ import aiohttp
 
 from verl_search.errors import (
     BadResponse,
+    BudgetSpent,
     DeadlineExceeded,
+    NotCached,
     RequestRejected,
     RetrievalError,
     ServerError,
@@ -266,6 +268,9 @@ class RetrievalClient:
             endpoint.in_flight -= 1
         if status != 200:
             detail = _error_detail(raw)
+            final = _FINAL_ERRORS.get(_error_kind(raw))
+            if final is not None:  # the service says why, and retrying cannot change it
+                raise final(f"{endpoint.url} answered {status}: {detail}")
             if status in (429, 503):
                 raise ServiceUnavailable(
                     f"{endpoint.url} answered {status} ({detail})", status=status, retry_after=_seconds(retry_after)
@@ -284,6 +289,19 @@ def _endpoint_at_fault(e: RetrievalError) -> bool:
     if isinstance(e, ServiceUnavailable):
         return e.status != 429
     return isinstance(e, (DeadlineExceeded, ServerError))
+
+
+#: error kinds of the service's JSON answer that end a call at once (a web search budget spent, a replay miss)
+_FINAL_ERRORS: dict[str, type[RetrievalError]] = {"budget_exhausted": BudgetSpent, "not_cached": NotCached}
+
+
+def _error_kind(raw: bytes) -> str | None:
+    """The ``error`` kind of the service's JSON error answer, if it is one."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return body.get("error") if isinstance(body, dict) and isinstance(body.get("error"), str) else None
 
 
 def _error_detail(raw: bytes) -> str:

@@ -16,7 +16,7 @@ from uuid import uuid4
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from verl_search.errors import InvalidArguments, SearchError
+from verl_search.errors import BudgetSpent, InvalidArguments, NotCached, SearchError
 from verl_search.tool.arguments import extract_queries, fit_queries
 from verl_search.tool.client import RetrievalClient
 from verl_search.tool.config import SearchToolConfig
@@ -32,8 +32,11 @@ _FAILURE_TEXT = {
     "rejected": "The search engine refused the request.",
     "server_error": "The search engine had an internal error.",
     "bad_response": "The search engine sent an unreadable reply.",
+    "budget": "The search budget of this run is spent.",
 }
 _AFTER_FAILURE = "This is a tool failure, not an empty result: retry later or answer with what you know."
+#: after a failure that searching again cannot change (the budget spent, a query missing from an offline replay)
+_AFTER_FINAL = "This is a tool failure, not an empty result: searching again will not help; answer with what you know."
 
 
 @dataclass
@@ -118,7 +121,10 @@ def failure_text(error: SearchError, config: SearchToolConfig) -> str:
     what = _FAILURE_TEXT.get(error.kind, "The search failed.")
     if error.kind == "timeout":
         what = f"The search engine did not answer within {config.timeout:g} s."
-    return f"[search failed: {error.kind}] {what} {_AFTER_FAILURE}"
+    if isinstance(error, NotCached):
+        what = "The search engine replays recorded searches offline and this search was not recorded."
+    after = _AFTER_FINAL if isinstance(error, (BudgetSpent, NotCached)) else _AFTER_FAILURE
+    return f"[search failed: {error.kind}] {what} {after}"
 
 
 async def run_search(config: SearchToolConfig, queries: Any) -> SearchOutcome:
