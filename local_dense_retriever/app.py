@@ -176,6 +176,8 @@ def create_app(
         trim_task.cancel()
         if state.runner is not None:
             await state.runner.stop()
+        if state.engine is not None:
+            await asyncio.to_thread(state.engine.close)
         await state.watchdog.stop()
 
     app = RetrieverApp(

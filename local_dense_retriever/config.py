@@ -195,7 +195,7 @@ class ServerConfig(BaseModel):
     toy_passages: int = Field(default=2000, ge=50)
     """Passages of the embedded default corpus (encoded on first start)."""
     cache_dir: Path = Field(default_factory=default_cache_dir)
-    """Where the embedded default is cached."""
+    """Where the embedded default is cached (and, unless --web_cache_path says otherwise, the web backend's cache)."""
 
     @model_validator(mode="after")
     def _check(self) -> ServerConfig:

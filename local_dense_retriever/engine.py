@@ -119,6 +119,11 @@ class RetrievalEngine:
         stats = getattr(self.backend, "stats", None)
         return stats() if callable(stats) else None
 
+    def close(self) -> None:
+        """At shutdown: a document backend (web) closes its HTTP session and cache; local ones hold nothing open."""
+        if isinstance(self.backend, DocumentBackend):
+            self.backend.close()
+
     def describe(self) -> str:
         """What is served, naming files without their folders (this text is shown by /health)."""
         pages = f"; pages {self.pages.path.name} ({len(self.pages):,})" if self.pages is not None else ""

@@ -50,6 +50,10 @@ class DocumentBackend(Protocol):
 
     def describe(self) -> str: ...
 
+    def close(self) -> None:
+        """Release its connections and files (idempotent)."""
+        ...
+
 
 class DenseSearch:
     """An encoder followed by a vector index."""

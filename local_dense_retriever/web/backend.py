@@ -93,11 +93,14 @@ class WebSearch:
         return asyncio.run_coroutine_threadsafe(self._search(queries, k), self._loop).result()
 
     def close(self) -> None:
-        """Close the HTTP session and the cache; stops the loop thread."""
+        """Close the HTTP session and the cache and stop the loop thread (a second call does nothing)."""
+        if self._loop.is_closed():
+            return
         if self.caller is not None:
             asyncio.run_coroutine_threadsafe(self.caller.close(), self._loop).result()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
+        self._loop.close()
         self.store.close()
 
     async def _search(self, queries: list[str], k: int) -> list[list[Hit] | QueryFailed]:

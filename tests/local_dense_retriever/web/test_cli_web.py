@@ -1,0 +1,45 @@
+"""The web backend's command line: its flags, what it refuses at start-up, and a missing key named, never shown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from local_dense_retriever.retrieval_server import config_from_args, main
+
+
+def test_the_web_flags_parse_into_the_config(tmp_path):
+    config, _ = config_from_args(
+        ["--backend", "web", "--web_provider", "brave", "--web_base_url", "http://127.0.0.1:9/s",
+         "--web_api_key_env", "MY_BRAVE_KEY", "--web_cache_mode", "replay", "--web_cache_path", str(tmp_path / "c.db"),
+         "--web_budget_scope", "nq-eval", "--web_max_live_calls", "500", "--web_cost_per_call", "0.003",
+         "--web_max_spend", "1.5", "--web_qps", "2", "--web_timeout_s", "4", "--web_max_attempts", "2"]
+    )  # fmt: skip
+    assert config.resolved_backend() == "web" and not config.embedded_default
+    assert (config.web_provider, config.web_api_key_env, config.web_cache_mode) == ("brave", "MY_BRAVE_KEY", "replay")
+    assert config.web_cache_path == tmp_path / "c.db" and config.web_budget_scope == "nq-eval"
+    assert (config.web_max_live_calls, config.web_cost_per_call, config.web_max_spend) == (500, 0.003, 1.5)
+    assert (config.web_qps, config.web_timeout_s, config.web_max_attempts) == (2.0, 4.0, 2)
+    default, _ = config_from_args(["--backend", "web"])
+    assert (default.web_provider, default.web_cache_mode) == ("serper", "cache_first")
+
+
+def test_an_index_with_the_web_backend_is_refused_in_one_line(capsys):
+    assert main(["--backend", "web", "--index_path", "x.index", "--corpus_path", "c.jsonl"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--backend web searches the provider" in err
+
+
+def test_bad_web_settings_exit_2(capsys):
+    assert main(["--backend", "web", "--web_qps", "0"]) == 2
+    assert "web_qps" in capsys.readouterr().err
+
+
+def test_a_missing_key_stops_the_server_naming_the_variable(tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.delenv("SERPAPI_API_KEY", raising=False)
+    argv = ["--backend", "web", "--web_provider", "serpapi", "--port", "0", "--cache_dir", str(tmp_path)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "retrieval_server: error:" in err and "environment variable SERPAPI_API_KEY" in err
+    monkeypatch.setenv("OTHER_KEY", "   ")  # blank counts as unset
+    assert main([*argv, "--web_api_key_env", "OTHER_KEY"]) == 1
+    assert "environment variable OTHER_KEY" in capsys.readouterr().err
