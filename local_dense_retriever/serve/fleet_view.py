@@ -6,7 +6,9 @@ Invariants: ``fleet_health``/``fleet_metrics`` are pure functions of the reports
 bodies keeps its meaning and shape (counters are the fleet's totals), so a client of one server reads a fleet
 unchanged. What cannot be summed is said: ``uptime_s`` is the oldest replica's, ``latency_ms`` percentiles the
 slowest replica's (an upper bound of the fleet's), ``mean_batch_size`` the mean over every replica's batches, ``gpus``
-every replica's entries (a GPU that replicas share appears once per replica, under the same uuid).
+every replica's entries (a GPU that replicas share appears once per replica, under the same uuid); in the ``web``
+block, what the replicas read from their shared cache file (cached answers, the run's calls and spend) is the largest
+replica's figure and the hit rate that of the summed lookups.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def fleet_metrics(replicas: Mapping[str, Mapping[str, Any]], gateways: Mapping[s
         weighted = sum((b.get("mean_batch_size") or 0.0) * (b.get("batches_total") or 0) for b in bodies)
         merged["mean_batch_size"] = weighted / batches if batches else None
         merged["latency_ms"] = _slowest_latency([b.get("latency_ms") or {} for b in bodies])
+        if isinstance(merged.get("web"), dict):
+            merged["web"] = _web_totals(merged["web"], [b["web"] for b in bodies if isinstance(b.get("web"), Mapping)])
     merged["replicas"] = [
         {"replica": name, "report_age_s": round(float(r.get("age_s", 0.0)), 3), **r["metrics"]}
         for name, r in sorted(replicas.items())
@@ -67,6 +71,20 @@ def fleet_metrics(replicas: Mapping[str, Mapping[str, Any]], gateways: Mapping[s
     ]
     merged["gateway"] = _sum([g["counters"] for g in gateways.values() if isinstance(g.get("counters"), Mapping)])
     return merged
+
+
+#: the web backend's figures read from the cache file the replicas share: the fleet's is the largest (freshest) one
+_WEB_SHARED = ("cached_answers", "run_live_calls", "run_spend_usd")
+
+
+def _web_totals(summed: dict, webs: list[Mapping[str, Any]]) -> dict:
+    """The web block of the fleet: counters summed, the hit rate of the sums, the shared file's figures not summed."""
+    for key in _WEB_SHARED:
+        values = [v for w in webs if isinstance(v := w.get(key), int | float)]
+        summed[key] = max(values) if values else None
+    lookups = summed.get("lookups_total") or 0
+    summed["cache_hit_rate"] = (summed.get("cache_hits_total") or 0) / lookups if lookups else None
+    return summed
 
 
 def _slowest_latency(latencies: list[Mapping[str, Any]]) -> dict:
