@@ -17,6 +17,7 @@ RetrieverError
 │       │                      are answered (returned in the query's result slot by a document backend: web/)
 │       ├── BudgetExhausted    the run's live-call or spend ceiling is reached: 503 budget_exhausted
 │       ├── NotCached          replay mode and the query is not in the cache: 503 not_cached
+│       ├── RateLimited        the web provider's rate (--web_qps) has no slot before the query's deadline: 429
 │       └── UpstreamError      the web search provider keeps failing or refuses the key: 502 upstream_error
 ├── web.providers.ProviderFailure   one attempt at a web provider failed (retried, or turned into UpstreamError)
 ├── DownloadError              a download could not be completed (artifacts/)
@@ -86,6 +87,13 @@ class NotCached(QueryFailed):
 
     status = 503
     kind = "not_cached"
+
+
+class RateLimited(QueryFailed):
+    """The shared rate limit of live web calls has no slot before this query's deadline; a client retries later."""
+
+    status = 429
+    kind = "rate_limited"
 
 
 class UpstreamError(QueryFailed):

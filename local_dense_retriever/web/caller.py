@@ -1,7 +1,8 @@
 """LiveCaller: one query's call to the provider, with the run's budget, the shared rate limit, bounded retries with
 backoff and a deadline. Invariants: no call outlives ``timeout_s``; only 429, 5xx, timeouts and dropped connections
-are retried; every failure is an ``UpstreamError`` or ``BudgetExhausted`` whose text never holds the key or a URL
-carrying it (transport errors are described by kind, not by aiohttp's message, which names the URL)."""
+are retried; every failure is an ``UpstreamError``, ``RateLimited`` or ``BudgetExhausted`` whose text never holds
+the key or a URL carrying it (transport errors are described by kind, not by aiohttp's message, which names the
+URL)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ class LiveCaller:
             await self._session.close()
 
     async def call(self, query: str, k: int) -> list[WebHit]:
-        """The provider's top ``k`` for ``query``; raises ``UpstreamError`` or ``BudgetExhausted``."""
+        """The provider's top ``k`` for ``query``; raises ``UpstreamError``, ``RateLimited`` or ``BudgetExhausted``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
         attempt, last = 0, ""

@@ -14,7 +14,7 @@ import random
 import time
 from collections.abc import Callable
 
-from local_dense_retriever.errors import BudgetExhausted, UpstreamError
+from local_dense_retriever.errors import BudgetExhausted, RateLimited
 from local_dense_retriever.web.cache import WebStore
 
 #: doublings of the backoff counted up to this exponent (2 ** 16 times the base is past any cap)
@@ -61,13 +61,13 @@ class TokenBucket:
         self._stamp = clock()
 
     async def acquire(self, deadline: float) -> None:
-        """Take a token, waiting for it; raises ``UpstreamError`` if it would come after ``deadline`` (clock time)."""
+        """Take a token, waiting for it; raises ``RateLimited`` if it would come after ``deadline`` (clock time)."""
         now = self._clock()
         self._tokens = min(self.capacity, self._tokens + (now - self._stamp) * self.rate)
         self._stamp = now
         wait = max(0.0, (1.0 - self._tokens) / self.rate)
         if now + wait > deadline:
-            raise UpstreamError(f"the rate limit of {self.rate:g} calls/s leaves no slot before this query's deadline")
+            raise RateLimited(f"the rate limit of {self.rate:g} calls/s leaves no slot before this query's deadline")
         self._tokens -= 1.0  # may go below zero: later callers wait behind this one
         if wait > 0:
             await asyncio.sleep(wait)

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from local_dense_retriever.errors import BudgetExhausted, UpstreamError
+from local_dense_retriever.errors import BudgetExhausted, RateLimited
 from local_dense_retriever.web.limits import TokenBucket, backoff_delay
 
 
@@ -54,7 +54,7 @@ async def test_the_rate_limit_refuses_a_slot_it_could_only_give_after_the_deadli
     deadline = loop.time() + 0.1
     await bucket.acquire(deadline)
     await bucket.acquire(deadline)  # the burst of two
-    with pytest.raises(UpstreamError, match="rate limit of 2 calls/s"):
+    with pytest.raises(RateLimited, match="rate limit of 2 calls/s"):
         await bucket.acquire(deadline)
 
 

@@ -104,3 +104,12 @@ def test_the_key_reaches_no_log_metric_health_text_or_cache_file(provider, web_s
     assert '"result"' in texts[3] and len(provider.requests) == 5
     for path in tmp_path.glob("web.sqlite3*"):  # the database and its WAL
         assert secret.encode() not in path.read_bytes()
+
+
+def test_queries_past_the_provider_rate_are_a_429_the_tool_would_retry(provider, web_server):
+    url, _ = web_server(web_qps=1.0, web_timeout_s=0.5)  # a burst of one call, the next slot a second later
+    answer = httpx.post(f"{url}/retrieve", json={"queries": ["first", "second", "third"], "topk": 2})
+    assert answer.status_code == 429 and answer.json()["error"] == "rate_limited"
+    assert len(provider.requests) == 1
+    retry = httpx.post(f"{url}/retrieve", json={"queries": ["first"], "topk": 2})  # its answer was kept
+    assert retry.status_code == 200 and len(provider.requests) == 1
