@@ -7,11 +7,21 @@ RetrieverError
 │   ├── CorpusError            the corpus file is missing, compressed, or a row is not a JSON document
 │   ├── EncoderError           the encoder model cannot be loaded
 │   ├── IndexLoadError         the index file is missing, of the wrong kind, or does not fit the encoder
-│   └── PagesError             the pages file is missing or unreadable
+│   ├── PagesError             the pages file is missing or unreadable
+│   └── RerankerError          the rerank stage's cross-encoder cannot be loaded or is not a relevance scorer
 ├── request time (``app.py`` answers them)
 │   ├── Overloaded             the queue is full: 429, the caller retries later
 │   ├── BatcherStopped         the batcher is not running (shutting down, or its worker died): 503
 │   └── QueryRejected          this request's text makes the engine fail while its batch-mates were answered: 422
+├── FetchError                 a web page for POST /access could not be fetched (web/fetch.py): that url answers null
+│   ├── BadUrl                 not an http(s) URL with a host, or it carries userinfo, control characters or a
+│   │                          refused port
+│   ├── AddressRefused         the host is, or resolves to, an address off the public internet
+│   ├── TooManyRedirects       more redirects than allowed, or a redirect loop
+│   ├── UnsupportedContent     a content type other than HTML or plain text, or an encoded body
+│   ├── UpstreamStatus         the site answered an error status
+│   ├── UpstreamFailed         the name did not resolve, the connection or TLS failed, or the reply was not HTTP
+│   └── FetchTimeout           the page's deadline (redirects included) passed
 ├── DownloadError              a download could not be completed (artifacts/)
 │   ├── SourceUnreachable      no network, HF_HUB_OFFLINE, a closed mirror endpoint
 │   └── SizeMismatch           a file's size differs from what the source declares
@@ -43,6 +53,10 @@ class PagesError(RetrieverError, RuntimeError):
     """The pages file is missing or unreadable."""
 
 
+class RerankerError(RetrieverError, RuntimeError):
+    """The rerank stage's cross-encoder cannot be loaded, or its head is not a relevance score."""
+
+
 class Overloaded(RetrieverError, RuntimeError):
     """The queue is full; the caller should retry later (HTTP 429)."""
 
@@ -53,6 +67,42 @@ class BatcherStopped(RetrieverError, RuntimeError):
 
 class QueryRejected(RetrieverError, ValueError):
     """This request's queries made the engine fail while the other requests of the same batch were answered."""
+
+
+class FetchError(RetrieverError, RuntimeError):
+    """A web page could not be fetched for ``POST /access``; the message names the url, never the page body."""
+
+
+class BadUrl(FetchError, ValueError):
+    """Not an http(s) URL with a host, or it carries userinfo, control characters or a refused port."""
+
+
+class AddressRefused(FetchError):
+    """The host is, or resolves to, an address off the public internet (loopback, private, link-local, ...)."""
+
+
+class TooManyRedirects(FetchError):
+    """More redirects than allowed, or a redirect back to a url already visited."""
+
+
+class UnsupportedContent(FetchError):
+    """The page is not HTML or plain text, or its body is compressed."""
+
+
+class UpstreamStatus(FetchError):
+    """The site answered an error status (``status``)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class UpstreamFailed(FetchError):
+    """The host name did not resolve, the connection or TLS handshake failed, or the reply was not valid HTTP."""
+
+
+class FetchTimeout(FetchError, TimeoutError):
+    """The page's total deadline (resolution, redirects and body included) passed."""
 
 
 class DownloadError(RetrieverError, RuntimeError):
