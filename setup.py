@@ -48,6 +48,7 @@ EXTRAS = {
         "faiss-cpu>=1.8",
         "fastapi>=0.110",
         "uvicorn>=0.29",
+        "h11>=0.14",  # the page fetcher's HTTP/1.1 (uvicorn's own dependency)
         "numpy>=1.24",
         "tqdm>=4.66",
         "bm25s>=0.2",

@@ -67,6 +67,15 @@ class ServerConfig(BaseModel):
     """Model family ('e5' adds query:/passage: prefixes; 'bm25' selects the bm25 backend)."""
     retriever_model: str = "intfloat/e5-base-v2"
     """HF model id or local folder of the query encoder."""
+    reranker_model: str | None = None
+    """HF id or local folder of a cross-encoder (sequence classification, 1 or 2 labels) that rescores each query's
+    first rerank_candidates hits; the top k by its score are answered, with that score. None: no rerank stage."""
+    rerank_candidates: int = Field(default=30, ge=1, le=1000)
+    """Hits per query the reranker rescores (at least topk; a request asking more rescores that many)."""
+    rerank_batch_size: int = Field(default=64, ge=1)
+    """Most (query, passage) pairs in one reranker pass; a micro-batch's pairs are scored together in such passes."""
+    rerank_max_length: int = Field(default=512, ge=16, le=8192)
+    """Tokens kept per (query, passage) pair."""
     faiss_gpu: bool = False
     """faiss backend: shard an fp16 copy of the index over every visible GPU."""
     pages_path: Path | None = None
@@ -201,6 +210,8 @@ class ServerConfig(BaseModel):
     def _check(self) -> ServerConfig:
         if (self.index_path is None) != (self.corpus_path is None) and self.resolved_backend() != "bm25":
             raise ValueError("give both --index_path and --corpus_path, or neither (embedded default)")
+        if self.reranker_model is not None and self.rerank_candidates < self.topk:
+            raise ValueError(f"rerank_candidates={self.rerank_candidates} is below topk={self.topk}")
         if self.topk > self.max_topk:
             raise ValueError(f"topk={self.topk} exceeds max_topk={self.max_topk}")
         if self.max_queue < self.max_queries_per_request:

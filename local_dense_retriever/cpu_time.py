@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-STAGES = ("encode", "search", "lookup")
+STAGES = ("encode", "search", "lookup", "rerank")
 
 
 class StageClock:
@@ -33,7 +33,7 @@ class StageClock:
                 self.wall[name] += wall
 
     def snapshot(self) -> dict:
-        """``{process, native_threads, encode, search, lookup}`` CPU seconds and the stages' wall seconds."""
+        """``{process, native_threads, encode, search, lookup, rerank}`` CPU seconds and the stages' wall seconds."""
         with self._lock:
             cpu, wall = dict(self.cpu), dict(self.wall)
         return {

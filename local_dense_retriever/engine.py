@@ -23,6 +23,7 @@ from local_dense_retriever.index.base import DenseSearch, DocumentBackend, Searc
 from local_dense_retriever.load_progress import LoadProgress
 from local_dense_retriever.page_urls import CorpusPages, url_of
 from local_dense_retriever.pages import PageStore
+from local_dense_retriever.rerank import Reranker, load_reranker
 
 if TYPE_CHECKING:
     import numpy as np
@@ -43,6 +44,7 @@ class RetrievalEngine:
     load_seconds: dict[str, float] = field(default_factory=dict)
     pages: PageStore | None = None
     corpus_pages: CorpusPages | None = None  # pages joined from the corpus by url (page_urls)
+    reranker: Reranker | None = None  # the rerank stage (--reranker_model)
     clock: StageClock = field(default_factory=StageClock)  # CPU and wall time per stage, for /metrics
     duplicate_queries: int = field(default=0, init=False)  # copies of a text in a batch (/metrics)
 
@@ -57,11 +59,19 @@ class RetrievalEngine:
         """Top-``k`` (document, score) per query, best first; identical texts are searched once."""
         distinct = list(dict.fromkeys(queries))
         if len(distinct) == len(queries):
-            return self._search(queries, k)
+            return self._ranked(queries, k)
         with self._count_lock:
             self.duplicate_queries += len(queries) - len(distinct)
-        answers = dict(zip(distinct, self._search(distinct, k), strict=True))
+        answers = dict(zip(distinct, self._ranked(distinct, k), strict=True))
         return [answers[q] for q in queries]
+
+    def _ranked(self, queries: list[str], k: int) -> list[list[Hit]]:
+        """``_search``'s hits, or with a rerank stage its candidates reordered by the reranker's score."""
+        if self.reranker is None:
+            return self._search(queries, k)
+        hits = self._search(queries, self.reranker.depth(k))
+        with self.clock.stage("rerank"):
+            return self.reranker.rerank(queries, hits, k)
 
     def _search(self, queries: list[str], k: int) -> list[list[Hit]]:
         if not queries:
@@ -127,9 +137,10 @@ class RetrievalEngine:
     def describe(self) -> str:
         """What is served, naming files without their folders (this text is shown by /health)."""
         pages = f"; pages {self.pages.path.name} ({len(self.pages):,})" if self.pages is not None else ""
+        rerank = f"; {self.reranker.describe()}" if self.reranker is not None else ""
         if self.corpus is None:
-            return f"{self.backend.describe()}{pages}"
-        return f"{self.backend.describe()}; corpus {self.corpus.path.name} ({len(self.corpus):,} rows){pages}"
+            return f"{self.backend.describe()}{pages}{rerank}"
+        return f"{self.backend.describe()}; corpus {self.corpus.path.name} ({len(self.corpus):,} rows){pages}{rerank}"
 
 
 @contextmanager
@@ -190,8 +201,15 @@ def _load_web_engine(config: ServerConfig, timings: dict[str, float], *, progres
     if config.pages_path is not None:
         with _stage(timings, "pages", config.load_progress_s, Path(config.pages_path).name):
             pages = PageStore(Path(config.pages_path), progress=progress)
-    engine = RetrievalEngine(backend, None, load_seconds=timings, pages=pages)
-    logger.info("ready: %s (%.1f s total)", engine.describe(), sum(timings.values()))
+    return _finish(RetrievalEngine(backend, None, load_seconds=timings, pages=pages), config)
+
+
+def _finish(engine: RetrievalEngine, config: ServerConfig) -> RetrievalEngine:
+    """Any backend's engine with the rerank stage the config asks for, announced as ready."""
+    if config.reranker_model is not None:
+        with _stage(engine.load_seconds, "reranker", config.load_progress_s, config.reranker_model):
+            engine.reranker = load_reranker(config)
+    logger.info("ready: %s (%.1f s total)", engine.describe(), sum(engine.load_seconds.values()))
     return engine
 
 
@@ -255,6 +273,6 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
             pages = PageStore(Path(config.pages_path), progress=progress)
     with _stage(timings, "page urls", every_s, unit="rows") as stage:
         corpus_pages = CorpusPages(corpus, progress=progress, load_progress=stage)
-    engine = RetrievalEngine(backend, corpus, load_seconds=timings, pages=pages, corpus_pages=corpus_pages)
-    logger.info("ready: %s (%.1f s total)", engine.describe(), sum(timings.values()))
-    return engine
+    return _finish(
+        RetrievalEngine(backend, corpus, load_seconds=timings, pages=pages, corpus_pages=corpus_pages), config
+    )

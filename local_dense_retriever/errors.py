@@ -8,7 +8,8 @@ RetrieverError
 │   ├── EncoderError           the encoder model cannot be loaded
 │   ├── IndexLoadError         the index file is missing, of the wrong kind, or does not fit the encoder
 │   ├── PagesError             the pages file is missing or unreadable
-│   └── WebSetupError          the web backend cannot start (its API key variable is unset, its cache unusable)
+│   ├── WebSetupError          the web backend cannot start (its API key variable is unset, its cache unusable)
+│   └── RerankerError          the rerank stage's cross-encoder cannot be loaded or is not a relevance scorer
 ├── request time (``app.py`` answers them)
 │   ├── Overloaded             the queue is full: 429, the caller retries later
 │   ├── BatcherStopped         the batcher is not running (shutting down, or its worker died): 503
@@ -20,6 +21,15 @@ RetrieverError
 │       ├── RateLimited        the web provider's rate (--web_qps) has no slot before the query's deadline: 429
 │       └── UpstreamError      the web search provider keeps failing or refuses the key: 502 upstream_error
 ├── web.providers.ProviderFailure   one attempt at a web provider failed (retried, or turned into UpstreamError)
+├── FetchError                 a web page for POST /access could not be fetched (web/fetch.py): that url answers null
+│   ├── BadUrl                 not an http(s) URL with a host, or it carries userinfo, control characters or a
+│   │                          refused port
+│   ├── AddressRefused         the host is, or resolves to, an address off the public internet
+│   ├── TooManyRedirects       more redirects than allowed, or a redirect loop
+│   ├── UnsupportedContent     a content type other than HTML or plain text, or an encoded body
+│   ├── UpstreamStatus         the site answered an error status
+│   ├── UpstreamFailed         the name did not resolve, the connection or TLS failed, or the reply was not HTTP
+│   └── FetchTimeout           the page's deadline (redirects included) passed
 ├── DownloadError              a download could not be completed (artifacts/)
 │   ├── SourceUnreachable      no network, HF_HUB_OFFLINE, a closed mirror endpoint
 │   └── SizeMismatch           a file's size differs from what the source declares
@@ -53,6 +63,10 @@ class PagesError(RetrieverError, RuntimeError):
 
 class WebSetupError(RetrieverError, RuntimeError):
     """The web backend cannot start: its API key variable is unset (named, never its value), or its cache unusable."""
+
+
+class RerankerError(RetrieverError, RuntimeError):
+    """The rerank stage's cross-encoder cannot be loaded, or its head is not a relevance score."""
 
 
 class Overloaded(RetrieverError, RuntimeError):
@@ -101,6 +115,42 @@ class UpstreamError(QueryFailed):
 
     status = 502
     kind = "upstream_error"
+
+
+class FetchError(RetrieverError, RuntimeError):
+    """A web page could not be fetched for ``POST /access``; the message names the url, never the page body."""
+
+
+class BadUrl(FetchError, ValueError):
+    """Not an http(s) URL with a host, or it carries userinfo, control characters or a refused port."""
+
+
+class AddressRefused(FetchError):
+    """The host is, or resolves to, an address off the public internet (loopback, private, link-local, ...)."""
+
+
+class TooManyRedirects(FetchError):
+    """More redirects than allowed, or a redirect back to a url already visited."""
+
+
+class UnsupportedContent(FetchError):
+    """The page is not HTML or plain text, or its body is compressed."""
+
+
+class UpstreamStatus(FetchError):
+    """The site answered an error status (``status``)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class UpstreamFailed(FetchError):
+    """The host name did not resolve, the connection or TLS handshake failed, or the reply was not valid HTTP."""
+
+
+class FetchTimeout(FetchError, TimeoutError):
+    """The page's total deadline (resolution, redirects and body included) passed."""
 
 
 class DownloadError(RetrieverError, RuntimeError):
