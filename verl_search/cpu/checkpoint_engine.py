@@ -128,7 +128,8 @@ class ZmqCheckpointEngine(CheckpointEngine):
                 identities.append(identity)
         return identities
 
-    def _broadcast(self, identities: list[bytes], kind: bytes, payload: bytes) -> None:
+    def _broadcast(self, identities: list[bytes], kind: bytes, content: Any) -> None:
+        payload = pickle.dumps(content, protocol=pickle.HIGHEST_PROTOCOL)
         for identity in identities:
             self._socket.send_multipart([identity, kind, payload])
 
@@ -137,7 +138,7 @@ class ZmqCheckpointEngine(CheckpointEngine):
         sending = self.is_master and self._role == "sender"
         identities = await asyncio.to_thread(self._await_receivers) if sending else []
         bucket: list[tuple[str, torch.Tensor]] = []
-        size = sent = 0
+        size = 0
         async for name, tensor in ensure_async_iterator(weights):
             cpu = _to_cpu(tensor)
             if not sending:
@@ -145,16 +146,12 @@ class ZmqCheckpointEngine(CheckpointEngine):
             bucket.append((name, cpu))
             size += cpu.numel() * cpu.element_size()
             if size >= self.bucket_size:
-                payload = pickle.dumps(bucket, protocol=pickle.HIGHEST_PROTOCOL)
-                await asyncio.to_thread(self._broadcast, identities, _BUCKET, payload)
-                sent += size
+                await asyncio.to_thread(self._broadcast, identities, _BUCKET, bucket)
                 bucket, size = [], 0
         if sending:
             if bucket:
-                payload = pickle.dumps(bucket, protocol=pickle.HIGHEST_PROTOCOL)
-                await asyncio.to_thread(self._broadcast, identities, _BUCKET, payload)
-                sent += size
-            await asyncio.to_thread(self._broadcast, identities, _END, pickle.dumps(global_steps))
+                await asyncio.to_thread(self._broadcast, identities, _BUCKET, bucket)
+            await asyncio.to_thread(self._broadcast, identities, _END, global_steps)
         return {}
 
     def _receive(self) -> tuple[bytes, bytes]:

@@ -7,7 +7,7 @@ then the server does no work for it (no decode, no fingerprint, no record).
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
@@ -39,13 +39,10 @@ class OpeningPolicy(Protocol):
 
 def resolve(path: str) -> Any:
     """The object a dotted path names: ``package.module.attr`` or ``package.module:attr``."""
-    module_name, sep, attr = path.partition(":") if ":" in path else path.rpartition(".")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"{path!r} is not a dotted path to an object (package.module.attr)")
     try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"{path!r} cannot be imported: {e}") from e
+        return pkgutil.resolve_name(path)
+    except (ValueError, ImportError, AttributeError) as e:
+        raise ValueError(f"{path!r} is not an importable dotted path (package.module.attr): {e}") from e
 
 
 class OpeningPolicySpec(BaseModel):
