@@ -1,6 +1,5 @@
-"""Training curves from verl's file-logger metrics (one JSON line per step): reward and EM per step, searches per
-question, response length and failed searches, and the run's search health per step (``plot_health``: the search/*
-metrics of verl_search.monitor), as PNG files (matplotlib, no display needed).
+"""Plots of a run's per-step metrics from verl's file logger (one JSON line per step): its search health
+(``plot_health``: the search/* metrics of verl_search.monitor), or any panels, as PNG files (matplotlib, no display).
 
 Invariant: every plotted number is read from the metrics file as logged; a panel whose metrics are absent says so
 instead of being left out, and every PNG is written atomically.
@@ -28,29 +27,6 @@ class Panel:
     ylabel: str
     patterns: tuple[str, ...]
     filename: str
-
-
-PANELS = (
-    Panel(
-        "Reward (= EM) per step",
-        "EM",
-        (r"^critic/score/mean$", r"^val-core/(.+)/reward/mean@1$"),
-        "reward_em.png",
-    ),
-    Panel(
-        "Searches per question",
-        "searches",
-        (r"^num_searches/mean$", r"^val-aux/(.+)/num_searches/mean@1$"),
-        "searches.png",
-    ),
-    Panel("Response length", "tokens", (r"^response_length/mean$",), "response_length.png"),
-    Panel(
-        "Failed searches per question",
-        "failed searches",
-        (r"^failed_searches/mean$", r"^val-aux/(.+)/failed_searches/mean@1$"),
-        "failed_searches.png",
-    ),
-)
 
 
 #: the run's health per training step: the search/* metrics of verl_search.monitor (trainer_mode search_*)
@@ -127,7 +103,7 @@ def series(steps: dict[int, dict[str, float]], pattern: str) -> dict[str, list[t
 
 def plot_health(metrics: Path | Sequence[Path], out_dir: Path, title: str = "") -> list[Path]:
     """The run's search health per training step (``HEALTH_PANELS``), plus ``search_health.png`` with all four."""
-    return plot_training(metrics, out_dir, title, HEALTH_PANELS, overview="search_health.png")
+    return plot_panels(metrics, out_dir, HEALTH_PANELS, "search_health.png", title)
 
 
 def _draw(ax, steps: dict[int, dict[str, float]], panel: Panel) -> None:
@@ -154,15 +130,11 @@ def save_png(fig, path: Path) -> Path:
     return path
 
 
-def plot_training(
-    metrics: Path | Sequence[Path],
-    out_dir: Path,
-    title: str = "",
-    panels: Sequence[Panel] = PANELS,
-    overview: str = "training_curves.png",
+def plot_panels(
+    metrics: Path | Sequence[Path], out_dir: Path, panels: Sequence[Panel], overview: str, title: str = ""
 ) -> list[Path]:
-    """One PNG per panel plus ``overview`` with all of them, from one metrics file or several read in order; returns
-    the paths written."""
+    """One PNG per panel (four at most) plus ``overview`` with all of them, from one metrics file or several read in
+    order; returns the paths written."""
     import matplotlib
 
     matplotlib.use("Agg")
