@@ -20,7 +20,8 @@ from statistics import fmean
 from typing import Any
 
 from verl_search.atomic import atomic_path
-from verl_search.eval.validation_dump import UNMATCHED, DumpError, SourceLookup, canonical_source, read_dump
+from verl_search.data.schema import output_data_source
+from verl_search.eval.validation_dump import UNMATCHED, DumpError, SourceLookup, read_dump
 from verl_search.reward import gold_in_text
 
 #: (data source, column label, EM of Search-R1 with Qwen2.5-3B-Instruct trained by GRPO, from the paper)
@@ -94,7 +95,7 @@ def build_report(rows: list[dict[str, Any]], lookup: SourceLookup | None) -> dic
     groups: dict[str, list[dict[str, float]]] = defaultdict(list)
     for row in rows:
         if "data_source" in row:
-            source = canonical_source(str(row["data_source"]))
+            source = output_data_source(str(row["data_source"]))
         elif lookup is not None:
             source = lookup.source_of(row)
         else:

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from verl_search.data.schema import output_data_source
 from verl_search.errors import VerlSearchError
 from verl_search.jsonl import read_jsonl
 
@@ -59,11 +60,6 @@ def read_dump(folder: Path, step: int | None = None) -> tuple[int, Path, list[di
     return step, path, rows
 
 
-def canonical_source(name: str) -> str:
-    """``nq`` and ``searchR1_nq`` both become ``searchR1_nq`` (raw and preprocessed Search-R1 files differ)."""
-    return name if name.startswith("searchR1_") else f"searchR1_{name}"
-
-
 def _golds(value: Any) -> tuple[str, ...]:
     if isinstance(value, dict):
         value = value.get("target", value.get("ground_truth"))
@@ -80,7 +76,7 @@ class SourceLookup:
     def __init__(self, rows: Iterable[tuple[str, str, tuple[str, ...]]]) -> None:
         self._by_golds: dict[tuple[str, ...], list[tuple[str, str]]] = defaultdict(list)
         for source, question, golds in rows:
-            self._by_golds[golds].append((question, canonical_source(source)))
+            self._by_golds[golds].append((question, output_data_source(source)))
 
     @classmethod
     def from_parquet(cls, path: Path) -> SourceLookup:
