@@ -16,7 +16,6 @@ receiver that waits past ``timeout_s`` raises :class:`WeightSyncTimeout` naming 
 from __future__ import annotations
 
 import asyncio
-import logging
 import pickle
 import socket
 from collections.abc import AsyncGenerator, Iterable
@@ -28,8 +27,6 @@ from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegist
 from verl.workers.rollout.utils import ensure_async_iterator
 
 from verl_search.cpu.errors import CpuBackendError, WeightSyncTimeout
-
-logger = logging.getLogger(__name__)
 
 BACKEND = "zmq"
 HELLO = b"ready"
@@ -59,7 +56,6 @@ class ZmqCheckpointEngine(CheckpointEngine):
         self.timeout_s = float(timeout_s)
         self._context: zmq.Context | None = None
         self._socket: zmq.Socket | None = None
-        self._address: str | None = None
         self._receivers = 0
         self._role = "idle"
 
@@ -73,8 +69,7 @@ class ZmqCheckpointEngine(CheckpointEngine):
         self._socket.setsockopt(zmq.LINGER, 0)
         ip = _host_ip()
         port = self._socket.bind_to_random_port(f"tcp://{ip}")
-        self._address = f"tcp://{ip}:{port}"
-        return {"address": self._address}
+        return {"address": f"tcp://{ip}:{port}"}
 
     @classmethod
     def build_topology(

@@ -14,14 +14,11 @@ Invariant: both are applied only on the CPU platform and only to a verl whose ve
 from __future__ import annotations
 
 import functools
-import logging
 import sys
 from typing import Any
 
 from verl_search.cpu.errors import UnsupportedVerlError
 from verl_search.import_hook import after_import
-
-logger = logging.getLogger(__name__)
 
 SUPPORTED_VERL = "0.9."
 CPU_BACKEND = "cpu:gloo"

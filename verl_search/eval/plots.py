@@ -8,15 +8,12 @@ instead of being left out, and every PNG is written atomically.
 from __future__ import annotations
 
 import json
-import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from verl_search.atomic import atomic_path
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
