@@ -7,13 +7,13 @@ instead of being left out, and every PNG is written atomically.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from verl_search.atomic import atomic_path
+from verl_search.jsonl import read_jsonl
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,7 @@ def read_metrics(*paths: Path) -> dict[int, dict[str, float]]:
     file or a later one, updates an earlier one: a resumed run logs its steps again)."""
     steps: dict[int, dict[str, float]] = {}
     for path in paths:
-        for line in Path(path).read_text(encoding="utf-8").splitlines():
-            if not line.strip():
-                continue
-            row = json.loads(line)
+        for _, row in read_jsonl(path, ValueError):
             data = {k: float(v) for k, v in row.get("data", {}).items() if isinstance(v, int | float)}
             steps.setdefault(int(row["step"]), {}).update(data)
     return steps
