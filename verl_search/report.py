@@ -21,6 +21,7 @@ from typing import Any
 
 from verl_search.atomic import atomic_path
 from verl_search.data.schema import output_data_source
+from verl_search.eval.plots import plot_health, run_metrics_files
 from verl_search.eval.validation_dump import UNMATCHED, DumpError, SourceLookup, read_dump
 from verl_search.reward import gold_in_text
 
@@ -210,8 +211,6 @@ def write_report(val_dir: Path, data: Path | None = None, step: int | None = Non
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry; exits 1 with one line on stderr when the dump cannot be read."""
-    from verl_search.eval.plots import run_metrics_files
-
     p = argparse.ArgumentParser(prog="python -m verl_search.report", description=__doc__.splitlines()[0])
     p.add_argument(
         "dir",
@@ -229,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         "(default for a run folder: its metrics.jsonl and those of its earlier launches)",
     )
     args = p.parse_args(argv)
-    run_dir = args.dir if is_run_folder(args.dir) else None
+    # a run scripts' RUN_DIR holds metrics.jsonl, metrics/ or the validation dumps' folder
+    run_dir = args.dir if any((args.dir / n).exists() for n in ("metrics.jsonl", "metrics", VALIDATION_DIR)) else None
     metrics = [args.metrics] if args.metrics is not None else (run_metrics_files(run_dir) if run_dir else [])
     dumps = run_dir / VALIDATION_DIR if run_dir else args.dir
     try:
@@ -248,18 +248,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"report: error: {e}", file=sys.stderr)
         return 1
     if metrics:
-        from verl_search.eval.plots import plot_health
-
         out = (run_dir or args.dir) / "health"
         names = ", ".join(m.name for m in metrics)
         written = plot_health(metrics, out, title=f"search health per step: {names}")
         print(f"wrote {len(written)} search-health plots under {out} (from {len(metrics)} metrics file(s))")
     return 0
-
-
-def is_run_folder(folder: Path) -> bool:
-    """A run scripts' RUN_DIR: it holds metrics.jsonl, metrics/ or the validation dumps' folder."""
-    return any((Path(folder) / name).exists() for name in ("metrics.jsonl", "metrics", VALIDATION_DIR))
 
 
 if __name__ == "__main__":
