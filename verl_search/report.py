@@ -22,7 +22,7 @@ from typing import Any
 from verl_search.atomic import atomic_path
 from verl_search.data.schema import output_data_source
 from verl_search.eval.plots import plot_health, run_metrics_files
-from verl_search.eval.validation_dump import UNMATCHED, DumpError, SourceLookup, read_dump
+from verl_search.eval.validation_dump import UNMATCHED, DumpError, SourceLookup, golds_of, read_dump
 from verl_search.reward import gold_in_text
 
 #: (data source, column label, EM of Search-R1 with Qwen2.5-3B-Instruct trained by GRPO, from the paper)
@@ -48,11 +48,8 @@ _RETRIEVED = re.compile(r"<information>(.*?)</information>|<tool_response>(.*?)<
 
 def gold_retrieved(row: dict[str, Any]) -> float:
     """1.0 when a gold answer (normalised as EM normalises it) occurs in the text the retriever returned."""
-    gts = row.get("gts")
-    if isinstance(gts, dict):
-        gts = gts.get("target")
-    golds = [gts] if isinstance(gts, str) else list(gts or [])
-    return float(gold_in_text([" ".join(a or b for a, b in _RETRIEVED.findall(str(row["output"])))], golds))
+    retrieved = " ".join(a or b for a, b in _RETRIEVED.findall(str(row["output"])))
+    return float(gold_in_text([retrieved], golds_of(row.get("gts"))))
 
 
 def _row_metrics(row: dict[str, Any]) -> dict[str, float]:

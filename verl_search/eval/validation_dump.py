@@ -60,7 +60,8 @@ def read_dump(folder: Path, step: int | None = None) -> tuple[int, Path, list[di
     return step, path, rows
 
 
-def _golds(value: Any) -> tuple[str, ...]:
+def golds_of(value: Any) -> tuple[str, ...]:
+    """The gold answers of a dumped ``gts`` or a parquet column, sorted (``()`` when there are none)."""
     if isinstance(value, dict):
         value = value.get("target", value.get("ground_truth"))
     if isinstance(value, str):
@@ -95,9 +96,9 @@ class SourceLookup:
             question = row.get("question")
             if question is None and isinstance(row.get("extra_info"), dict):
                 question = row["extra_info"].get("question")
-            golds = _golds(row.get("golden_answers"))
+            golds = golds_of(row.get("golden_answers"))
             if not golds and isinstance(row.get("reward_model"), dict):
-                golds = _golds(row["reward_model"].get("ground_truth"))
+                golds = golds_of(row["reward_model"].get("ground_truth"))
             if question is None or not golds:
                 raise DumpError(f"{path}: rows need a question and gold answers (Search-R1 format)")
             entries.append((str(row["data_source"]), str(question).strip(), golds))
@@ -105,7 +106,7 @@ class SourceLookup:
 
     def source_of(self, row: dict[str, Any]) -> str:
         """The data source of a dumped row, or ``UNMATCHED`` when no validation row (or more than one) matches it."""
-        candidates = self._by_golds.get(_golds(row.get("gts")), [])
+        candidates = self._by_golds.get(golds_of(row.get("gts")), [])
         sources = {s for _, s in candidates}
         if len(sources) > 1:
             text = str(row.get("input", ""))
