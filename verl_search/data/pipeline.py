@@ -33,7 +33,7 @@ from verl_search.data.schema import (
     recover_row,
 )
 from verl_search.data.sources import DEFAULT_HF_REPO_ID, download_split, read_jsonl_rows, read_parquet_rows
-from verl_search.data.templates import PromptTemplate, load_templates
+from verl_search.data.templates import load_templates
 
 logger = logging.getLogger(__name__)
 
@@ -173,10 +173,6 @@ def _input_records(config: PreprocessConfig, split: Split, progress: bool) -> li
     return _records_from_parquet(path, progress)
 
 
-def _rows(records: list[QARecord], template: PromptTemplate, split: str) -> list[dict[str, Any]]:
-    return [build_row(record, template, split, index) for index, record in enumerate(records)]
-
-
 def _counts(rows: list[dict[str, Any]]) -> dict[str, int]:
     return dict(sorted(Counter(row["data_source"] for row in rows).items()))
 
@@ -215,7 +211,8 @@ def run_preprocess(config: PreprocessConfig, progress: bool = False) -> list[Out
     local_dir = config.local_dir.expanduser()
     outputs: dict[Path, tuple[str, list[dict[str, Any]]]] = {}
     for split in config.resolved_splits:
-        rows = _rows(_input_records(config, split, progress), template, split)
+        records = _input_records(config, split, progress)
+        rows = [build_row(record, template, split, index) for index, record in enumerate(records)]
         outputs[local_dir / f"{split}.parquet"] = (split, rows)
         if split == "test" and config.val_per_source:
             subset = stratified_subsample(
