@@ -17,7 +17,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from verl_search.data.errors import SourceUnavailable
 from verl_search.data.schema import output_data_source
+from verl_search.data.sources import read_parquet_rows
 from verl_search.errors import VerlSearchError
 from verl_search.jsonl import read_jsonl
 
@@ -82,17 +84,14 @@ class SourceLookup:
     @classmethod
     def from_parquet(cls, path: Path) -> SourceLookup:
         """Read a Search-R1 parquet, raw (``question``, ``golden_answers``) or preprocessed (``extra_info``)."""
-        import pandas as pd
-        import pyarrow as pa
-
         try:
-            frame = pd.read_parquet(path)
-        except (OSError, pa.ArrowException) as e:
-            raise DumpError(f"cannot read validation data {path}: {e}") from e
-        if "data_source" not in frame.columns:
+            columns, rows = read_parquet_rows(Path(path))
+        except SourceUnavailable as e:
+            raise DumpError(f"cannot read validation data: {e}") from e
+        if "data_source" not in columns:
             raise DumpError(f"{path} has no data_source column")
         entries = []
-        for row in frame.to_dict(orient="records"):
+        for row in rows:
             question = row.get("question")
             if question is None and isinstance(row.get("extra_info"), dict):
                 question = row["extra_info"].get("question")
