@@ -1,5 +1,5 @@
 """Suite-wide: the tests that run verl's trainer end to end (minutes each) go first; Ray keeps its files in a folder
-of the test process's own, removed at the end.
+of the test process's own, removed at the end; fixtures for the tests of the CPU backend's bridges over verl.
 
 `make test` runs the suite on two pytest-xdist workers, one test file at a time per worker, in collection order
 (`--no-loadscope-reorder`: xdist would otherwise start the files with the most tests first, and these files hold one
@@ -59,3 +59,27 @@ def tokenizer(tokenizer_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+@pytest.fixture
+def cpu_platform():
+    """verl's current platform is the CPU backend's for the test."""
+    from verl.plugin.platform import platform_manager, set_platform
+
+    from verl_search.cpu.platform import CpuPlatform
+
+    saved = platform_manager._current_platform
+    set_platform(CpuPlatform())
+    yield
+    platform_manager._current_platform = saved
+
+
+@pytest.fixture
+def recorded_backend(monkeypatch):
+    """torch's init_process_group replaced by a recorder (torch is not ours; we only observe what verl asks of it)."""
+    import torch.distributed
+
+    seen: list[str] = []
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda backend=None, **kw: seen.append(backend))
+    return seen

@@ -1,15 +1,13 @@
 """verl-search: Search-R1 style search-agent RL on current verl.
 
-Two audiences share the package. verl's worker processes import the runtime plugin: ``plugin`` (the ``verl.plugins``
-entry point), ``tool/`` (SearchTool and its client), ``agent_loop`` and ``reward``, over the shared leaves ``errors``,
-``protocol``, ``loop_messages`` and ``atomic``; ``cpu/`` is the CPU platform and rollout backend for verl, and
-``monitor/`` the trainer-side search metrics. People run the tooling: ``data/`` (preprocessing), ``launch/``
-(preflight, tool YAML, run-script knobs) and ``eval/`` (the report).
-Dependencies point one way: tooling → runtime plugin → leaves; the runtime plugin never imports the tooling, and
-nothing here imports the repository's CPU test bench (``cpu_bench``, not part of the wheel).
+verl's worker processes import the runtime plugin: ``plugin`` (the ``verl.plugins`` entry point), ``tool/``,
+``agent_loop`` and ``reward``, over shared leaves (``errors``, ``protocol``, ``loop_messages``, ``atomic``, ...);
+``cpu/`` is verl's CPU platform and rollout backend, ``monitor/`` the trainer-side search metrics. People run the
+tooling: ``data/`` (preprocessing), ``launch/`` (preflight, tool YAML, run-script knobs), ``eval/`` and ``report``.
+Imports point one way (tooling → runtime plugin → leaves) and never reach the CPU test bench (``cpu_bench``).
 
-Exports are lazy so that ``import verl_search`` (which verl triggers through its ``verl.plugins`` entry point while
-``import verl`` is still running) stays cheap and cannot fail on a circular import.
+Exports are lazy: verl imports this package through its entry point while ``import verl`` is still running, so it
+must stay cheap and cannot risk a circular import.
 """
 
 from __future__ import annotations

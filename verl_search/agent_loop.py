@@ -9,7 +9,6 @@ search errors become the same labelled text as :class:`verl_search.SearchTool` s
 
 from __future__ import annotations
 
-import logging
 import re
 import time
 from typing import Any
@@ -33,8 +32,6 @@ from verl_search.tool.search_tool import (
     record_search,
     run_search,
 )
-
-logger = logging.getLogger(__name__)
 
 AGENT_NAME = "search_r1_agent"
 STOP_STRINGS = ("</search>", "</answer>")

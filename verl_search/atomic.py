@@ -28,14 +28,12 @@ def temporary_name(target: Path) -> Path:
 
 
 def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's live process
-        return True
+        pass
     return True
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import logging
 import sys
 from collections.abc import Callable
@@ -51,15 +52,9 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         if fullname != self.name:
             return None
         sys.meta_path.remove(self)
-        spec = None
-        for finder in list(sys.meta_path):
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None:
-                break
-        if spec is None or spec.loader is None:
-            return spec
-        spec.loader = _PatchingLoader(spec.loader, self.callback)
+        spec = importlib.util.find_spec(fullname)  # what the other finders say, this one gone
+        if spec is not None and spec.loader is not None:
+            spec.loader = _PatchingLoader(spec.loader, self.callback)
         return spec
 
 

@@ -1,17 +1,24 @@
 """verl plugin entry point (group ``verl.plugins``): makes ``import verl`` register the ``search_r1_agent`` loop, the
-``search_*`` trainer modes (:mod:`verl_search.monitor.trainer`), a fix for a verl 0.9.1 bug of its separate_async
-trainer (:mod:`verl_search.verl_fixes`), and the CPU backend (:mod:`verl_search.cpu.register`)
-only when ``VERL_PLATFORM=cpu``.
+``search_*`` trainer modes (:mod:`verl_search.monitor.trainer`), the CPU backend (:mod:`verl_search.cpu.register`)
+only when ``VERL_PLATFORM=cpu``, and a bridge over a verl 0.9.1 bug on every platform.
 
 verl loads this module at the end of ``import verl`` in every process, Ray workers included, and silently skips a
-plugin that raises. Invariants: importing it is cheap (it imports nothing heavy: the registration happens when verl's
-agent-loop module is imported, through a one-shot import hook) and it never raises (failures are logged).
+plugin that raises. Invariants: importing it is cheap (it imports nothing heavy: each registration happens when verl
+imports the module concerned, through a one-shot import hook) and it never raises (failures are logged).
+
+The bug: ``PPOTrainerSeparateAsync._setup`` (``TRAINER=one_step_off|fully_async``) calls ``logger.info(...,
+flush=True)``, a keyword of ``print`` that ``logging`` refuses (``TypeError: Logger._log() got an unexpected keyword
+argument 'flush'``), so the trainer dies before its first step. The bridge gives that module a logger that drops
+``flush``, only on a verl whose source still has the bug (:func:`has_bug`, so a fixed verl is left alone).
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
+from collections.abc import MutableMapping
 from types import ModuleType
+from typing import Any
 
 from verl_search.import_hook import after_import
 from verl_search.platform_choice import cpu_requested
@@ -23,6 +30,7 @@ AGENT_TARGET = "verl_search.agent_loop.SearchR1AgentLoop"
 REGISTRY_MODULE = "verl.experimental.agent_loop.agent_loop"
 TRAINER_MODULE = "verl.trainer.ppo.v1"
 SEPARATE_ASYNC_MODULE = "verl.trainer.ppo.v1.trainer_separate_async"
+SUPPORTED_VERL = "0.9."
 
 
 def register_agent_loop(module: ModuleType) -> None:
@@ -37,11 +45,31 @@ def register_trainers(module: ModuleType) -> None:
     register_search_trainers(module)
 
 
-def fix_separate_async(module: ModuleType) -> None:
-    """Bridge verl 0.9.1's separate_async logging bug (:mod:`verl_search.verl_fixes`)."""
-    from verl_search.verl_fixes import fix_separate_async_logger
+class _NoFlushLogger(logging.LoggerAdapter):
+    """The module's own logger, minus ``print``'s ``flush`` keyword."""
 
-    fix_separate_async_logger(module)
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        kwargs.pop("flush", None)
+        return msg, kwargs
+
+    def setLevel(self, level: int | str) -> None:  # noqa: N802 (logging's name)
+        self.logger.setLevel(level)
+
+
+def has_bug(module: ModuleType) -> bool:
+    """Whether ``module`` (verl's trainer_separate_async) logs with ``flush=`` in ``PPOTrainerSeparateAsync._setup``."""
+    source = inspect.getsource(module.PPOTrainerSeparateAsync._setup)
+    return "logger.info(" in source and "flush=True" in source
+
+
+def fix_separate_async(module: ModuleType) -> None:
+    """Give verl's separate_async module a logger that accepts ``flush`` (idempotent; only on 0.9.x with the bug)."""
+    from importlib.metadata import version
+
+    if isinstance(module.logger, _NoFlushLogger) or not version("verl").startswith(SUPPORTED_VERL):
+        return
+    if has_bug(module):
+        module.logger = _NoFlushLogger(module.logger, {})
 
 
 def install() -> None:

@@ -20,7 +20,9 @@ from statistics import fmean
 from typing import Any
 
 from verl_search.atomic import atomic_path
-from verl_search.eval.validation_dump import UNMATCHED, DumpError, SourceLookup, canonical_source, read_dump
+from verl_search.data.schema import output_data_source
+from verl_search.eval.plots import plot_health, run_metrics_files
+from verl_search.eval.validation_dump import UNMATCHED, DumpError, SourceLookup, golds_of, read_dump
 from verl_search.reward import gold_in_text
 
 #: (data source, column label, EM of Search-R1 with Qwen2.5-3B-Instruct trained by GRPO, from the paper)
@@ -46,11 +48,8 @@ _RETRIEVED = re.compile(r"<information>(.*?)</information>|<tool_response>(.*?)<
 
 def gold_retrieved(row: dict[str, Any]) -> float:
     """1.0 when a gold answer (normalised as EM normalises it) occurs in the text the retriever returned."""
-    gts = row.get("gts")
-    if isinstance(gts, dict):
-        gts = gts.get("target")
-    golds = [gts] if isinstance(gts, str) else list(gts or [])
-    return float(gold_in_text([" ".join(a or b for a, b in _RETRIEVED.findall(str(row["output"])))], golds))
+    retrieved = " ".join(a or b for a, b in _RETRIEVED.findall(str(row["output"])))
+    return float(gold_in_text([retrieved], golds_of(row.get("gts"))))
 
 
 def _row_metrics(row: dict[str, Any]) -> dict[str, float]:
@@ -94,7 +93,7 @@ def build_report(rows: list[dict[str, Any]], lookup: SourceLookup | None) -> dic
     groups: dict[str, list[dict[str, float]]] = defaultdict(list)
     for row in rows:
         if "data_source" in row:
-            source = canonical_source(str(row["data_source"]))
+            source = output_data_source(str(row["data_source"]))
         elif lookup is not None:
             source = lookup.source_of(row)
         else:
@@ -209,8 +208,6 @@ def write_report(val_dir: Path, data: Path | None = None, step: int | None = Non
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry; exits 1 with one line on stderr when the dump cannot be read."""
-    from verl_search.eval.plots import run_metrics_files
-
     p = argparse.ArgumentParser(prog="python -m verl_search.report", description=__doc__.splitlines()[0])
     p.add_argument(
         "dir",
@@ -228,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         "(default for a run folder: its metrics.jsonl and those of its earlier launches)",
     )
     args = p.parse_args(argv)
-    run_dir = args.dir if is_run_folder(args.dir) else None
+    # a run scripts' RUN_DIR holds metrics.jsonl, metrics/ or the validation dumps' folder
+    run_dir = args.dir if any((args.dir / n).exists() for n in ("metrics.jsonl", "metrics", VALIDATION_DIR)) else None
     metrics = [args.metrics] if args.metrics is not None else (run_metrics_files(run_dir) if run_dir else [])
     dumps = run_dir / VALIDATION_DIR if run_dir else args.dir
     try:
@@ -247,18 +245,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"report: error: {e}", file=sys.stderr)
         return 1
     if metrics:
-        from verl_search.eval.plots import plot_health
-
         out = (run_dir or args.dir) / "health"
         names = ", ".join(m.name for m in metrics)
         written = plot_health(metrics, out, title=f"search health per step: {names}")
         print(f"wrote {len(written)} search-health plots under {out} (from {len(metrics)} metrics file(s))")
     return 0
-
-
-def is_run_folder(folder: Path) -> bool:
-    """A run scripts' RUN_DIR: it holds metrics.jsonl, metrics/ or the validation dumps' folder."""
-    return any((Path(folder) / name).exists() for name in ("metrics.jsonl", "metrics", VALIDATION_DIR))
 
 
 if __name__ == "__main__":

@@ -21,18 +21,13 @@ SHIPPED_DIR = "_shipped"
 _PACKAGE = Path(__file__).resolve().parent
 
 
-def candidates(name: str) -> list[Path]:
-    """Where ``name`` is looked for, in order: the checkout's top level (the package's parent folder), then the
-    copies installed with the package."""
-    return [_PACKAGE.parent / name, _PACKAGE / SHIPPED_DIR / name]
-
-
 def shipped_file(name: str) -> Path:
-    """The path of the shipped file ``name`` (one of :data:`SHIPPED`); raises ``ResourceMissing`` naming where it
-    looked when neither a checkout nor the installed package has it."""
+    """The path of the shipped file ``name`` (one of :data:`SHIPPED`): the checkout's top-level file (in the package's
+    parent folder), else the copy installed with the package; raises ``ResourceMissing`` naming where it looked when
+    neither exists."""
     if name not in SHIPPED:
         raise KeyError(f"{name!r} is not a shipped file ({', '.join(SHIPPED)})")
-    places = candidates(name)
+    places = [_PACKAGE.parent / name, _PACKAGE / SHIPPED_DIR / name]
     for path in places:
         if path.is_file():
             return path

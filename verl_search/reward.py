@@ -185,22 +185,14 @@ def _options(kwargs: Mapping[str, Any]) -> RewardOptions:
 def compute_score(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs: Any
 ) -> dict[str, float]:
-    """Score one response (verl's custom reward signature); ``kwargs`` are RewardOptions fields.
+    """Score one response (verl's custom reward signature); ``kwargs`` are :class:`RewardOptions` fields.
 
     Only the model's own text is read (:func:`model_text`; a custom ``final_turn_instruction`` arrives in
-    ``extra_info["loop_messages"]``). The final answer is the last ``<answer>...</answer>`` the model wrote; its
-    ``metric`` value is the base, times ``tag_spam_factor`` when the model wrote more than ``max_answer_tags`` answer
-    tags. A well-formed response (tags balanced and unnested, one answer block, nothing after it) scores
-    ``max(base, structure_format_score [+ retrieval_score])``; an ill-formed one scores ``base -
-    structure_format_score`` when right, ``final_format_score`` when it answered wrong, else 0.
-    ``strict_single_answer`` scores 0 when there is more than one answer block. ``no_search_penalty`` is subtracted
-    (floor 0) when the model wrote no search at all.
-
-    Returns ``score`` plus ``em``, ``subem``, ``f1`` (of the final answer), ``answered`` (1.0 if the model wrote an
-    answer block), ``num_searches`` (``<search>`` plus ``<tool_call>`` blocks the model wrote) and ``failed_searches``
-    (retrieved blocks that report a failed search), ``gold_in_results`` (1.0 if a gold answer appears in the retrieved
-    text), and ``search_latency_s`` / ``search_cached`` from the agent
-    loop's per-trajectory stats in ``extra_info`` (0.0 when absent). verl logs these keys, unlike tool metrics.
+    ``extra_info["loop_messages"]``); its final answer is the last ``<answer>...</answer>`` it wrote, scored by
+    ``metric`` and the format rules below. Returns ``score`` plus keys verl logs (unlike tool metrics): the final
+    answer's ``em``/``subem``/``f1``, ``answered``, ``num_searches`` (``<search>`` and ``<tool_call>`` blocks the model
+    wrote), ``failed_searches``, ``gold_in_results``, and the agent loop's ``search_latency_s``/``search_cached`` from
+    ``extra_info`` (0.0 when absent).
     """
     options = _options(kwargs)
     if not isinstance(solution_str, str):
@@ -218,7 +210,7 @@ def compute_score(
     base = value * options.tag_spam_factor if tag_spam else value
     if options.strict_single_answer and len(answers) > 1:
         score = 0.0
-    elif _well_formed(own_text, len(answers)):
+    elif _well_formed(own_text, len(answers)):  # tags balanced and unnested, one answer block, nothing after it
         bonus = options.retrieval_score if gold_retrieved else 0.0
         score = max(base, options.structure_format_score + bonus)
     elif base > 0:

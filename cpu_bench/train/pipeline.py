@@ -28,9 +28,28 @@ from cpu_bench.train.stage import digest
 from cpu_bench.train.stages import GRPORun, run_grpo, run_sft, sft_stage
 from cpu_bench.train.summary import Gain, StageResult, as_dicts, paired_gain, render_table, stage_result
 from verl_search.atomic import atomic_path
+from verl_search.eval.plots import Panel, plot_panels
 from verl_search.report import write_report
 
 logger = logging.getLogger(__name__)
+
+#: GRPO's training curves, a PNG each and all four in ``training_curves.png``
+TRAINING_PANELS = (
+    Panel("Reward (= EM) per step", "EM", (r"^critic/score/mean$", r"^val-core/(.+)/reward/mean@1$"), "reward_em.png"),
+    Panel(
+        "Searches per question",
+        "searches",
+        (r"^num_searches/mean$", r"^val-aux/(.+)/num_searches/mean@1$"),
+        "searches.png",
+    ),
+    Panel("Response length", "tokens", (r"^response_length/mean$",), "response_length.png"),
+    Panel(
+        "Failed searches per question",
+        "failed searches",
+        (r"^failed_searches/mean$", r"^val-aux/(.+)/failed_searches/mean@1$"),
+        "failed_searches.png",
+    ),
+)
 
 
 @dataclass
@@ -78,8 +97,6 @@ def _announce_base_model(progress: Progress, config: TrainConfig, rows, out: Pat
 def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult:
     """Run every stage (see the module docstring); raises StageError naming the stage that failed. ``redo_grpo``:
     delete a finished GRPO stage first (``make demo``), once the folder's settings are checked."""
-    from verl_search.eval.plots import plot_training
-
     out = Path(config.out_dir).resolve()
     check_and_record(config, out, redo_grpo)  # before anything runs: a folder built with other settings is refused
     if redo_grpo:
@@ -158,7 +175,8 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
         stage_result("after SFT", _sft_label(data.stats), grpo.val_dir, data.eval, step=0),
         stage_result("after GRPO", f"GRPO, {config.grpo.steps} steps", grpo.val_dir, data.eval),
     ]
-    plots = plot_training(grpo.metrics, out / "plots", title=f"GRPO on the toy world ({config.grpo.steps} steps)")
+    title = f"GRPO on the toy world ({config.grpo.steps} steps)"
+    plots = plot_panels(grpo.metrics, out / "plots", TRAINING_PANELS, "training_curves.png", title)
     seconds["total"] = time.monotonic() - started
     artifacts.update(
         grpo_checkpoint=str(grpo.run_dir / "checkpoints"),

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from verl_search.data.subsample import stratified_subsample
+from verl_search.data.pipeline import stratified_subsample
 
 ITEMS = [(source, f"{source}-{i}") for source, n in (("nq", 50), ("popqa", 30), ("bamboogle", 3)) for i in range(n)]
 

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from verl_search.data.writer import write_parquet_files
+from verl_search.data.pipeline import write_parquet_files
 
 SCHEMA = pa.schema([("a", pa.int64())])
 

@@ -1,5 +1,5 @@
-"""The bridge over verl 0.9.1's separate_async logging bug: the installed verl still has it (this test fails once
-upstream fixes it: then drop verl_search/verl_fixes.py), and with the plugin loaded the trainer module logs it."""
+"""The plugin's bridge over verl 0.9.1's separate_async logging bug: the installed verl still has it (this test fails
+once upstream fixes it: then drop the bridge), and with the plugin loaded the trainer module logs it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 import verl  # noqa: F401  (loads our verl.plugins entry point, as every verl process does)
 import verl.trainer.ppo.v1.trainer_separate_async as separate_async
 
-from verl_search.verl_fixes import has_bug
+from verl_search.plugin import has_bug
 
 
 def test_installed_verl_still_logs_with_prints_flush_keyword():

@@ -16,7 +16,6 @@ receiver that waits past ``timeout_s`` raises :class:`WeightSyncTimeout` naming 
 from __future__ import annotations
 
 import asyncio
-import logging
 import pickle
 import socket
 from collections.abc import AsyncGenerator, Iterable
@@ -28,8 +27,6 @@ from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegist
 from verl.workers.rollout.utils import ensure_async_iterator
 
 from verl_search.cpu.errors import CpuBackendError, WeightSyncTimeout
-
-logger = logging.getLogger(__name__)
 
 BACKEND = "zmq"
 HELLO = b"ready"
@@ -59,7 +56,6 @@ class ZmqCheckpointEngine(CheckpointEngine):
         self.timeout_s = float(timeout_s)
         self._context: zmq.Context | None = None
         self._socket: zmq.Socket | None = None
-        self._address: str | None = None
         self._receivers = 0
         self._role = "idle"
 
@@ -73,8 +69,7 @@ class ZmqCheckpointEngine(CheckpointEngine):
         self._socket.setsockopt(zmq.LINGER, 0)
         ip = _host_ip()
         port = self._socket.bind_to_random_port(f"tcp://{ip}")
-        self._address = f"tcp://{ip}:{port}"
-        return {"address": self._address}
+        return {"address": f"tcp://{ip}:{port}"}
 
     @classmethod
     def build_topology(
@@ -128,7 +123,8 @@ class ZmqCheckpointEngine(CheckpointEngine):
                 identities.append(identity)
         return identities
 
-    def _broadcast(self, identities: list[bytes], kind: bytes, payload: bytes) -> None:
+    def _broadcast(self, identities: list[bytes], kind: bytes, content: Any) -> None:
+        payload = pickle.dumps(content, protocol=pickle.HIGHEST_PROTOCOL)
         for identity in identities:
             self._socket.send_multipart([identity, kind, payload])
 
@@ -137,7 +133,7 @@ class ZmqCheckpointEngine(CheckpointEngine):
         sending = self.is_master and self._role == "sender"
         identities = await asyncio.to_thread(self._await_receivers) if sending else []
         bucket: list[tuple[str, torch.Tensor]] = []
-        size = sent = 0
+        size = 0
         async for name, tensor in ensure_async_iterator(weights):
             cpu = _to_cpu(tensor)
             if not sending:
@@ -145,16 +141,12 @@ class ZmqCheckpointEngine(CheckpointEngine):
             bucket.append((name, cpu))
             size += cpu.numel() * cpu.element_size()
             if size >= self.bucket_size:
-                payload = pickle.dumps(bucket, protocol=pickle.HIGHEST_PROTOCOL)
-                await asyncio.to_thread(self._broadcast, identities, _BUCKET, payload)
-                sent += size
+                await asyncio.to_thread(self._broadcast, identities, _BUCKET, bucket)
                 bucket, size = [], 0
         if sending:
             if bucket:
-                payload = pickle.dumps(bucket, protocol=pickle.HIGHEST_PROTOCOL)
-                await asyncio.to_thread(self._broadcast, identities, _BUCKET, payload)
-                sent += size
-            await asyncio.to_thread(self._broadcast, identities, _END, pickle.dumps(global_steps))
+                await asyncio.to_thread(self._broadcast, identities, _BUCKET, bucket)
+            await asyncio.to_thread(self._broadcast, identities, _END, global_steps)
         return {}
 
     def _receive(self) -> tuple[bytes, bytes]:

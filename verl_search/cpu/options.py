@@ -7,11 +7,12 @@ then the server does no work for it (no decode, no fingerprint, no record).
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from verl_search.cpu.errors import CpuRolloutConfigError
 
@@ -39,43 +40,10 @@ class OpeningPolicy(Protocol):
 
 def resolve(path: str) -> Any:
     """The object a dotted path names: ``package.module.attr`` or ``package.module:attr``."""
-    module_name, sep, attr = path.partition(":") if ":" in path else path.rpartition(".")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"{path!r} is not a dotted path to an object (package.module.attr)")
     try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"{path!r} cannot be imported: {e}") from e
-
-
-class OpeningPolicySpec(BaseModel):
-    """``opening_policy``: a dotted path (``path``) to a factory called as ``factory(replica_rank=..., **the other
-    keys)``; a bare string is the path alone."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    path: str = Field(..., description="dotted path to the policy class or factory (package.module.attr)")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _path_alone(cls, value: Any) -> Any:
-        return {"path": value} if isinstance(value, str) else value
-
-    @field_validator("path")
-    @classmethod
-    def _importable(cls, path: str) -> str:
-        resolve(path)
-        return path
-
-    def build(self, replica_rank: int) -> OpeningPolicy:
-        """The policy object; bad keyword arguments are a config error naming them."""
-        kwargs = self.model_dump(exclude={"path"})
-        try:
-            return resolve(self.path)(replica_rank=replica_rank, **kwargs)
-        except (TypeError, ValueError) as e:
-            raise CpuRolloutConfigError(
-                f"actor_rollout_ref.rollout.engine_kwargs.{BACKEND_NAME}.opening_policy ({self.path}): {_one_line(e)}"
-            ) from e
+        return pkgutil.resolve_name(path)
+    except (ValueError, ImportError, AttributeError) as e:
+        raise ValueError(f"{path!r} is not an importable dotted path (package.module.attr): {e}") from e
 
 
 class CpuRolloutOptions(BaseModel):
@@ -90,12 +58,23 @@ class CpuRolloutOptions(BaseModel):
     max_tokens_per_turn: int | None = Field(
         None, ge=1, description="server-side cap on new tokens per generate call (None: the request's own budget)"
     )
-    opening_policy: OpeningPolicySpec | None = Field(
+    opening_policy: dict[str, Any] | None = Field(
         None,
-        description="FOR TESTS: a policy that forces the opening of some outputs and observes the server (a dotted "
-        "path, or {path: ..., its keyword arguments}), so CI can exercise the tool path with a random tiny model; "
-        "unset (the default) forces nothing and costs nothing",
+        description="FOR TESTS: a policy that forces the opening of some outputs and observes the server, so CI can "
+        "exercise the tool path with a random tiny model: {path: dotted path to a factory called as "
+        "factory(replica_rank=..., **the other keys)}, or the path alone; unset (the default) forces nothing and "
+        "costs nothing",
     )
+
+    @field_validator("opening_policy", mode="before")
+    @classmethod
+    def _importable_policy(cls, value: Any) -> Any:
+        spec = {"path": value} if isinstance(value, str) else value
+        if isinstance(spec, Mapping):  # pydantic names any other type
+            if not isinstance(spec.get("path"), str):
+                raise ValueError("needs a path: the dotted path of the policy's factory (package.module.attr)")
+            resolve(spec["path"])
+        return spec
 
     @classmethod
     def from_engine_kwargs(cls, engine_kwargs: Any) -> CpuRolloutOptions:
@@ -110,5 +89,15 @@ class CpuRolloutOptions(BaseModel):
             ) from e
 
     def build_opening_policy(self, replica_rank: int) -> OpeningPolicy | None:
-        """The configured policy, or None when unset (production)."""
-        return None if self.opening_policy is None else self.opening_policy.build(replica_rank)
+        """The configured policy, or None when unset (production); bad keyword arguments are a config error naming
+        them."""
+        if self.opening_policy is None:
+            return None
+        kwargs = dict(self.opening_policy)
+        path = kwargs.pop("path")
+        try:
+            return resolve(path)(replica_rank=replica_rank, **kwargs)
+        except (TypeError, ValueError) as e:
+            raise CpuRolloutConfigError(
+                f"actor_rollout_ref.rollout.engine_kwargs.{BACKEND_NAME}.opening_policy ({path}): {_one_line(e)}"
+            ) from e

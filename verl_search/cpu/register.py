@@ -6,14 +6,11 @@ and engine modules are not imported early (registration happens when verl import
 
 from __future__ import annotations
 
-import logging
 from types import ModuleType
 
 from verl_search.cpu.options import BACKEND_NAME
 from verl_search.import_hook import after_import
 from verl_search.platform_choice import cpu_requested as requested
-
-logger = logging.getLogger(__name__)
 
 ROLLOUT_CLASS = "verl_search.cpu.rollout.CpuServerAdapter"
 

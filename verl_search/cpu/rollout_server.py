@@ -24,7 +24,8 @@ from verl_search.cpu.sampler import BatchSampler, SampleRequest
 
 logger = logging.getLogger(__name__)
 
-_IGNORED_PARAMS = ("include_stop_str_in_output", "no_stop_trim", "seed", "skip_special_tokens")
+#: what the server never reads from sampling params (``logprobs``: ``generate`` answers it)
+_IGNORED_PARAMS = ("include_stop_str_in_output", "no_stop_trim", "seed", "skip_special_tokens", "logprobs")
 
 
 def weight_fingerprint(model: torch.nn.Module) -> str:
@@ -84,7 +85,6 @@ class CpuRolloutServer:
         params = dict(params)
         for key in _IGNORED_PARAMS:
             params.pop(key, None)
-        params.pop("logprobs", None)
         if float(params.pop("repetition_penalty", 1.0)) != 1.0:
             logger.warning("repetition_penalty is not supported by the CPU rollout server; ignored")
         budget = self.max_model_len - len(prompt_ids)

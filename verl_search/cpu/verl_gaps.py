@@ -1,5 +1,4 @@
-"""Bridges for the three verl 0.9.x gaps that stop its trainers on a CPU; the CPU plugin applies 1 and
-2 for ``main_ppo``, ``cpu_bench.train.sft_cpu`` applies 3 for the SFT trainer.
+"""Bridges for the two verl 0.9.x gaps that stop ``main_ppo`` on a CPU; the CPU plugin applies them.
 
 1. ``verl.utils.distributed.initialize_global_process_group_ray`` builds the backend ``cpu:gloo,{device}:{backend}``,
    i.e. ``cpu:gloo,cpu:gloo`` on the CPU platform, which torch refuses ("Duplicate device type cpu"). The bridge
@@ -7,25 +6,19 @@
    ``verl.workers.engine_workers`` imports the name.
 2. verl's FSDP2 engine builds ``CPUOffloadPolicy(pin_memory=True)`` for the ref model; pinning needs an accelerator.
    The bridge binds, in the engine module only, a ``CPUOffloadPolicy`` subclass that never pins.
-3. ``verl.utils.distributed.initialize_global_process_group`` (the SFT trainer's, torchrun-style, with no backend
-   parameter) builds the same ``cpu:gloo,cpu:gloo``. The bridge is the same call with ``cpu:gloo``, bound in
-   ``verl.utils.distributed`` (``verl.trainer.sft_trainer`` imports the name when it runs, not at import).
 
-Invariant: all are applied only on the CPU platform and only to a verl whose version we checked
+Invariant: both are applied only on the CPU platform and only to a verl whose version we checked
 (:data:`SUPPORTED_VERL`); anything else raises :class:`UnsupportedVerlError` naming the version.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import sys
 from typing import Any
 
 from verl_search.cpu.errors import UnsupportedVerlError
 from verl_search.import_hook import after_import
-
-logger = logging.getLogger(__name__)
 
 SUPPORTED_VERL = "0.9."
 CPU_BACKEND = "cpu:gloo"
@@ -78,41 +71,6 @@ def unpinned_offload_policy(policy_cls: type) -> type:
 
     UnpinnedCPUOffloadPolicy.__name__ = UnpinnedCPUOffloadPolicy.__qualname__ = "UnpinnedCPUOffloadPolicy"
     return UnpinnedCPUOffloadPolicy
-
-
-def cpu_torchrun_process_group_init(original: Any) -> Any:
-    """Wrap verl's ``initialize_global_process_group``: on a CPU platform, the same call with ``cpu:gloo`` once."""
-    if getattr(original, "__verl_search_bridge__", False):
-        return original
-
-    @functools.wraps(original)
-    def initialize_global_process_group(timeout_second: int = 36000) -> tuple[int, int, int]:
-        from verl.utils.device import get_device_name
-
-        if get_device_name() != "cpu":
-            return original(timeout_second=timeout_second)
-        import os
-        from datetime import timedelta
-
-        import torch.distributed
-
-        torch.distributed.init_process_group(
-            backend=CPU_BACKEND,
-            timeout=timedelta(seconds=timeout_second),
-            init_method=os.environ.get("DIST_INIT_METHOD", None),
-        )
-        return int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-
-    initialize_global_process_group.__verl_search_bridge__ = True
-    return initialize_global_process_group
-
-
-def bridge_torchrun_process_group(distributed: Any) -> None:
-    """Gap 3: bind the wrapper in ``verl.utils.distributed`` (before the SFT trainer runs); checks verl's version."""
-    check_verl_version()
-    distributed.initialize_global_process_group = cpu_torchrun_process_group_init(
-        distributed.initialize_global_process_group
-    )
 
 
 def bridge_process_group(distributed: Any) -> None:

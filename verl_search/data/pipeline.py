@@ -1,35 +1,43 @@
 """The preprocessing run: read inputs, validate every row, build verl rows, write all outputs at once.
 
-Invariant: outputs are written only after every input row of every split validated (all-or-nothing), in input order,
-so the same inputs and config give byte-identical files.
+Invariants: outputs are written only after every input row of every split validated, and either every file appears or
+none does (temporaries first, then all renamed; a killed run's are removed by the next); rows keep input order and
+the files carry no timestamps or pandas metadata, so the same inputs and config give byte-identical files. The
+validation subset depends only on (seed, source, row id), so the subset for N rows is inside the one for M > N.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from verl_search.atomic import atomic_path
 from verl_search.data.errors import InputSchemaError, SourceUnavailable
-from verl_search.data.processed import is_processed, recover_row
 from verl_search.data.rows import OUTPUT_SCHEMA, build_row
 from verl_search.data.schema import (
     REQUIRED_JSONL_KEYS,
     REQUIRED_PARQUET_COLUMNS,
     QARecord,
     check_columns,
+    is_processed,
     parse_record,
+    recover_row,
 )
 from verl_search.data.sources import DEFAULT_HF_REPO_ID, download_split, read_jsonl_rows, read_parquet_rows
-from verl_search.data.subsample import stratified_subsample
-from verl_search.data.templates import PromptTemplate, load_templates
-from verl_search.data.writer import write_parquet_files
+from verl_search.data.templates import load_templates
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 Split = Literal["train", "test"]
 VAL_SUBSET_NAME = "val_subset.parquet"
 DEFAULT_LOCAL_DIR = "~/data/searchR1_processed_direct"
@@ -165,12 +173,36 @@ def _input_records(config: PreprocessConfig, split: Split, progress: bool) -> li
     return _records_from_parquet(path, progress)
 
 
-def _rows(records: list[QARecord], template: PromptTemplate, split: str) -> list[dict[str, Any]]:
-    return [build_row(record, template, split, index) for index, record in enumerate(records)]
-
-
 def _counts(rows: list[dict[str, Any]]) -> dict[str, int]:
     return dict(sorted(Counter(row["data_source"] for row in rows).items()))
+
+
+def stratified_subsample(
+    items: Sequence[T], per_source: int, seed: int, source_of: Callable[[T], str], key_of: Callable[[T], str]
+) -> list[T]:
+    """Keep at most ``per_source`` items of each source (all of a smaller source), in their original order: those
+    ranked first by a stable hash of (seed, source, key), independent of Python/numpy versions and input order."""
+    if per_source < 1:
+        raise ValueError(f"per_source must be >= 1, got {per_source}")
+    by_source: dict[str, list[int]] = {}
+    for position, item in enumerate(items):
+        by_source.setdefault(source_of(item), []).append(position)
+    keep: set[int] = set()
+    for source, positions in by_source.items():
+        rank = {p: hashlib.sha256(f"{seed}\x00{source}\x00{key_of(items[p])}".encode()).digest() for p in positions}
+        keep.update(sorted(positions, key=lambda p: (rank[p], p))[:per_source])
+    return [item for position, item in enumerate(items) if position in keep]
+
+
+def write_parquet_files(files: Mapping[Path, Sequence[Mapping[str, Any]]], schema: pa.Schema) -> list[Path]:
+    """Write each ``path -> rows`` with ``schema``; either every file appears or none does."""
+    with contextlib.ExitStack() as stack:
+        for path, rows in files.items():
+            tmp = stack.enter_context(atomic_path(path))
+            table = pa.Table.from_pylist(list(rows), schema=schema)
+            pq.write_table(table, str(tmp), compression="zstd", row_group_size=16384, write_statistics=True)
+    logger.info("wrote %s", ", ".join(map(str, files)))
+    return list(files)
 
 
 def run_preprocess(config: PreprocessConfig, progress: bool = False) -> list[OutputFile]:
@@ -179,7 +211,8 @@ def run_preprocess(config: PreprocessConfig, progress: bool = False) -> list[Out
     local_dir = config.local_dir.expanduser()
     outputs: dict[Path, tuple[str, list[dict[str, Any]]]] = {}
     for split in config.resolved_splits:
-        rows = _rows(_input_records(config, split, progress), template, split)
+        records = _input_records(config, split, progress)
+        rows = [build_row(record, template, split, index) for index, record in enumerate(records)]
         outputs[local_dir / f"{split}.parquet"] = (split, rows)
         if split == "test" and config.val_per_source:
             subset = stratified_subsample(

@@ -46,12 +46,7 @@ def read_jsonl_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
 
 
 def download_split(
-    repo_id: str,
-    split: str,
-    *,
-    revision: str | None = None,
-    cache_dir: Path | None = None,
-    endpoint: str | None = None,
+    repo_id: str, split: str, *, revision: str | None = None, cache_dir: Path | None = None, endpoint: str | None = None
 ) -> Path:
     """Local path of ``{split}.parquet`` from the hub dataset repo (cached by huggingface_hub; resumes downloads)."""
     from huggingface_hub import hf_hub_download

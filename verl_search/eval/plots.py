@@ -1,6 +1,5 @@
-"""Training curves from verl's file-logger metrics (one JSON line per step): reward and EM per step, searches per
-question, response length and failed searches, and the run's search health per step (``plot_health``: the search/*
-metrics of verl_search.monitor), as PNG files (matplotlib, no display needed).
+"""Plots of a run's per-step metrics from verl's file logger (one JSON line per step): its search health
+(``plot_health``: the search/* metrics of verl_search.monitor), or any panels, as PNG files (matplotlib, no display).
 
 Invariant: every plotted number is read from the metrics file as logged; a panel whose metrics are absent says so
 instead of being left out, and every PNG is written atomically.
@@ -8,16 +7,13 @@ instead of being left out, and every PNG is written atomically.
 
 from __future__ import annotations
 
-import json
-import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from verl_search.atomic import atomic_path
-
-logger = logging.getLogger(__name__)
+from verl_search.jsonl import read_jsonl
 
 
 @dataclass(frozen=True)
@@ -28,29 +24,6 @@ class Panel:
     ylabel: str
     patterns: tuple[str, ...]
     filename: str
-
-
-PANELS = (
-    Panel(
-        "Reward (= EM) per step",
-        "EM",
-        (r"^critic/score/mean$", r"^val-core/(.+)/reward/mean@1$"),
-        "reward_em.png",
-    ),
-    Panel(
-        "Searches per question",
-        "searches",
-        (r"^num_searches/mean$", r"^val-aux/(.+)/num_searches/mean@1$"),
-        "searches.png",
-    ),
-    Panel("Response length", "tokens", (r"^response_length/mean$",), "response_length.png"),
-    Panel(
-        "Failed searches per question",
-        "failed searches",
-        (r"^failed_searches/mean$", r"^val-aux/(.+)/failed_searches/mean@1$"),
-        "failed_searches.png",
-    ),
-)
 
 
 #: the run's health per training step: the search/* metrics of verl_search.monitor (trainer_mode search_*)
@@ -92,10 +65,7 @@ def read_metrics(*paths: Path) -> dict[int, dict[str, float]]:
     file or a later one, updates an earlier one: a resumed run logs its steps again)."""
     steps: dict[int, dict[str, float]] = {}
     for path in paths:
-        for line in Path(path).read_text(encoding="utf-8").splitlines():
-            if not line.strip():
-                continue
-            row = json.loads(line)
+        for _, row in read_jsonl(path, ValueError):
             data = {k: float(v) for k, v in row.get("data", {}).items() if isinstance(v, int | float)}
             steps.setdefault(int(row["step"]), {}).update(data)
     return steps
@@ -127,7 +97,7 @@ def series(steps: dict[int, dict[str, float]], pattern: str) -> dict[str, list[t
 
 def plot_health(metrics: Path | Sequence[Path], out_dir: Path, title: str = "") -> list[Path]:
     """The run's search health per training step (``HEALTH_PANELS``), plus ``search_health.png`` with all four."""
-    return plot_training(metrics, out_dir, title, HEALTH_PANELS, overview="search_health.png")
+    return plot_panels(metrics, out_dir, HEALTH_PANELS, "search_health.png", title)
 
 
 def _draw(ax, steps: dict[int, dict[str, float]], panel: Panel) -> None:
@@ -154,15 +124,11 @@ def save_png(fig, path: Path) -> Path:
     return path
 
 
-def plot_training(
-    metrics: Path | Sequence[Path],
-    out_dir: Path,
-    title: str = "",
-    panels: Sequence[Panel] = PANELS,
-    overview: str = "training_curves.png",
+def plot_panels(
+    metrics: Path | Sequence[Path], out_dir: Path, panels: Sequence[Panel], overview: str, title: str = ""
 ) -> list[Path]:
-    """One PNG per panel plus ``overview`` with all of them, from one metrics file or several read in order; returns
-    the paths written."""
+    """One PNG per panel (four at most) plus ``overview`` with all of them, from one metrics file or several read in
+    order; returns the paths written."""
     import matplotlib
 
     matplotlib.use("Agg")

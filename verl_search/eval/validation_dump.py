@@ -17,6 +17,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from verl_search.data.errors import SourceUnavailable
+from verl_search.data.schema import output_data_source
+from verl_search.data.sources import read_parquet_rows
 from verl_search.errors import VerlSearchError
 from verl_search.jsonl import read_jsonl
 
@@ -59,12 +62,8 @@ def read_dump(folder: Path, step: int | None = None) -> tuple[int, Path, list[di
     return step, path, rows
 
 
-def canonical_source(name: str) -> str:
-    """``nq`` and ``searchR1_nq`` both become ``searchR1_nq`` (raw and preprocessed Search-R1 files differ)."""
-    return name if name.startswith("searchR1_") else f"searchR1_{name}"
-
-
-def _golds(value: Any) -> tuple[str, ...]:
+def golds_of(value: Any) -> tuple[str, ...]:
+    """The gold answers of a dumped ``gts`` or a parquet column, sorted (``()`` when there are none)."""
     if isinstance(value, dict):
         value = value.get("target", value.get("ground_truth"))
     if isinstance(value, str):
@@ -80,28 +79,25 @@ class SourceLookup:
     def __init__(self, rows: Iterable[tuple[str, str, tuple[str, ...]]]) -> None:
         self._by_golds: dict[tuple[str, ...], list[tuple[str, str]]] = defaultdict(list)
         for source, question, golds in rows:
-            self._by_golds[golds].append((question, canonical_source(source)))
+            self._by_golds[golds].append((question, output_data_source(source)))
 
     @classmethod
     def from_parquet(cls, path: Path) -> SourceLookup:
         """Read a Search-R1 parquet, raw (``question``, ``golden_answers``) or preprocessed (``extra_info``)."""
-        import pandas as pd
-        import pyarrow as pa
-
         try:
-            frame = pd.read_parquet(path)
-        except (OSError, pa.ArrowException) as e:
-            raise DumpError(f"cannot read validation data {path}: {e}") from e
-        if "data_source" not in frame.columns:
+            columns, rows = read_parquet_rows(Path(path))
+        except SourceUnavailable as e:
+            raise DumpError(f"cannot read validation data: {e}") from e
+        if "data_source" not in columns:
             raise DumpError(f"{path} has no data_source column")
         entries = []
-        for row in frame.to_dict(orient="records"):
+        for row in rows:
             question = row.get("question")
             if question is None and isinstance(row.get("extra_info"), dict):
                 question = row["extra_info"].get("question")
-            golds = _golds(row.get("golden_answers"))
+            golds = golds_of(row.get("golden_answers"))
             if not golds and isinstance(row.get("reward_model"), dict):
-                golds = _golds(row["reward_model"].get("ground_truth"))
+                golds = golds_of(row["reward_model"].get("ground_truth"))
             if question is None or not golds:
                 raise DumpError(f"{path}: rows need a question and gold answers (Search-R1 format)")
             entries.append((str(row["data_source"]), str(question).strip(), golds))
@@ -109,7 +105,7 @@ class SourceLookup:
 
     def source_of(self, row: dict[str, Any]) -> str:
         """The data source of a dumped row, or ``UNMATCHED`` when no validation row (or more than one) matches it."""
-        candidates = self._by_golds.get(_golds(row.get("gts")), [])
+        candidates = self._by_golds.get(golds_of(row.get("gts")), [])
         sources = {s for _, s in candidates}
         if len(sources) > 1:
             text = str(row.get("input", ""))

@@ -21,15 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 logger = logging.getLogger(__name__)
 
-#: the step metrics the watcher reads (a recorded stream needs only these)
-WATCHED_METRICS = (
-    "search/calls_per_traj/mean",
-    "search/answered_share",
-    "response_length/clip_ratio",
-    "search/failed_share",
-    "critic/score/mean",
-)
-
 
 class AlarmSettings(BaseModel):
     """``+search_monitor.alarms.<field>=...`` in verl's config (all optional)."""

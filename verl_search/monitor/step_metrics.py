@@ -24,6 +24,8 @@ from verl_search.tool.search_tool import (
     SEARCH_QUERIES,
 )
 
+#: a trajectory as the metrics read it: its fields, response length, loop timings and masked response tokens
+Trajectory = tuple[Mapping[str, Any], Any, Any, Any]
 #: searches per trajectory are also reported as the share of trajectories with 0, 1, 2 and this many or more
 MANY_SEARCHES = 3
 
@@ -65,12 +67,9 @@ def search_step_metrics(
     them the metrics that need them are left out.
     """
     given = list(extra_fields)
-    lens = list(response_lens) if response_lens is not None else [None] * len(given)
-    times = list(timings) if timings is not None else [None] * len(given)
-    masks = list(masked_tokens) if masked_tokens is not None else [None] * len(given)
-    kept = [(f, n, t) for f, n, t in zip(given, lens, times, strict=True) if isinstance(f, Mapping)]
-    kept_masks = [m for f, m in zip(given, masks, strict=True) if isinstance(f, Mapping)]
-    rows = [f for f, _, _ in kept]
+    columns = [[None] * len(given) if c is None else list(c) for c in (response_lens, timings, masked_tokens)]
+    kept: list[Trajectory] = [t for t in zip(given, *columns, strict=True) if isinstance(t[0], Mapping)]
+    rows = [t[0] for t in kept]
     rewards = [r.get("reward_extra_info") if isinstance(r.get("reward_extra_info"), Mapping) else {} for r in rows]
     out: dict[str, float] = {}
     # calls the loop recorded; for a trajectory with none recorded (SearchTool records only when it is called), the
@@ -108,8 +107,8 @@ def search_step_metrics(
         out["search/latency_s/p50"] = _nearest_rank(latencies, 50)
         out["search/latency_s/p99"] = _nearest_rank(latencies, 99)
     out.update(_results_cut(kept, max_result_chars))
-    out.update(_unmasked_results(kept, kept_masks))
-    if shares := [s for f, _, t in kept if (s := _wait_share(f, t)) is not None]:
+    out.update(_unmasked_results(kept))
+    if shares := [s for f, _, t, _ in kept if (s := _wait_share(f, t)) is not None]:
         out["search/wait_share"] = _mean(shares)  # trajectories run concurrently: each one's own share, averaged
     return out
 
@@ -137,14 +136,14 @@ def _list(value: Any) -> list:
     return list(value) if isinstance(value, list | tuple) else []
 
 
-def _results_cut(kept: list[tuple[Mapping[str, Any], Any, Any]], max_result_chars: int | None) -> dict[str, float]:
+def _results_cut(kept: list[Trajectory], max_result_chars: int | None) -> dict[str, float]:
     """Search results that reached the model incomplete: cut to ``max_result_chars`` or dropped whole by verl's
     ``tool_agent`` (a result that does not fit ends the trajectory unseen: nothing follows where it was to go), or cut
     at the response length by ``search_r1_agent`` (which says how many tokens)."""
     results = cut = dropped = 0
     tokens_cut = 0.0
     seen = False
-    for fields, response_len, _ in kept:
+    for fields, response_len, _, _ in kept:
         places, sizes = _list(fields.get(RESULT_AT)), _list(fields.get(RESULT_CHARS))
         length = _number(response_len)
         if places and length is not None:
@@ -171,12 +170,12 @@ def _results_cut(kept: list[tuple[Mapping[str, Any], Any, Any]], max_result_char
     }
 
 
-def _unmasked_results(kept: list[tuple[Mapping[str, Any], Any, Any]], masked: list[Any]) -> dict[str, float]:
+def _unmasked_results(kept: list[Trajectory]) -> dict[str, float]:
     """The share of trajectories shown search results that have no response token kept out of the loss: results
     trained on as if the model had written them (0 unless an agent loop's mask is broken). A trajectory whose every
     result was dropped unseen (placed at or past its response's end) was shown none."""
     shown = unmasked = 0
-    for (fields, response_len, _), masked_count in zip(kept, masked, strict=True):
+    for fields, response_len, _, masked_count in kept:
         count, length = _number(masked_count), _number(response_len)
         if count is None or not (_number(fields.get("search_calls")) or 0) > 0:
             continue

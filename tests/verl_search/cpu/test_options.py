@@ -34,6 +34,8 @@ def test_options_from_verls_config_nodes_round_trip_to_the_server():
         ({"opening_policy": "no_such_module_xyz.Policy"}, "opening_policy.*no_such_module_xyz"),
         ({"opening_policy": "collections.NoSuchThing"}, "opening_policy.*NoSuchThing"),
         ({"opening_policy": "notadottedpath"}, "opening_policy.*dotted path"),
+        ({"opening_policy": {"search_every": 2}}, "opening_policy.*needs a path"),
+        ({"opening_policy": 5}, "opening_policy"),
     ],
 )
 def test_bad_options_are_a_config_error_naming_the_key(hf_cpu, message):

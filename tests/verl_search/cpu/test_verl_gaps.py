@@ -1,4 +1,4 @@
-"""The three verl gaps the CPU backend bridges still exist in the installed verl (these fail when verl changes under
+"""The two verl gaps the CPU backend bridges still exist in the installed verl (these fail when verl changes under
 us, so the bridges get re-checked), and the bridges do what they claim."""
 
 from __future__ import annotations
@@ -11,27 +11,6 @@ import torch.distributed
 
 from verl_search.cpu import verl_gaps
 from verl_search.cpu.errors import UnsupportedVerlError
-
-
-@pytest.fixture
-def cpu_platform():
-    from verl.plugin.platform import platform_manager, set_platform
-
-    from verl_search.cpu.platform import CpuPlatform
-
-    saved = platform_manager._current_platform
-    set_platform(CpuPlatform())
-    yield
-    platform_manager._current_platform = saved
-
-
-@pytest.fixture
-def recorded_backend(monkeypatch):
-    """torch's init_process_group replaced by a recorder (torch is not ours; we only observe what verl asks of it)."""
-    seen: list[str] = []
-    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
-    monkeypatch.setattr(torch.distributed, "init_process_group", lambda backend=None, **kw: seen.append(backend))
-    return seen
 
 
 def _verl_original():
@@ -85,45 +64,3 @@ def test_an_unchecked_verl_version_is_refused(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.10.0")
     with pytest.raises(UnsupportedVerlError, match="verl 0.10.0"):
         verl_gaps.check_verl_version()
-
-
-def _verl_torchrun_original():
-    from verl.utils import distributed
-
-    function = distributed.initialize_global_process_group
-    return getattr(function, "__wrapped__", function)
-
-
-@pytest.fixture
-def single_rank(monkeypatch):
-    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
-        monkeypatch.setenv(key, value)
-
-
-def test_verl_sft_trainer_still_builds_the_duplicate_backend_on_a_cpu_platform(
-    cpu_platform, recorded_backend, single_rank, monkeypatch
-):
-    from verl.utils import distributed
-
-    monkeypatch.setattr(distributed, "get_torch_device", lambda: type("D", (), {"set_device": lambda *_: None}))
-    _verl_torchrun_original()()
-    assert recorded_backend == ["cpu:gloo,cpu:gloo"]
-
-
-def test_the_sft_bridge_asks_for_gloo_once_and_returns_the_ranks(cpu_platform, recorded_backend, single_rank):
-    ranks = verl_gaps.cpu_torchrun_process_group_init(_verl_torchrun_original())()
-    assert recorded_backend == ["cpu:gloo"] and ranks == (0, 0, 1)
-
-
-def test_the_sft_bridge_is_bound_once_and_refuses_an_unchecked_verl(monkeypatch):
-    import importlib.metadata
-    import types
-
-    module = types.SimpleNamespace(initialize_global_process_group=_verl_torchrun_original())
-    verl_gaps.bridge_torchrun_process_group(module)
-    bound = module.initialize_global_process_group
-    verl_gaps.bridge_torchrun_process_group(module)
-    assert module.initialize_global_process_group is bound and bound.__verl_search_bridge__
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.10.0")
-    with pytest.raises(UnsupportedVerlError, match="verl 0.10.0"):
-        verl_gaps.bridge_torchrun_process_group(types.SimpleNamespace(initialize_global_process_group=bound))
