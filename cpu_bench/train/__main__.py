@@ -23,6 +23,13 @@ def _parser() -> argparse.ArgumentParser:
         help="make demo: make train's warm start (the shipped base model), then 8 GRPO steps, redone each run",
     )
     p.add_argument("--retriever_url", help="use this retriever instead of starting the embedded default")
+    p.add_argument(
+        "--search",
+        choices=["dense", "web", "web-replay"],
+        help="dense (default): the toy world's retriever; web: the same passages as a web search API behind the "
+        "retriever's web backend, every answer recorded in the web cache; web-replay: the web cache's answers only",
+    )
+    p.add_argument("--web_cache", type=Path, help="the web cache (default: <out>/web_search.sqlite3)")
     p.add_argument("--grpo_steps", type=int, help="GRPO steps")
     p.add_argument("--grpo_lr", type=float, help="GRPO learning rate")
     p.add_argument("--rollout_n", type=int, help="GRPO samples per question (the group)")
@@ -76,6 +83,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         config = TrainConfig(out_dir=args.out)
     if not (args.quick or args.demo) and args.retriever_url:
         config = config.model_copy(update={"retriever_url": args.retriever_url})
+    if args.search is not None:
+        config = config.model_copy(update={"search_backend": args.search})
+    if args.web_cache is not None:
+        config = config.model_copy(update={"web_cache": args.web_cache})
     grpo_flags = {
         "steps": args.grpo_steps,
         "lr": args.grpo_lr,
@@ -132,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(render_table(result.results, result.gain))
     print(time_line(result.seconds, result.reused))
+    if result.web is not None:
+        w = result.web
+        print(f"web search ({w['mode']}): {w['queries']:,} queries, {w['live_requests_total']:,} live calls; "
+              f"{w['calls_saved']:,} ({w['saved_share'] or 0:.0%}) answered without a call; "
+              f"{w['replay_misses_total']:,} replay misses")  # fmt: skip
     for name, path in result.artifacts.items():
         print(f"{name}: {path}")
     return 0

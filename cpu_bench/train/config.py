@@ -11,6 +11,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+#: where ``make train`` searches: the toy world's retriever, or its web through the retriever's web backend
+SearchBackend = Literal["dense", "web", "web-replay"]
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -139,6 +142,14 @@ class TrainConfig(_Section):
 
     out_dir: Path = Field(Path("runs/train"), description="where every artifact goes")
     retriever_url: str | None = Field(None, description="a running retriever; None starts the embedded default")
+    search_backend: SearchBackend = Field(
+        "dense",
+        description="dense: the toy world's retriever; web: its web (cpu_bench.train.toy_web) through the retriever's "
+        "web backend, every answer recorded in web_cache; web-replay: web_cache's answers only, no call made",
+    )
+    web_cache: Path | None = Field(
+        None, description="the web backend's SQLite cache (None: <out_dir>/web_search.sqlite3)"
+    )
     world: WorldSettings = WorldSettings()
     search: SearchSettings = SearchSettings()
     model: ModelSettings = ModelSettings()

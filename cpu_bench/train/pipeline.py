@@ -10,10 +10,12 @@ a cached warm start), and the table's numbers come from verl's validation dumps 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from cpu_bench.train.run_settings import check_and_record
 from cpu_bench.train.stage import digest
 from cpu_bench.train.stages import GRPORun, run_grpo, run_sft, sft_stage
 from cpu_bench.train.summary import Gain, StageResult, as_dicts, paired_gain, render_table, stage_result
+from cpu_bench.train.toy_web import search_service, web_report
 from verl_search.atomic import atomic_path
 from verl_search.eval.plots import Panel, plot_panels
 from verl_search.report import write_report
@@ -62,6 +65,7 @@ class PipelineResult:
     gain: Gain | None = None  # EM after GRPO minus after SFT, paired over the held-out questions
     #: stages this run did not build, and where they came from (their ``seconds`` are from when they were built)
     reused: dict[str, str] = field(default_factory=dict)
+    web: dict | None = None  # --search web|web-replay: the web backend's counters (toy_web.web_report)
 
 
 def _sft_label(stats: dict) -> str:
@@ -106,12 +110,14 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
     reused: dict[str, str] = {}
     started = time.monotonic()
     progress = Progress(stage_count(config))
-    if config.retriever_url is None:
+    if config.search_backend != "dense":
+        what, expected = f"the toy world's web ({config.search_backend}) on 127.0.0.1", PACE.retriever_start + PACE.data
+    elif config.retriever_url is None:
         what, expected = "the toy world's MiniLM index and retriever on 127.0.0.1", PACE.retriever_start + PACE.data
     else:
         what, expected = f"the retriever at {config.retriever_url}", PACE.data
     progress.stage("retriever and data", what + ", the question splits, the SFT trajectories", expected)
-    with retriever(config.retriever_url, config.world.passages, logs / "retriever.log") as url:
+    with _search(config, out, logs) as url:
         seconds["retriever_start"] = time.monotonic() - started
         t = time.monotonic()
         data = prepare_data(config, url, out / "data")
@@ -170,6 +176,7 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
         seconds["grpo"] = grpo.seconds
         if grpo.reused:
             reused["grpo"] = "built before"
+        web = web_report(url) if config.search_backend != "dense" else None
     report = _report(grpo, data.eval)
     results += [
         stage_result("after SFT", _sft_label(data.stats), grpo.val_dir, data.eval, step=0),
@@ -185,10 +192,22 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
         metrics=str(grpo.metrics),
         validation_dumps=str(grpo.val_dir),
     )
-    result = PipelineResult(results, seconds, artifacts, gain=paired_gain(grpo.val_dir), reused=reused)
+    result = PipelineResult(results, seconds, artifacts, gain=paired_gain(grpo.val_dir), reused=reused, web=web)
     write_summary(out, result, data.stats)
     logger.info("plots: %s", [str(p) for p in plots])
     return result
+
+
+@contextlib.contextmanager
+def _search(config: TrainConfig, out: Path, logs: Path) -> Iterator[str]:
+    """The ``/retrieve`` URL every stage searches (``config.search_backend``), for the whole run."""
+    if config.search_backend == "dense":
+        with retriever(config.retriever_url, config.world.passages, logs / "retriever.log") as url:
+            yield url
+        return
+    cache = Path(config.web_cache) if config.web_cache is not None else out / "web_search.sqlite3"
+    with search_service(config.search_backend, cache, config.world.passages, logs, scope=out.name) as url:
+        yield url
 
 
 def write_summary(out: Path, result: PipelineResult, data_stats: dict) -> None:
@@ -196,6 +215,8 @@ def write_summary(out: Path, result: PipelineResult, data_stats: dict) -> None:
     with atomic_path(out / "summary.json") as tmp:
         summary = {"results": as_dicts(result.results), "seconds": result.seconds, "reused": result.reused}
         summary |= {"artifacts": result.artifacts, "data": data_stats, "grpo_gain": asdict(result.gain)}
+        if result.web is not None:  # --search web|web-replay: the web backend's calls and what its cache saved
+            summary["web_search"] = result.web
         tmp.write_text(json.dumps(summary, indent=2), encoding="utf-8")
     with atomic_path(out / "summary.md") as tmp:
         tmp.write_text(render_table(result.results, result.gain), encoding="utf-8")

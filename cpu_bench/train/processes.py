@@ -123,17 +123,26 @@ def retriever(url: str | None, passages: int, log_path: Path, timeout: float = 9
     if url is not None:
         yield url if url.rstrip("/").endswith("/retrieve") else url.rstrip("/") + "/retrieve"
         return
+    with retrieval_server(["--toy_passages", str(passages)], log_path, timeout=timeout) as base:
+        yield base + "/retrieve"
+
+
+@contextlib.contextmanager
+def retrieval_server(
+    flags: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None, timeout: float = 900.0
+) -> Iterator[str]:
+    """Yield the base URL of a retrieval server started (and stopped) here with ``flags``, once it is healthy."""
     port = free_port()
-    command = [sys.executable, "-m", "local_dense_retriever.retrieval_server", "--port", str(port)]
-    command += ["--toy_passages", str(passages)]
+    command = [sys.executable, "-m", "local_dense_retriever.retrieval_server", "--port", str(port), *flags]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w", encoding="utf-8") as log:
         process = subprocess.Popen(
-            command, cwd=log_path.parent, env=child_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+            command, cwd=log_path.parent, env=child_env(env), stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
         try:
             base = f"http://127.0.0.1:{port}"
             wait_until_healthy(base, process, timeout=timeout, what="retriever")
-            yield base + "/retrieve"
+            yield base
         finally:
             _end_group(process)

@@ -17,7 +17,7 @@ from verl_search.errors import VerlSearchError
 
 FILE = "settings.json"
 #: where a run happens, not what it computes
-_NOT_SETTINGS = {"out_dir", "retriever_url"}
+_NOT_SETTINGS = {"out_dir", "retriever_url", "search_backend", "web_cache"}
 
 
 class SettingsMismatch(VerlSearchError, ValueError):

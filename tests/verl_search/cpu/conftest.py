@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -59,6 +60,28 @@ def real_retriever(tmp_path_factory):
         process.terminate()
         process.wait(timeout=30)
         log.close()
+
+
+@pytest.fixture(scope="session")
+def web_replay_retriever(real_retriever, tmp_path_factory):
+    """The retriever's web backend in replay mode over a recorded cache of the toy world: the toy web (Serper's shape,
+    fronting ``real_retriever``) was searched for every training question through the web backend, then that server
+    stopped. Yields (replay server URL, the toy web, its calls at the end of the recording)."""
+    from cpu_bench.train.processes import retrieval_server
+    from cpu_bench.train.toy_web import ToyWeb
+
+    folder = tmp_path_factory.mktemp("web")
+    flags = ["--backend", "web", "--web_cache_path", str(folder / "web.sqlite3")]
+    with ToyWeb(f"{real_retriever}/retrieve") as web:
+        record = [*flags, "--web_base_url", f"{web.url}/search"]
+        with retrieval_server(record, folder / "record.log", env={"SERPER_API_KEY": web.key}) as url:
+            body = json.dumps({"queries": QUESTIONS, "topk": 1}).encode()
+            request = urllib.request.Request(f"{url}/retrieve", body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=60) as response:
+                assert all(json.load(response)["result"])  # every question has its recorded hit
+        recorded = web.calls
+        with retrieval_server([*flags, "--web_cache_mode", "replay"], folder / "replay.log") as url:
+            yield url, web, recorded
 
 
 def _preprocess(out_dir: Path, template: str) -> Path:

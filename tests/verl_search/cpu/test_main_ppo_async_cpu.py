@@ -1,6 +1,7 @@
 """TRAINER=fully_async on the CPU through verl's real trainer (``python -m verl.trainer.main_ppo``, V1
 ``separate_async``): the tiny model, the hf_cpu rollout in its own process receiving weights over the zmq checkpoint
-engine, the real retriever, both agent loops; then a resumed step from the checkpoint.
+engine, both agent loops; then a resumed step from the checkpoint. Search goes to the retriever's web backend in replay
+mode over a recorded cache of the toy world (``make train --search web-replay``): it must train without one call out.
 
 What proves it is asynchronous, from verl's own metrics and the rollout server's log (the test kit's opening policy
 records every generate call and weight update with its time and weight version; it also forces some openings, see
@@ -29,8 +30,9 @@ def _records(folder: Path) -> list[dict]:
 
 
 def test_fully_async_grpo_with_search_overlaps_rollout_and_training_and_resumes(
-    tmp_path, tiny_model, real_retriever, mixed_data, short_results_tool_yaml, launch_cpu_run
+    tmp_path, tiny_model, web_replay_retriever, mixed_data, short_results_tool_yaml, launch_cpu_run
 ):
+    replay_url, toy_web, recorded_calls = web_replay_retriever
     run_dir, records = tmp_path / "run", tmp_path / "records"
     env = {
         "TRAINER": "fully_async",
@@ -38,7 +40,7 @@ def test_fully_async_grpo_with_search_overlaps_rollout_and_training_and_resumes(
         "MODEL_PATH": str(tiny_model),
         "DATA_DIR": str(mixed_data),
         "TOOL_CONFIG": str(short_results_tool_yaml),
-        "RETRIEVER_URL": f"{real_retriever}/retrieve",
+        "RETRIEVER_URL": f"{replay_url}/retrieve",
         "MAX_TOOL_RESPONSE_LENGTH": "800",
         "AGENT_CHECK": "0",  # rows mix tool_agent and search_r1_agent
         "SAVE_FREQ": "2",
@@ -70,8 +72,13 @@ def test_fully_async_grpo_with_search_overlaps_rollout_and_training_and_resumes(
     ]  # fmt: skip
     assert during_step_2, "no rollout ran while step 2 trained"
 
-    with urllib.request.urlopen(f"{real_retriever}/metrics") as response:
-        assert json.load(response)["requests_total"] > 0  # searches reached the real retriever
+    with urllib.request.urlopen(f"{replay_url}/metrics") as response:
+        web = json.load(response)["web"]
+    assert web["cache_hits_total"] > 0  # the forced searches were answered from the recording
+    assert web["live_requests_total"] == 0 and toy_web.calls == recorded_calls  # replay made no call out
+    for step in metrics.values():  # a search the sampled model made up may miss: a labelled failure, never a crash
+        failed = {k for k, v in step.items() if k.startswith("search/failed/") and v}
+        assert failed <= {"search/failed/invalid_arguments", "search/failed/unavailable"}, failed
     assert (run_dir / "checkpoints" / "global_step_2" / "actor").is_dir()
 
     second = launch_cpu_run(run_dir, env, 3, options)
