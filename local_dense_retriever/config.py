@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import sys
 from pathlib import Path
@@ -134,6 +135,11 @@ class ServerConfig(BaseModel):
     def _check_web(self) -> ServerConfig:
         if self.backend == "web" and (self.index_path is not None or self.corpus_path is not None):
             raise ValueError("--backend web searches the provider: drop --index_path and --corpus_path")
+        if self.web_fetch_allow_loopback and not _is_loopback(self.host):
+            raise ValueError(
+                f"--web_fetch_allow_loopback is for tests: it would let clients of --host {self.host} reach this "
+                "machine's own services through /access; listen on 127.0.0.1 or drop the flag"
+            )
         return self
 
     host: str = "127.0.0.1"
@@ -261,6 +267,16 @@ class ServerConfig(BaseModel):
         if self.pooling != "auto":
             return self.pooling
         return "cls" if "bge" in f"{self.retriever_name} {self.retriever_model}".lower() else "mean"
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` names a loopback address (only this machine can connect to a server bound there)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def is_flat_ip(path: Path) -> bool:

@@ -21,7 +21,8 @@ RetrieverError
 │       ├── RateLimited        the web provider's rate (--web_qps) has no slot before the query's deadline: 429
 │       └── UpstreamError      the web search provider keeps failing or refuses the key: 502 upstream_error
 ├── web.providers.ProviderFailure   one attempt at a web provider failed (retried, or turned into UpstreamError)
-├── FetchError                 a web page for POST /access could not be fetched (web/fetch.py): that url answers null
+├── FetchError                 a web page for POST /access could not be fetched (web/fetch.py): that url answers null,
+│   │                          counted in /metrics by the class's ``kind``
 │   ├── BadUrl                 not an http(s) URL with a host, or it carries userinfo, control characters or a
 │   │                          refused port
 │   ├── AddressRefused         the host is, or resolves to, an address off the public internet

@@ -47,6 +47,14 @@ def test_bad_web_settings_exit_2(capsys, flag, value):
     assert len(err.strip().splitlines()) == 1 and flag.removeprefix("--") in err
 
 
+def test_loopback_pages_are_refused_on_a_server_others_can_reach(capsys):
+    assert main(["--backend", "web", "--web_fetch_allow_loopback", "--host", "0.0.0.0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--web_fetch_allow_loopback is for tests" in err
+    for host in ("127.0.0.1", "::1", "localhost"):
+        assert config_from_args(["--backend", "web", "--web_fetch_allow_loopback", "--host", host])[0].host == host
+
+
 def test_a_missing_key_stops_the_server_naming_the_variable(tmp_path: Path, monkeypatch, capsys):
     monkeypatch.delenv("SERPAPI_API_KEY", raising=False)
     argv = ["--backend", "web", "--web_provider", "serpapi", "--port", "0", "--cache_dir", str(tmp_path)]
