@@ -120,7 +120,7 @@ def health_report(state: ServiceState) -> dict:
     if state.engine is not None:
         body["passages"] = state.engine.passages
         body["batching"] = state.config.batching
-        body["pages"] = len(state.engine.pages) if state.engine.pages is not None else None
+        body["pages"] = len(state.engine.page_file) if state.engine.page_file is not None else None
         body["gpus"] = gpu_report(state.gpus)
     return body
 
@@ -212,15 +212,15 @@ def create_app(
 
     @app.post("/access", responses=_ERRORS)
     async def access(req: AccessBody, request: Request) -> JSONResponse:
-        """ASearcher's page access: ``{"result": [page or null per url]}``, from ``--pages_path`` or the corpus."""
+        """ASearcher's page access: ``{"result": [page or null per url]}``, from ``--pages_path``, else the corpus
+        (``--backend web``: the web cache, else a live fetch)."""
         if len(req.urls) > config.max_queries_per_request:
             return error_response(422, "invalid_request", f"{len(req.urls)} urls; the limit is "
                                   f"{config.max_queries_per_request}", request)  # fmt: skip
         if state.engine is None:
             return error_response(503, "not_ready", f"server is {state.status}: {state.detail}", request)
-        engine = state.engine
         try:
-            result = await asyncio.to_thread(lambda: [engine.page(url) for url in req.urls])
+            result = await state.engine.pages(req.urls)
         except Exception as e:
             return internal_error("page access", e, request)
         return JSONResponse({"result": result})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import sys
 from pathlib import Path
@@ -79,8 +80,8 @@ class ServerConfig(BaseModel):
     faiss_gpu: bool = False
     """faiss backend: shard an fp16 copy of the index over every visible GPU."""
     pages_path: Path | None = None
-    """JSONL of full pages, one object with a 'url' key per line (ASearcher/RLinf): served by POST /access. Not given:
-    /access answers null for every url."""
+    """JSONL of full pages, one object with a 'url' key per line (ASearcher/RLinf), served first by POST /access; a url
+    it lacks is answered from the corpus rows (--backend web: the web cache, else a live fetch), else null."""
     save_address_to: Path | None = None
     """Folder (made if missing) where, once ready, the server writes Host<ip>_IP<port>.txt holding <ip>:<port>
     (ASearcher/RLinf server discovery)."""
@@ -117,11 +118,28 @@ class ServerConfig(BaseModel):
     web_max_attempts: int = Field(default=3, ge=1, le=10)
     """--backend web: attempts per live call; 429, 5xx, timeouts and dropped connections are retried with exponential
     backoff and jitter (at least the provider's Retry-After)."""
+    web_fetch_max_bytes: int = Field(default=2 << 20, ge=1024, le=64 << 20)
+    """--backend web, POST /access: most body bytes read per fetched page; a longer page is cut there and marked
+    truncated."""
+    web_fetch_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    """--backend web, POST /access: deadline of one page fetch, name resolution and redirects included; past it the
+    url answers null."""
+    web_fetch_max_concurrency: int = Field(default=16, ge=1, le=1024)
+    """--backend web, POST /access: most pages fetched at once by the whole server (page fetches are not charged to the
+    search budget; this is their limit)."""
+    web_fetch_allow_loopback: bool = False
+    """--backend web, POST /access: also fetch pages from loopback addresses (127.0.0.0/8, ::1). For tests against a
+    local page server only: never on a server that models or users can reach."""
 
     @model_validator(mode="after")
     def _check_web(self) -> ServerConfig:
         if self.backend == "web" and (self.index_path is not None or self.corpus_path is not None):
             raise ValueError("--backend web searches the provider: drop --index_path and --corpus_path")
+        if self.web_fetch_allow_loopback and not _is_loopback(self.host):
+            raise ValueError(
+                f"--web_fetch_allow_loopback is for tests: it would let clients of --host {self.host} reach this "
+                "machine's own services through /access; listen on 127.0.0.1 or drop the flag"
+            )
         return self
 
     host: str = "127.0.0.1"
@@ -249,6 +267,16 @@ class ServerConfig(BaseModel):
         if self.pooling != "auto":
             return self.pooling
         return "cls" if "bge" in f"{self.retriever_name} {self.retriever_model}".lower() else "mean"
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` names a loopback address (only this machine can connect to a server bound there)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def is_flat_ip(path: Path) -> bool:

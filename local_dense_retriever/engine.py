@@ -1,9 +1,11 @@
 """RetrievalEngine: backend + corpus → documents per query; ``load_engine`` builds one from a ServerConfig.
-Invariant: ``search`` runs off the event loop; a text asked twice in a batch is encoded and searched once. A document
-backend (web) has no corpus, and a query it failed holds its ``QueryFailed`` in place of its hits."""
+Invariant: ``search`` and the file reads of ``pages`` run off the event loop; a text asked twice in a batch is encoded
+and searched once. A document backend (web) has no corpus, and a query it failed holds its ``QueryFailed`` in place of
+its hits."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -42,7 +44,7 @@ class RetrievalEngine:
     backend: SearchBackend | DocumentBackend
     corpus: CorpusStore | None  # None for a backend whose hits are documents (web)
     load_seconds: dict[str, float] = field(default_factory=dict)
-    pages: PageStore | None = None
+    page_file: PageStore | None = None  # the pages of --pages_path
     corpus_pages: CorpusPages | None = None  # pages joined from the corpus by url (page_urls)
     reranker: Reranker | None = None  # the rerank stage (--reranker_model)
     clock: StageClock = field(default_factory=StageClock)  # CPU and wall time per stage, for /metrics
@@ -112,9 +114,21 @@ class RetrievalEngine:
         index = getattr(self.backend, "index", None)  # BM25 has no vector index; faiss no pre-scan
         return int(getattr(index, "crowded_queries", 0))
 
-    def page(self, url: str) -> dict | None:
-        """``POST /access``: the pages file's page of ``url``, else the one joined from the corpus rows, else None."""
-        page = self.pages.get(url) if self.pages is not None else None
+    async def pages(self, urls: list[str]) -> list[dict | None]:
+        """``POST /access`` (awaited on the server's loop): per url, the pages file's page, else the one joined from
+        the corpus rows, else a document backend's (web: its cache, else a live fetch), else None."""
+        found: list[dict | None] = [None] * len(urls)
+        if self.page_file is not None or self.corpus_pages is not None:  # file reads, off the loop
+            found = await asyncio.to_thread(lambda: [self._local_page(url) for url in urls])
+        missing = [i for i, page in enumerate(found) if page is None]
+        if missing and isinstance(self.backend, DocumentBackend):
+            fetched = await self.backend.pages([urls[i] for i in missing])
+            for i, page in zip(missing, fetched, strict=True):
+                found[i] = page
+        return found
+
+    def _local_page(self, url: str) -> dict | None:
+        page = self.page_file.get(url) if self.page_file is not None else None
         if page is None and self.corpus_pages is not None:
             page = self.corpus_pages.get(url)
         return page
@@ -136,7 +150,7 @@ class RetrievalEngine:
 
     def describe(self) -> str:
         """What is served, naming files without their folders (this text is shown by /health)."""
-        pages = f"; pages {self.pages.path.name} ({len(self.pages):,})" if self.pages is not None else ""
+        pages = f"; pages {self.page_file.path.name} ({len(self.page_file):,})" if self.page_file is not None else ""
         rerank = f"; {self.reranker.describe()}" if self.reranker is not None else ""
         if self.corpus is None:
             return f"{self.backend.describe()}{pages}{rerank}"
@@ -201,7 +215,7 @@ def _load_web_engine(config: ServerConfig, timings: dict[str, float], *, progres
     if config.pages_path is not None:
         with _stage(timings, "pages", config.load_progress_s, Path(config.pages_path).name):
             pages = PageStore(Path(config.pages_path), progress=progress)
-    return _finish(RetrievalEngine(backend, None, load_seconds=timings, pages=pages), config)
+    return _finish(RetrievalEngine(backend, None, load_seconds=timings, page_file=pages), config)
 
 
 def _finish(engine: RetrievalEngine, config: ServerConfig) -> RetrievalEngine:
@@ -274,5 +288,5 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
     with _stage(timings, "page urls", every_s, unit="rows") as stage:
         corpus_pages = CorpusPages(corpus, progress=progress, load_progress=stage)
     return _finish(
-        RetrievalEngine(backend, corpus, load_seconds=timings, pages=pages, corpus_pages=corpus_pages), config
+        RetrievalEngine(backend, corpus, load_seconds=timings, page_file=pages, corpus_pages=corpus_pages), config
     )

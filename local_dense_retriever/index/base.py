@@ -50,6 +50,10 @@ class DocumentBackend(Protocol):
 
     def describe(self) -> str: ...
 
+    async def pages(self, urls: list[str]) -> list[dict | None]:
+        """``POST /access``: the page of each url the local files lacked, or None."""
+        ...
+
     def close(self) -> None:
         """Release its connections and files (idempotent)."""
         ...

@@ -7,8 +7,8 @@ bodies keeps its meaning and shape (counters are the fleet's totals), so a clien
 unchanged. What cannot be summed is said: ``uptime_s`` is the oldest replica's, ``latency_ms`` percentiles the
 slowest replica's (an upper bound of the fleet's), ``mean_batch_size`` the mean over every replica's batches, ``gpus``
 every replica's entries (a GPU that replicas share appears once per replica, under the same uuid); in the ``web``
-block, what the replicas read from their shared cache file (cached answers, the run's calls and spend) is the largest
-replica's figure and the hit rate that of the summed lookups.
+block, what the replicas read from their shared cache file (cached answers and pages, the run's calls and spend) is
+the largest replica's figure and the hit rate that of the summed lookups.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def fleet_metrics(replicas: Mapping[str, Mapping[str, Any]], gateways: Mapping[s
 
 
 #: the web backend's figures read from the cache file the replicas share: the fleet's is the largest (freshest) one
-_WEB_SHARED = ("cached_answers", "run_live_calls", "run_spend_usd")
+_WEB_SHARED = ("cached_answers", "cached_pages", "run_live_calls", "run_spend_usd")
 
 
 def _web_totals(summed: dict, webs: list[Mapping[str, Any]]) -> dict:

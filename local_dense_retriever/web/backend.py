@@ -1,5 +1,6 @@
 """WebSearch: the engine's search backend for ``--backend web``. Its hits are documents (no corpus rows): each one
-``{"id", "contents": '"<title>"\\n<snippet>', "url"}`` scored by rank (1, 1/2, 1/3, ...).
+``{"id", "contents": '"<title>"\\n<snippet>', "url"}`` scored by rank (1, 1/2, 1/3, ...). It also serves the pages of
+``POST /access`` (``access.WebPages``: the cache file's pages, else a live fetch) on the same event loop.
 
 Invariants: a failed query is returned as its ``QueryFailed`` in its own result slot, never raised for the batch; a
 replay never calls the provider; identical queries in flight in this process share one live call; every live answer
@@ -19,8 +20,10 @@ from pydantic import SecretStr
 
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.errors import NotCached, QueryFailed, WebSetupError
+from local_dense_retriever.web.access import WebPages
 from local_dense_retriever.web.cache import WebStore, normalize_query
 from local_dense_retriever.web.caller import LiveCaller
+from local_dense_retriever.web.fetch import FetchConfig, PageFetcher
 from local_dense_retriever.web.limits import Budget, TokenBucket
 from local_dense_retriever.web.providers import PROVIDERS, WebHit
 
@@ -57,6 +60,17 @@ def api_key(config: ServerConfig) -> SecretStr | None:
     return SecretStr(value)
 
 
+def page_fetcher(config: ServerConfig) -> PageFetcher | None:
+    """The fetcher of /access pages the config asks for; None in replay, which never fetches."""
+    if config.web_cache_mode == "replay":
+        return None
+    if config.web_fetch_allow_loopback:
+        logger.warning("--web_fetch_allow_loopback: /access may fetch pages from this machine (for tests only)")
+    return PageFetcher(FetchConfig(max_bytes=config.web_fetch_max_bytes, deadline_s=config.web_fetch_timeout_s,
+                                   max_concurrency=config.web_fetch_max_concurrency,
+                                   allow_loopback=config.web_fetch_allow_loopback))  # fmt: skip
+
+
 class WebSearch:
     """Search through the provider's API, behind the durable cache, the run's budget and the rate limit. ``search``
     is called from the engine's threads; the calls run on this backend's own event loop thread."""
@@ -81,6 +95,7 @@ class WebSearch:
                                      budget=self.budget, bucket=bucket, timeout_s=config.web_timeout_s,
                                      max_attempts=config.web_max_attempts)  # fmt: skip
         self._flights: dict[tuple[str, int], asyncio.Future[list[WebHit]]] = {}
+        self.web_pages = WebPages(self.store, page_fetcher(config), self.mode)
         if self.caller is not None and config.web_max_live_calls is None and config.web_max_spend is None:
             logger.warning("--backend web: no --web_max_live_calls or --web_max_spend: live calls are not capped")
 
@@ -91,6 +106,10 @@ class WebSearch:
     def search(self, queries: list[str], k: int) -> list[list[Hit] | QueryFailed]:
         """Per query, its top-``k`` hits or the ``QueryFailed`` that query met."""
         return asyncio.run_coroutine_threadsafe(self._search(queries, k), self._loop).result()
+
+    async def pages(self, urls: list[str]) -> list[dict | None]:
+        """``POST /access``: the page of each url, or None (awaited from the server's loop, run on this one's)."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.web_pages.get(urls), self._loop))
 
     def close(self) -> None:
         """Close the HTTP session and the cache and stop the loop thread (a second call does nothing)."""
@@ -160,6 +179,7 @@ class WebSearch:
             "run_spend_usd": budget.spend,
             "budget_refusals_total": budget.refusals,
             "replay_misses_total": self.replay_misses,
+            **self.web_pages.stats(),
         }
 
     def describe(self) -> str:

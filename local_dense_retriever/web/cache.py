@@ -1,4 +1,5 @@
-"""The durable cache of web answers and the budget ledger: one SQLite file in WAL mode, one connection per process.
+"""The durable cache of web answers, fetched pages and the budget ledger: one SQLite file in WAL mode, one connection
+per process.
 
 Keys: (provider, normalised query, k). A query is normalised by NFKC, casefolding, stripping and collapsing runs of
 whitespace to one space; the provider is sent the normalised text, so a cached answer is exactly what a live call for
@@ -32,6 +33,11 @@ CREATE TABLE IF NOT EXISTS answers (
     recorded_at REAL NOT NULL,
     PRIMARY KEY (provider, query, k)
 );
+CREATE TABLE IF NOT EXISTS pages (
+    url TEXT PRIMARY KEY,
+    page TEXT NOT NULL,
+    recorded_at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS ledger (
     scope TEXT PRIMARY KEY,
     live_calls INTEGER NOT NULL,
@@ -57,6 +63,7 @@ class WebStore:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
             self._rows = self._db.execute("SELECT COUNT(*) FROM answers").fetchone()[0]
+            self._pages = self._db.execute("SELECT COUNT(*) FROM pages").fetchone()[0]
         except (OSError, sqlite3.Error) as e:
             raise WebSetupError(f"cannot open the web cache {path}: {e}") from None
         self._lock = threading.Lock()
@@ -93,6 +100,27 @@ class WebStore:
                 (*key, payload, int(len(hits) < k), time.time()),
             )
             self._rows += known is None
+
+    @property
+    def pages(self) -> int:
+        """Pages held."""
+        return self._pages
+
+    def get_page(self, url: str) -> dict | None:
+        """The page recorded for ``url`` (as it was asked), else None."""
+        with self._lock:
+            row = self._db.execute("SELECT page FROM pages WHERE url = ?", (url,)).fetchone()
+        return json.loads(row[0]) if row is not None else None
+
+    def put_page(self, url: str, page: dict) -> None:
+        """Record the page fetched for ``url`` (replacing an older one)."""
+        payload = json.dumps(page, ensure_ascii=False)
+        with self._lock:
+            known = self._db.execute("SELECT 1 FROM pages WHERE url = ?", (url,)).fetchone()
+            self._db.execute(
+                "INSERT OR REPLACE INTO pages (url, page, recorded_at) VALUES (?, ?, ?)", (url, payload, time.time())
+            )
+            self._pages += known is None
 
     def ledger(self, scope: str) -> tuple[int, float]:
         """(live calls, spend in USD) recorded for the run ``scope``."""

@@ -5,6 +5,7 @@ Imports of the service stack stay inside fixtures so GPU-only tests also run whe
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -131,6 +132,27 @@ def minilm_path() -> Path:
     from local_dense_retriever.encoder import bundled_minilm_path
 
     return bundled_minilm_path()
+
+
+def tiny_cross_encoder(folder: Path, minilm_path: Path, num_labels: int = 1, **config) -> None:
+    """A 2-layer, 32-wide BERT cross-encoder with MiniLM's tokenizer, saved to ``folder``."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
+    torch.manual_seed(0)
+    shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
+    model = BertForSequenceClassification(
+        BertConfig(vocab_size=tokenizer.vocab_size, num_labels=num_labels, initializer_range=0.5, **shape, **config)
+    )  # a wide initialisation, so passages get clearly different scores
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+@pytest.fixture(scope="session")
+def make_cross_encoder(minilm_path):
+    """Factory: folder (, num_labels, BertConfig overrides) -> a tiny cross-encoder saved there (the rerank stage's
+    tests, on any backend)."""
+    return functools.partial(tiny_cross_encoder, minilm_path=minilm_path)
 
 
 @pytest.fixture(scope="session")

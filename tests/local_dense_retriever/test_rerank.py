@@ -24,24 +24,10 @@ CANDIDATES = 8
 QUERIES = ["who founded the city of Gozairrul", "which medal did the architect receive", "canal building studies"]
 
 
-def tiny_cross_encoder(folder, minilm_path, num_labels: int = 1, **config) -> None:
-    """A 2-layer, 32-wide BERT cross-encoder with MiniLM's tokenizer, saved to ``folder``."""
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
-    torch.manual_seed(0)
-    shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
-    model = BertForSequenceClassification(
-        BertConfig(vocab_size=tokenizer.vocab_size, num_labels=num_labels, initializer_range=0.5, **shape, **config)
-    )  # a wide initialisation, so passages get clearly different scores
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-
-
 @pytest.fixture(scope="module")
-def cross_encoder(tmp_path_factory, minilm_path):
+def cross_encoder(tmp_path_factory, make_cross_encoder):
     folder = tmp_path_factory.mktemp("cross_encoder")
-    tiny_cross_encoder(folder, minilm_path)
+    make_cross_encoder(folder)
     return folder
 
 
@@ -188,24 +174,24 @@ def test_a_missing_reranker_folder_stops_the_start_up_with_a_clear_error(tmp_pat
 
 
 @pytest.mark.parametrize("kind", ["encoder without a head", "three labels", "empty folder"])
-def test_a_folder_that_is_not_a_cross_encoder_is_refused(tmp_path, minilm_path, kind):
+def test_a_folder_that_is_not_a_cross_encoder_is_refused(tmp_path, minilm_path, make_cross_encoder, kind):
     folder = tmp_path / "reranker"
     expected = {"encoder without a head": "no trained classification head .*classifier.weight",
                 "three labels": "3 output labels", "empty folder": "cannot load reranker"}[kind]  # fmt: skip
     if kind == "encoder without a head":
         folder = minilm_path
     elif kind == "three labels":
-        tiny_cross_encoder(folder, minilm_path, num_labels=3)
+        make_cross_encoder(folder, num_labels=3)
     else:
         folder.mkdir()
     with pytest.raises(RerankerError, match=expected):
         load_reranker(ServerConfig(reranker_model=str(folder), device="cpu"))
 
 
-def test_a_two_label_model_scores_with_its_positive_class(tmp_path, minilm_path):
+def test_a_two_label_model_scores_with_its_positive_class(tmp_path, make_cross_encoder):
     from local_dense_retriever.rerank import CrossEncoder
 
-    tiny_cross_encoder(tmp_path, minilm_path, num_labels=2)
+    make_cross_encoder(tmp_path, num_labels=2)
     scorer = CrossEncoder(tmp_path, device="cpu")
     pairs = [("a question", "a passage"), ("another question", "some other passage text")]
     with torch.inference_mode():

@@ -211,7 +211,7 @@ def test_hits_carry_url_and_title_and_access_serves_pages(tmp_path, make_hash_en
         f.write("not json\n")
         f.write(json.dumps({"url": "https://en.wikipedia.org/wiki/Camel", "contents": "Camels " * 1000}) + "\n")
     engine = make_hash_engine(corpus)
-    engine.pages = PageStore(pages, progress=False)
+    engine.page_file = PageStore(pages, progress=False)
     with BackgroundServer(create_app(ServerConfig(), engine=engine)) as srv:
         hit = httpx.post(f"{srv.url}/retrieve", json={"queries": ["badger"], "topk": 1}).json()["result"][0][0]
         assert hit["title"] == "Badger" and hit["url"].endswith("title=Badger")

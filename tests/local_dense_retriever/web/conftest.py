@@ -4,7 +4,9 @@ shapes, with a plan of faults to give next; and helpers that build a web backend
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
+import socket
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -187,6 +189,34 @@ def web_server(web_config):
     for server, engine in servers:
         server.__exit__(None, None, None)
         engine.backend.close()
+
+
+@pytest.fixture
+def only_loopback_connections(monkeypatch) -> list[tuple[str, int]]:
+    """Any connection this process opens to an address off this machine fails the test; the (host, port) of every
+    connection it opens is recorded in the list returned."""
+    opened: list[tuple[str, int]] = []
+    real_create = asyncio.base_events.BaseEventLoop.create_connection
+    real_socket_create = socket.create_connection
+
+    def check(host, port) -> None:
+        if host is None:  # an already connected socket
+            return
+        if not ipaddress.ip_address(str(host)).is_loopback:
+            raise AssertionError(f"a connection to {host} was attempted")
+        opened.append((str(host), int(port)))
+
+    async def create_connection(self, protocol_factory, host=None, port=None, **kw):
+        check(host, port)
+        return await real_create(self, protocol_factory, host, port, **kw)
+
+    def socket_create(address, *args, **kw):
+        check(*address[:2])
+        return real_socket_create(address, *args, **kw)
+
+    monkeypatch.setattr(asyncio.base_events.BaseEventLoop, "create_connection", create_connection)
+    monkeypatch.setattr(socket, "create_connection", socket_create)
+    return opened
 
 
 @pytest.fixture(scope="session")

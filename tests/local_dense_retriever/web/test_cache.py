@@ -151,3 +151,27 @@ def test_a_writer_killed_mid_write_leaves_every_committed_answer_whole(tmp_path)
         assert calls >= committed + 1 and spend == pytest.approx(calls * 0.001)
     finally:
         store.close()
+
+
+def test_a_cache_file_from_before_pages_opens_and_keeps_its_answers_and_pages_across_a_restart(tmp_path):
+    path = tmp_path / "old.sqlite3"
+    db = sqlite3.connect(path)  # the file as servers wrote it before /access pages were cached
+    db.execute(
+        "CREATE TABLE answers (provider TEXT NOT NULL, query TEXT NOT NULL, k INTEGER NOT NULL, hits TEXT "
+        "NOT NULL, complete INTEGER NOT NULL, recorded_at REAL NOT NULL, PRIMARY KEY (provider, query, k))"
+    )
+    db.execute("INSERT INTO answers VALUES ('serper', 'paris', 1, ?, 0, 0)",
+               ('[{"title": "Paris", "url": "https://p.example/", "snippet": "Capital."}]',))  # fmt: skip
+    db.commit()
+    db.close()
+    store = WebStore(path)
+    assert store.get("serper", "paris", 1) == [WebHit("Paris", "https://p.example/", "Capital.")]
+    page = {"url": "https://p.example/?a=1", "title": "Paris \u00e9t\u00e9", "contents": "Capital.", "truncated": False}
+    assert store.pages == 0 and store.get_page(page["url"]) is None
+    store.put_page(page["url"], page)
+    store.put_page(page["url"], page)  # recorded again (live mode): one page
+    store.close()
+    reopened = WebStore(path)
+    assert reopened.pages == 1 and reopened.get_page(page["url"]) == page
+    assert reopened.get_page("https://p.example/?a=2") is None  # keyed by the url exactly as asked
+    reopened.close()

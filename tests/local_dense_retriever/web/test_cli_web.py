@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from local_dense_retriever.retrieval_server import config_from_args, main
 
 
@@ -12,15 +14,20 @@ def test_the_web_flags_parse_into_the_config(tmp_path):
         ["--backend", "web", "--web_provider", "brave", "--web_base_url", "http://127.0.0.1:9/s",
          "--web_api_key_env", "MY_BRAVE_KEY", "--web_cache_mode", "replay", "--web_cache_path", str(tmp_path / "c.db"),
          "--web_budget_scope", "nq-eval", "--web_max_live_calls", "500", "--web_cost_per_call", "0.003",
-         "--web_max_spend", "1.5", "--web_qps", "2", "--web_timeout_s", "4", "--web_max_attempts", "2"]
+         "--web_max_spend", "1.5", "--web_qps", "2", "--web_timeout_s", "4", "--web_max_attempts", "2",
+         "--web_fetch_max_bytes", "65536", "--web-fetch-timeout-s", "3.5", "--web_fetch_max_concurrency", "4",
+         "--web_fetch_allow_loopback"]
     )  # fmt: skip
     assert config.resolved_backend() == "web" and not config.embedded_default
     assert (config.web_provider, config.web_api_key_env, config.web_cache_mode) == ("brave", "MY_BRAVE_KEY", "replay")
     assert config.web_cache_path == tmp_path / "c.db" and config.web_budget_scope == "nq-eval"
     assert (config.web_max_live_calls, config.web_cost_per_call, config.web_max_spend) == (500, 0.003, 1.5)
     assert (config.web_qps, config.web_timeout_s, config.web_max_attempts) == (2.0, 4.0, 2)
+    assert (config.web_fetch_max_bytes, config.web_fetch_timeout_s, config.web_fetch_max_concurrency) == (65536, 3.5, 4)
+    assert config.web_fetch_allow_loopback is True
     default, _ = config_from_args(["--backend", "web"])
     assert (default.web_provider, default.web_cache_mode) == ("serper", "cache_first")
+    assert default.web_fetch_allow_loopback is False  # loopback pages are for tests only
 
 
 def test_an_index_with_the_web_backend_is_refused_in_one_line(capsys):
@@ -29,9 +36,23 @@ def test_an_index_with_the_web_backend_is_refused_in_one_line(capsys):
     assert len(err.splitlines()) == 1 and "--backend web searches the provider" in err
 
 
-def test_bad_web_settings_exit_2(capsys):
-    assert main(["--backend", "web", "--web_qps", "0"]) == 2
-    assert "web_qps" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    "flag, value",
+    [("--web_qps", "0"), ("--web_fetch_max_bytes", "100"), ("--web_fetch_max_bytes", str(1 << 30)),
+     ("--web_fetch_timeout_s", "0"), ("--web_fetch_timeout_s", "1000"), ("--web_fetch_max_concurrency", "0")],
+)  # fmt: skip
+def test_bad_web_settings_exit_2(capsys, flag, value):
+    assert main(["--backend", "web", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and flag.removeprefix("--") in err
+
+
+def test_loopback_pages_are_refused_on_a_server_others_can_reach(capsys):
+    assert main(["--backend", "web", "--web_fetch_allow_loopback", "--host", "0.0.0.0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--web_fetch_allow_loopback is for tests" in err
+    for host in ("127.0.0.1", "::1", "localhost"):
+        assert config_from_args(["--backend", "web", "--web_fetch_allow_loopback", "--host", host])[0].host == host
 
 
 def test_a_missing_key_stops_the_server_naming_the_variable(tmp_path: Path, monkeypatch, capsys):

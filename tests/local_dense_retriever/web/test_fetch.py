@@ -134,27 +134,7 @@ def test_resolver(host: str, port: int) -> list[str]:
 
 test_resolver.__test__ = False  # a helper, not a test
 
-
-@pytest.fixture(autouse=True)
-def only_loopback_connections(monkeypatch):
-    """Any connection this process opens to an address off this machine fails the test."""
-    real_create = asyncio.base_events.BaseEventLoop.create_connection
-    real_socket_create = socket.create_connection
-
-    def check(host) -> None:
-        if host is not None and not ipaddress.ip_address(str(host)).is_loopback:
-            raise AssertionError(f"a connection to {host} was attempted")
-
-    async def create_connection(self, protocol_factory, host=None, port=None, **kw):
-        check(host)
-        return await real_create(self, protocol_factory, host, port, **kw)
-
-    def socket_create(address, *args, **kw):
-        check(address[0])
-        return real_socket_create(address, *args, **kw)
-
-    monkeypatch.setattr(asyncio.base_events.BaseEventLoop, "create_connection", create_connection)
-    monkeypatch.setattr(socket, "create_connection", socket_create)
+pytestmark = pytest.mark.usefixtures("only_loopback_connections")  # any connection off this machine fails a test
 
 
 class Recorder:
