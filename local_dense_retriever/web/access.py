@@ -14,9 +14,9 @@ import logging
 from urllib.parse import urlsplit
 
 from local_dense_retriever.config import WebCacheMode
-from local_dense_retriever.errors import BadUrl, FetchError
 from local_dense_retriever.web.cache import WebStore
 from local_dense_retriever.web.fetch import PageFetcher
+from local_dense_retriever.web.fetch_errors import BadUrl, FetchError
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from urllib.parse import quote, urljoin, urlsplit
 import h11
 from pydantic import BaseModel, ConfigDict, Field
 
-from local_dense_retriever.errors import (
+from local_dense_retriever.web.fetch_errors import (
     AddressRefused,
     BadUrl,
     FetchError,
@@ -33,7 +33,7 @@ from local_dense_retriever.errors import (
     UpstreamFailed,
     UpstreamStatus,
 )
-from local_dense_retriever.html_text import collapse, decode, html_text
+from local_dense_retriever.web.html_text import collapse, decode, html_text
 
 #: media types whose text a page can hold
 TEXT_TYPES = frozenset({"text/html", "application/xhtml+xml", "text/plain"})

@@ -16,7 +16,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from cpu_bench.background_server import BackgroundServer
-from local_dense_retriever.errors import (
+from local_dense_retriever.web.fetch import FetchConfig, PageFetcher, open_pinned, refusal, system_resolver
+from local_dense_retriever.web.fetch_errors import (
     AddressRefused,
     BadUrl,
     FetchTimeout,
@@ -25,7 +26,6 @@ from local_dense_retriever.errors import (
     UpstreamFailed,
     UpstreamStatus,
 )
-from local_dense_retriever.web.fetch import FetchConfig, PageFetcher, open_pinned, refusal, system_resolver
 
 ARTICLE = """<!doctype html><html><head><title>Paul  Walker &amp; cars</title><meta charset="utf-8">
 <style>body { color: red }</style><script>var secret = "<p>not text</p>";</script></head>
