@@ -1,7 +1,7 @@
 """The CPU backend for verl, read like another verl backend: the ``cpu`` platform (``platform``), the ``hf_cpu``
 rollout backend (``rollout``: replica and in-worker adapter; ``rollout_server``, ``sampler``, ``options``), the
 bridges over verl's and vLLM's CPU gaps (``verl_gaps``, ``vllm_gaps``), the ``zmq`` ``checkpoint_engine``, and
-their registration (``register``) and ``errors``.
+their registration (``register``); their errors are in ``verl_search.errors``.
 
 May import verl, torch, transformers and the shared leaves; never the CPU test bench (``cpu_bench``): a test opening
 policy reaches the rollout server only as a dotted path in ``engine_kwargs.hf_cpu.opening_policy``. Nothing in the

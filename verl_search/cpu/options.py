@@ -14,16 +14,9 @@ from typing import Any, Protocol
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from verl_search.cpu.errors import CpuRolloutConfigError
+from verl_search.errors import CpuRolloutConfigError, validation_text
 
 BACKEND_NAME = "hf_cpu"
-
-
-def _one_line(error: Exception) -> str:
-    """A validation error as ``key: problem; ...`` (other errors as their message)."""
-    if isinstance(error, ValidationError):
-        return "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in error.errors())
-    return str(error)
 
 
 class OpeningPolicy(Protocol):
@@ -85,7 +78,7 @@ class CpuRolloutOptions(BaseModel):
             return cls(**dict(raw))
         except ValidationError as e:
             raise CpuRolloutConfigError(
-                f"actor_rollout_ref.rollout.engine_kwargs.{BACKEND_NAME}: {_one_line(e)}"
+                validation_text(e, f"actor_rollout_ref.rollout.engine_kwargs.{BACKEND_NAME}")
             ) from e
 
     def build_opening_policy(self, replica_rank: int) -> OpeningPolicy | None:
@@ -98,6 +91,7 @@ class CpuRolloutOptions(BaseModel):
         try:
             return resolve(path)(replica_rank=replica_rank, **kwargs)
         except (TypeError, ValueError) as e:
+            detail = validation_text(e) if isinstance(e, ValidationError) else str(e)
             raise CpuRolloutConfigError(
-                f"actor_rollout_ref.rollout.engine_kwargs.{BACKEND_NAME}.opening_policy ({path}): {_one_line(e)}"
+                f"actor_rollout_ref.rollout.engine_kwargs.{BACKEND_NAME}.opening_policy ({path}): {detail}"
             ) from e

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from cpu_bench.testing.forced_prefix import POLICY_PATH, ForcedOpenings
-from verl_search.cpu.errors import CpuRolloutConfigError
 from verl_search.cpu.options import CpuRolloutOptions
+from verl_search.errors import CpuRolloutConfigError
 
 FIRST_TURN = "<|im_start|>user\nAnswer it. Question: what is the capital of france?<|im_end|>\n<|im_start|>assistant\n"
 HERMES_FIRST_TURN = "<|im_start|>system\n<tools>[...]</tools><|im_end|>\n" + FIRST_TURN

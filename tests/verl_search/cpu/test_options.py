@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from verl_search.cpu.errors import CpuRolloutConfigError
 from verl_search.cpu.options import CpuRolloutOptions
+from verl_search.errors import CpuRolloutConfigError
 
 
 def test_defaults_name_no_opening_policy():
