@@ -54,7 +54,7 @@ class RetrievalClient:
             config.retrieval_service_url, eject_seconds=config.eject_seconds, eject_max_seconds=config.eject_max_seconds
         )
         self.pool = WorkerPool(config.num_workers, clock=self._loop.time)
-        self.limiter = TokenBucket(config.rate_limit, clock=self._loop.time) if config.rate_limited else None
+        self.limiter = TokenBucket(config.rate_limit, clock=self._loop.time) if config.rate_limit else None
         self.cache = LRUCache(config.cache_size, config.cache_max_bytes)
         self._in_flight: dict[CacheKey, asyncio.Future[list[Document]]] = {}
         self._session: aiohttp.ClientSession | None = None
