@@ -193,16 +193,13 @@ class RetrievalClient:
                 logger.debug("retrying search after %s (attempt %d, wait %.3fs)", e, attempt, wait)
                 await asyncio.sleep(wait)
 
-    def _wire(self, endpoint: Endpoint) -> str | None:
-        """The form to send to ``endpoint``: the configured one, else what it was found to speak (None: unknown)."""
-        return endpoint.wire if self.config.request_format == "auto" else self.config.request_format
-
     async def _attempt(
         self, endpoint: Endpoint, queries: list[str], topk: int, deadline: float
     ) -> list[list[Document]]:
         """One attempt in the endpoint's wire form; in ``auto`` mode an endpoint of unknown form that rejects the
         batch form with a 4xx gets the single-query form once, and keeps it if that works."""
-        wire = self._wire(endpoint)
+        # the configured form, else the one the endpoint was found to speak (None: not known yet)
+        wire = endpoint.wire if self.config.request_format == "auto" else self.config.request_format
         if wire == "skyrl":
             return await self._post_each(endpoint, queries, topk, deadline)
         try:
