@@ -264,8 +264,8 @@ class RetrievalClient:
         finally:
             endpoint.in_flight -= 1
         if status != 200:
-            detail = _error_detail(raw)
-            final = _FINAL_ERRORS.get(_error_kind(raw))
+            kind, detail = _error_reply(raw)
+            final = _FINAL_ERRORS.get(kind)
             if final is not None:  # the service says why, and retrying cannot change it
                 raise final(f"{endpoint.url} answered {status}: {detail}")
             if status in (429, 503):
@@ -292,23 +292,16 @@ def _endpoint_at_fault(e: RetrievalError) -> bool:
 _FINAL_ERRORS: dict[str, type[RetrievalError]] = {"budget_exhausted": BudgetSpent, "not_cached": NotCached}
 
 
-def _error_kind(raw: bytes) -> str | None:
-    """The ``error`` kind of the service's JSON error answer, if it is one."""
+def _error_reply(raw: bytes) -> tuple[str | None, str]:
+    """An error answer's ``error`` kind (None unless the service's JSON object names one) and a short detail."""
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
-        return None
-    return body.get("error") if isinstance(body, dict) and isinstance(body.get("error"), str) else None
-
-
-def _error_detail(raw: bytes) -> str:
-    try:
-        body = json.loads(raw)
-        if isinstance(body, dict):
-            return str(body.get("detail") or body.get("error") or body)[:200]
-    except (ValueError, UnicodeDecodeError):
-        pass
-    return raw[:200].decode("utf-8", "replace") or "no body"
+        body = None
+    if not isinstance(body, dict):
+        return None, raw[:200].decode("utf-8", "replace") or "no body"
+    kind = body.get("error") if isinstance(body.get("error"), str) else None
+    return kind, str(body.get("detail") or body.get("error") or body)[:200]
 
 
 def _seconds(value: str | None) -> float | None:
