@@ -239,7 +239,7 @@ def test_the_cpu_backend_is_the_backend_alone():
     """verl_search/cpu holds the platform, the rollout backend and their bridges; the tiny model, the tokenizer and
     the test kit are the bench's."""
     backend = _py("verl_search", "cpu")
-    expected = {"platform", "rollout", "rollout_server", "sampler", "options", "register", "errors"}
+    expected = {"platform", "rollout", "rollout_server", "sampler", "options", "register"}
     expected |= {"verl_gaps", "vllm_gaps"}  # the bridges over verl's (and vLLM's) CPU gaps
     expected |= {"checkpoint_engine"}  # weight sync to a separate rollout pool over zmq (the async trainers)
     assert {path.stem for path in backend} == expected | {"__init__"}

@@ -27,7 +27,7 @@
     ├── launch.eval_run.EvalRunError (ValueError)   a knob of eval_search.sh has a value it cannot take
     ├── launch.trainer_mode.TrainerModeError (ValueError)  a TRAINER knob (or its settings) cannot run
     ├── eval.validation_dump.DumpError (ValueError)    the validation dumps or data cannot make the report
-    ├── cpu.errors.CpuBackendError       the CPU training backend cannot run as configured
+    ├── CpuBackendError                  the CPU training backend (``verl_search.cpu``) cannot run as configured
     │   ├── UnsupportedVerlError         the installed verl is not the version whose gaps we bridge
     │   ├── UnsupportedVllmError         the installed vLLM CPU build is not one whose gaps with verl we bridge
     │   ├── CpuRolloutConfigError (ValueError)         engine_kwargs.<backend> of the rollout config is invalid
@@ -52,6 +52,11 @@ inside a search is reported as internal, never shown to the model as a search ou
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 
 class VerlSearchError(Exception):
@@ -126,7 +131,48 @@ class NotCached(RetrievalError):
     kind = "unavailable"
 
 
+class CpuBackendError(VerlSearchError):
+    """Base of the CPU backend's errors."""
+
+    kind = "cpu_backend"
+
+
+class UnsupportedVerlError(CpuBackendError):
+    """The CPU backend relies on verl internals that it checks by version; the message names both versions."""
+
+    kind = "unsupported_verl"
+
+
+class UnsupportedVllmError(CpuBackendError):
+    """The installed vLLM CPU build is not one whose gaps with verl's vLLM rollout we checked; names the version."""
+
+    kind = "unsupported_vllm"
+
+
+class CpuRolloutConfigError(CpuBackendError, ValueError):
+    """The CPU rollout options are invalid; the message names the key."""
+
+    kind = "cpu_rollout_config"
+
+
+class WeightSyncTimeout(CpuBackendError, TimeoutError):
+    """A weight sync of the ``zmq`` checkpoint engine waited past its deadline; the message says for what."""
+
+    kind = "weight_sync_timeout"
+
+
 class ResourceMissing(VerlSearchError, FileNotFoundError):
     """A file the package ships (``verl_search.resources``) is in neither a checkout nor the installed package."""
 
     kind = "resource_missing"
+
+
+def validation_text(error: ValidationError, within: str = "") -> str:
+    """A pydantic validation error in one line: each problem as ``key: message``, the key dotted below ``within`` (the
+    validated object's name, which also stands for the object itself when a check of the whole object fails)."""
+    problems = []
+    for err in error.errors():
+        key = ".".join(str(part) for part in (within, *err["loc"]) if part != "")
+        message = str(err["msg"]).removeprefix("Value error, ")
+        problems.append(f"{key}: {message}" if key else message)
+    return "; ".join(problems)

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from verl_search.errors import ConfigError
+from verl_search.errors import ConfigError, validation_text
 from verl_search.loop_messages import DEFAULT_LOOP_MESSAGES, LOOP_MESSAGES_KEY
 
 #: keyword arguments verl's reward managers add on their own; they carry nothing for this reward
@@ -177,9 +177,7 @@ def _options(kwargs: Mapping[str, Any]) -> RewardOptions:
     try:
         return RewardOptions(**{k: v for k, v in kwargs.items() if k not in _FRAMEWORK_KWARGS})
     except ValidationError as e:
-        first = e.errors()[0]
-        key = ".".join(str(p) for p in first["loc"]) or "reward_kwargs"
-        raise ConfigError(f"reward option {key}: {first['msg']}") from e
+        raise ConfigError(f"reward option {validation_text(e)}") from e
 
 
 def compute_score(

@@ -5,13 +5,13 @@ users may use for their own CI from a checkout.
 - ``foreign_retrievers``: stand-ins for other projects' retrieval servers (Search-R1's reference server, SkyRL's);
 - ``scripted_policy`` / ``scripted_rollout``: a scripted stand-in for verl's LLM server manager and a runner of verl's
   real agent loops with it (no language model runs);
-- ``forced_prefix``: an opening policy for the CPU rollout server (``engine_kwargs.hf_cpu.opening_policy``) that forces
+- ``forced_prefix``: the CPU rollout server with forced openings (``engine_kwargs.hf_cpu.opening_policy``): it forces
   search calls and answers so a random tiny model exercises the tool path, and records what the server did;
 - ``protocol_warm_start``: a tiny model warm-started to write both search protocols, for real rollout engines;
 - ``scripted_demo``: ``make demo-scripted``, the retrieval pipeline through verl's agent loops with the scripted policy.
 
-May import verl, the runtime plugin, ``verl_search.cpu`` (the backend's option and policy interfaces),
+May import verl, the runtime plugin, ``verl_search.cpu`` (the backend's options and rollout server),
 ``verl_search.launch`` (the tool-YAML writer), ``cpu_bench.train`` (the local tokenizer, the SFT rows and trainer),
-``cpu_bench.background_server`` and ``local_dense_retriever``. Nothing in ``verl_search`` imports it: the rollout
-server reaches an opening policy only through the dotted path a run's config names.
+``cpu_bench.background_server`` and ``local_dense_retriever``. Nothing in ``verl_search`` imports it: a rollout
+replica reaches the forcing server only through the dotted path a run's config names.
 """

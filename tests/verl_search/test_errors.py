@@ -43,7 +43,6 @@ def test_the_walk_finds_the_branches_declared_outside_errors_py():
         "cpu_bench.train.sft_data.TrajectoryError",
         "cpu_bench.train.run_settings.SettingsMismatch",
         "verl_search.eval.validation_dump.DumpError",
-        "verl_search.cpu.errors.CpuBackendError",
         "verl_search.data.errors.PreprocessError",
     } <= set(DEFINED)
 
@@ -73,8 +72,33 @@ def test_only_the_tools_failures_are_search_errors(name):
         ("cpu_bench.train.run_settings.SettingsMismatch", ValueError),
         ("verl_search.eval.validation_dump.DumpError", ValueError),
         ("verl_search.data.errors.PreprocessError", ValueError),
-        ("verl_search.cpu.errors.CpuRolloutConfigError", ValueError),
+        ("verl_search.errors.CpuRolloutConfigError", ValueError),
     ],
 )
 def test_callers_that_catch_the_builtin_still_do(name, builtin):
     assert issubclass(DEFINED[name], builtin)
+
+
+def test_a_validation_error_reads_as_one_line_naming_each_key_below_its_object():
+    from pydantic import BaseModel, Field, ValidationError, model_validator
+
+    class Limits(BaseModel):
+        low: int = Field(0, ge=0)
+        high: int = 1
+
+        @model_validator(mode="after")
+        def _ordered(self) -> Limits:
+            if self.high <= self.low:
+                raise ValueError("high must be above low")
+            return self
+
+    with pytest.raises(ValidationError) as bad_fields:
+        Limits(low=-1, high="x")
+    assert errors.validation_text(bad_fields.value, "run.limits") == (
+        "run.limits.low: Input should be greater than or equal to 0; "
+        "run.limits.high: Input should be a valid integer, unable to parse string as an integer"
+    )
+    with pytest.raises(ValidationError) as bad_whole:
+        Limits(low=2, high=1)
+    assert errors.validation_text(bad_whole.value, "run.limits") == "run.limits: high must be above low"
+    assert errors.validation_text(bad_whole.value) == "high must be above low"

@@ -26,7 +26,7 @@ import zmq
 from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
 from verl.workers.rollout.utils import ensure_async_iterator
 
-from verl_search.cpu.errors import CpuBackendError, WeightSyncTimeout
+from verl_search.errors import CpuBackendError, WeightSyncTimeout
 
 BACKEND = "zmq"
 HELLO = b"ready"

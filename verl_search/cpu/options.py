@@ -1,41 +1,21 @@
 """Options of the CPU rollout backend, read from ``actor_rollout_ref.rollout.engine_kwargs.<backend name>``.
 
 Invariant: unknown keys are an error naming the key. The one seam for tests, ``opening_policy``, names by dotted path
-an object the server asks for each request's forced opening and tells what it did; it is unset in production, and
-then the server does no work for it (no decode, no fingerprint, no record).
+a server subclass to run instead (it forces openings and records events); unset in production, the plain server runs.
 """
 
 from __future__ import annotations
 
 import pkgutil
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from verl_search.cpu.errors import CpuRolloutConfigError
+from verl_search.errors import CpuRolloutConfigError, validation_text
 
 BACKEND_NAME = "hf_cpu"
-
-
-def _one_line(error: Exception) -> str:
-    """A validation error as ``key: problem; ...`` (other errors as their message)."""
-    if isinstance(error, ValidationError):
-        return "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in error.errors())
-    return str(error)
-
-
-class OpeningPolicy(Protocol):
-    """What ``opening_policy`` builds (the test kit's ``cpu_bench.testing.forced_prefix.ForcedOpenings`` is one)."""
-
-    def opening_for(self, prompt_text: str) -> str:
-        """The text this request's output must start with ("" for none); the model's own sampling follows it."""
-        ...
-
-    def observe(self, event: dict[str, Any]) -> None:
-        """One thing the server did (``start``, ``generate``, ``update_weights``), as a JSON-able dict."""
-        ...
 
 
 def resolve(path: str) -> Any:
@@ -60,10 +40,10 @@ class CpuRolloutOptions(BaseModel):
     )
     opening_policy: dict[str, Any] | None = Field(
         None,
-        description="FOR TESTS: a policy that forces the opening of some outputs and observes the server, so CI can "
-        "exercise the tool path with a random tiny model: {path: dotted path to a factory called as "
-        "factory(replica_rank=..., **the other keys)}, or the path alone; unset (the default) forces nothing and "
-        "costs nothing",
+        description="FOR TESTS: a CpuRolloutServer subclass each replica runs instead, one that forces the opening of "
+        "some outputs and records the server's events so CI can exercise the tool path with a random tiny model: "
+        "{path: its dotted path, its settings...} (it reads them from these options), or the path alone; unset (the "
+        "default) runs the plain server",
     )
 
     @field_validator("opening_policy", mode="before")
@@ -72,7 +52,7 @@ class CpuRolloutOptions(BaseModel):
         spec = {"path": value} if isinstance(value, str) else value
         if isinstance(spec, Mapping):  # pydantic names any other type
             if not isinstance(spec.get("path"), str):
-                raise ValueError("needs a path: the dotted path of the policy's factory (package.module.attr)")
+                raise ValueError("needs a path: the dotted path of the server class (package.module.attr)")
             resolve(spec["path"])
         return spec
 
@@ -85,19 +65,5 @@ class CpuRolloutOptions(BaseModel):
             return cls(**dict(raw))
         except ValidationError as e:
             raise CpuRolloutConfigError(
-                f"actor_rollout_ref.rollout.engine_kwargs.{BACKEND_NAME}: {_one_line(e)}"
-            ) from e
-
-    def build_opening_policy(self, replica_rank: int) -> OpeningPolicy | None:
-        """The configured policy, or None when unset (production); bad keyword arguments are a config error naming
-        them."""
-        if self.opening_policy is None:
-            return None
-        kwargs = dict(self.opening_policy)
-        path = kwargs.pop("path")
-        try:
-            return resolve(path)(replica_rank=replica_rank, **kwargs)
-        except (TypeError, ValueError) as e:
-            raise CpuRolloutConfigError(
-                f"actor_rollout_ref.rollout.engine_kwargs.{BACKEND_NAME}.opening_policy ({path}): {_one_line(e)}"
+                validation_text(e, f"actor_rollout_ref.rollout.engine_kwargs.{BACKEND_NAME}")
             ) from e

@@ -20,14 +20,29 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica
 
-from verl_search.cpu.options import BACKEND_NAME, CpuRolloutOptions
+from verl_search.cpu.options import BACKEND_NAME, CpuRolloutOptions, resolve
 from verl_search.cpu.rollout_server import CpuRolloutServer
+from verl_search.errors import CpuRolloutConfigError
 
 logger = logging.getLogger(__name__)
 
 
 def server_actor_name(replica_rank: int, name_suffix: str = "") -> str:
     return f"verl_search_{BACKEND_NAME}_server_{replica_rank}{name_suffix}"
+
+
+def server_class(options: CpuRolloutOptions) -> type[CpuRolloutServer]:
+    """The server each replica runs: :class:`CpuRolloutServer`, or the subclass ``opening_policy`` names (tests)."""
+    if options.opening_policy is None:
+        return CpuRolloutServer
+    path = options.opening_policy["path"]
+    found = resolve(path)
+    if not (isinstance(found, type) and issubclass(found, CpuRolloutServer)):
+        raise CpuRolloutConfigError(
+            f"actor_rollout_ref.rollout.engine_kwargs.{BACKEND_NAME}.opening_policy: {path} is not a "
+            "CpuRolloutServer subclass"
+        )
+    return found
 
 
 def _replica_world_size(config: Any) -> int:
@@ -45,7 +60,7 @@ class CpuRolloutReplica(RolloutReplica):
         options = CpuRolloutOptions.from_engine_kwargs(self.config.engine_kwargs)
         name = server_actor_name(self.replica_rank, self.name_suffix)
         server = (
-            ray.remote(CpuRolloutServer)
+            ray.remote(server_class(options))
             .options(name=name, max_concurrency=self.max_concurrency, num_cpus=0)
             .remote(
                 config=self.config,

@@ -3,15 +3,12 @@ transformers copy of the policy, batching requests that arrive together, and tak
 
 Invariant: generation and weight updates never overlap (one lock); every request gets a result or its exception;
 ``abort_all_requests`` ends every unfinished request as ``aborted`` with the tokens it has (partial rollout: verl's
-``FullyAsyncLLMServerClient`` resends it with those tokens appended) and holds new ones until ``resume_generation``;
-an opening is forced and the server's events are reported only when ``opening_policy`` names a policy (tests, see
-:mod:`cpu_bench.testing.forced_prefix`); unset, the server does no work for it.
+``FullyAsyncLLMServerClient`` resends it with those tokens appended) and holds new ones until ``resume_generation``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import threading
 import time
@@ -26,15 +23,6 @@ logger = logging.getLogger(__name__)
 
 #: what the server never reads from sampling params (``logprobs``: ``generate`` answers it)
 _IGNORED_PARAMS = ("include_stop_str_in_output", "no_stop_trim", "seed", "skip_special_tokens", "logprobs")
-
-
-def weight_fingerprint(model: torch.nn.Module) -> str:
-    """A short hash of every parameter's bytes (changes whenever any weight changes)."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().float().contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]
 
 
 class CpuRolloutServer:
@@ -59,7 +47,6 @@ class CpuRolloutServer:
         eos.update(configured if isinstance(configured, list) else [configured])
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.sampler = BatchSampler(self.model, self.tokenizer, [e for e in eos if e is not None], pad)
-        self.opening_policy = self.options.build_opening_policy(replica_rank)
         self.max_model_len = config.max_model_len or (config.prompt_length + config.response_length)
         self.global_steps: int | None = None
         self._lock = asyncio.Lock()
@@ -70,13 +57,6 @@ class CpuRolloutServer:
         self._open = asyncio.Event()  # set while generation is allowed (cleared by abort_all_requests)
         self._open.set()
         self._reject = False
-        if self.opening_policy is not None:
-            self._observe({"event": "start", "fingerprint": weight_fingerprint(self.model)})
-
-    def _observe(self, entry: dict) -> None:
-        """Tell the opening policy what happened (callers check that there is one: nothing is built otherwise)."""
-        entry = {"time": time.time(), "replica": self.replica_rank, "global_steps": self.global_steps, **entry}
-        self.opening_policy.observe(entry)
 
     async def ready(self) -> bool:
         return True
@@ -108,10 +88,6 @@ class CpuRolloutServer:
         )
         if params:
             logger.warning("CPU rollout server ignores sampling params %s", sorted(params))
-        if self.opening_policy is not None:
-            opening = self.opening_policy.opening_for(self.tokenizer.decode(prompt_ids, skip_special_tokens=False))
-            if opening:
-                request.forced = self.tokenizer.encode(opening, add_special_tokens=False)[:max_tokens]
         return request
 
     async def generate(
@@ -138,17 +114,6 @@ class CpuRolloutServer:
         self._ensure_loop()
         self._wakeup.set()
         result, weights_version = await future  # the version of the weights that wrote these tokens
-        if self.opening_policy is not None:
-            self._observe(
-                {
-                    "event": "generate",
-                    "request_id": request_id,
-                    "prompt_ids": request.prompt_ids,
-                    "token_ids": result.token_ids,
-                    "forced": len(request.forced),
-                    "stop_reason": result.stop_reason,
-                }
-            )
         return TokenOutput(
             token_ids=result.token_ids,
             log_probs=result.log_probs if want_log_probs else None,
@@ -185,7 +150,7 @@ class CpuRolloutServer:
                         future.set_result((result, version))
 
     async def update_weights(self, named_tensors: dict[str, torch.Tensor], global_steps: int | None = None) -> dict:
-        """Copy the actor's full (HF-named) tensors into the served model; returns seconds and the fingerprint."""
+        """Copy the actor's full (HF-named) tensors into the served model; returns the seconds it took."""
         start = time.perf_counter()
         async with self._lock:
             own = self.model.state_dict()
@@ -196,12 +161,7 @@ class CpuRolloutServer:
                 for name, tensor in named_tensors.items():
                     own[name].copy_(tensor.to(own[name].dtype))
             self.global_steps = global_steps
-        seconds = time.perf_counter() - start
-        fingerprint = None
-        if self.opening_policy is not None:
-            fingerprint = weight_fingerprint(self.model)
-            self._observe({"event": "update_weights", "fingerprint": fingerprint, "seconds": seconds})
-        return {"seconds": seconds, "fingerprint": fingerprint}
+        return {"seconds": time.perf_counter() - start}
 
     # Memory management and control calls verl makes on every server: nothing to free or pause on a CPU.
     async def sleep(self) -> None:

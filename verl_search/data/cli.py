@@ -16,6 +16,7 @@ from verl_search.data.errors import PreprocessError
 from verl_search.data.pipeline import DEFAULT_LOCAL_DIR, VAL_SUBSET_NAME, PreprocessConfig, run_preprocess
 from verl_search.data.sources import DEFAULT_HF_REPO_ID
 from verl_search.data.templates import find_template_file, load_templates
+from verl_search.errors import validation_text
 
 #: rows per data source in the validation subset the CLI writes unless told otherwise (what training validates on)
 DEFAULT_VAL_PER_SOURCE = 500
@@ -112,9 +113,7 @@ def main(
         try:
             config = _config(args, config_dirs)
         except ValidationError as e:
-            first = e.errors()[0]
-            field = ".".join(str(p) for p in first["loc"])
-            parser.error(f"{field + ': ' if field else ''}{first['msg']}")
+            parser.error(validation_text(e))
         outputs = run_preprocess(config, progress=not args.no_progress)
     except PreprocessError as e:
         print(f"error: {e}", file=sys.stderr)

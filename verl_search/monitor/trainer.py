@@ -127,16 +127,14 @@ def alarm_settings(config: Any) -> AlarmSettings:
     from omegaconf import OmegaConf
     from pydantic import ValidationError
 
-    from verl_search.errors import ConfigError
+    from verl_search.errors import ConfigError, validation_text
 
     monitor = config.get("search_monitor") if hasattr(config, "get") else None
     raw = OmegaConf.to_container(monitor, resolve=True) if OmegaConf.is_config(monitor) else (monitor or {})
     try:
         return AlarmSettings(**(raw.get("alarms") or {}))
     except ValidationError as e:
-        first = e.errors()[0]
-        key = ".".join(str(p) for p in first["loc"]) or "alarms"
-        raise ConfigError(f"search_monitor.alarms.{key}: {first['msg']}") from e
+        raise ConfigError(validation_text(e, "search_monitor.alarms")) from e
 
 
 def register_search_trainers(v1: ModuleType) -> None:

@@ -16,7 +16,6 @@ from verl_search.errors import InvalidArguments
 
 EXPECTED = 'call search with {"query_list": ["first query", "second query"]}'
 _PREVIEW = 60
-_SURROGATE_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -92,13 +91,6 @@ class Queries:
 
     queries: list[str]
     notes: list[str] = field(default_factory=list)
-    truncated: int = 0
-    dropped: int = 0
-
-
-def _join_pair(match: re.Match[str]) -> str:
-    high, low = (ord(c) for c in match.group())
-    return chr(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00))
 
 
 def drop_surrogates(query: str) -> tuple[str, int]:
@@ -106,7 +98,7 @@ def drop_surrogates(query: str) -> tuple[str, int]:
     (legal in JSON as ``"\\ud800"``, which a model can emit, but not text) removed; also how many were removed."""
     if not _SURROGATE.search(query):
         return query, 0
-    query = _SURROGATE_PAIR.sub(_join_pair, query)
+    query = query.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")  # joins the pairs
     return _SURROGATE.subn("", query)
 
 
@@ -119,7 +111,6 @@ def fit_queries(raw: list[str], *, max_queries: int, max_query_chars: int) -> Qu
     """Normalise whitespace, cut over-long queries, keep at most ``max_queries``; record each change."""
     out = Queries(queries=[])
     if len(raw) > max_queries:
-        out.dropped = len(raw) - max_queries
         out.notes.append(f"only the first {max_queries} of {len(raw)} queries were searched")
         raw = raw[:max_queries]
     for i, query in enumerate(raw, start=1):
@@ -133,7 +124,6 @@ def fit_queries(raw: list[str], *, max_queries: int, max_query_chars: int) -> Qu
                 )
             out.notes.append(f"query {i}: {removed} invalid character(s) (lone UTF-16 surrogates) removed")
         if len(query) > max_query_chars:
-            out.truncated += 1
             out.notes.append(f"query {i} was cut to {max_query_chars} characters")
             query = query[:max_query_chars].rstrip()
         out.queries.append(query)

@@ -54,7 +54,7 @@ class RetrievalClient:
             config.retrieval_service_url, eject_seconds=config.eject_seconds, eject_max_seconds=config.eject_max_seconds
         )
         self.pool = WorkerPool(config.num_workers, clock=self._loop.time)
-        self.limiter = TokenBucket(config.rate_limit, clock=self._loop.time) if config.rate_limited else None
+        self.limiter = TokenBucket(config.rate_limit, clock=self._loop.time) if config.rate_limit else None
         self.cache = LRUCache(config.cache_size, config.cache_max_bytes)
         self._in_flight: dict[CacheKey, asyncio.Future[list[Document]]] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -193,16 +193,13 @@ class RetrievalClient:
                 logger.debug("retrying search after %s (attempt %d, wait %.3fs)", e, attempt, wait)
                 await asyncio.sleep(wait)
 
-    def _wire(self, endpoint: Endpoint) -> str | None:
-        """The form to send to ``endpoint``: the configured one, else what it was found to speak (None: unknown)."""
-        return endpoint.wire if self.config.request_format == "auto" else self.config.request_format
-
     async def _attempt(
         self, endpoint: Endpoint, queries: list[str], topk: int, deadline: float
     ) -> list[list[Document]]:
         """One attempt in the endpoint's wire form; in ``auto`` mode an endpoint of unknown form that rejects the
         batch form with a 4xx gets the single-query form once, and keeps it if that works."""
-        wire = self._wire(endpoint)
+        # the configured form, else the one the endpoint was found to speak (None: not known yet)
+        wire = endpoint.wire if self.config.request_format == "auto" else self.config.request_format
         if wire == "skyrl":
             return await self._post_each(endpoint, queries, topk, deadline)
         try:
@@ -267,8 +264,8 @@ class RetrievalClient:
         finally:
             endpoint.in_flight -= 1
         if status != 200:
-            detail = _error_detail(raw)
-            final = _FINAL_ERRORS.get(_error_kind(raw))
+            kind, detail = _error_reply(raw)
+            final = _FINAL_ERRORS.get(kind)
             if final is not None:  # the service says why, and retrying cannot change it
                 raise final(f"{endpoint.url} answered {status}: {detail}")
             if status in (429, 503):
@@ -295,23 +292,16 @@ def _endpoint_at_fault(e: RetrievalError) -> bool:
 _FINAL_ERRORS: dict[str, type[RetrievalError]] = {"budget_exhausted": BudgetSpent, "not_cached": NotCached}
 
 
-def _error_kind(raw: bytes) -> str | None:
-    """The ``error`` kind of the service's JSON error answer, if it is one."""
+def _error_reply(raw: bytes) -> tuple[str | None, str]:
+    """An error answer's ``error`` kind (None unless the service's JSON object names one) and a short detail."""
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
-        return None
-    return body.get("error") if isinstance(body, dict) and isinstance(body.get("error"), str) else None
-
-
-def _error_detail(raw: bytes) -> str:
-    try:
-        body = json.loads(raw)
-        if isinstance(body, dict):
-            return str(body.get("detail") or body.get("error") or body)[:200]
-    except (ValueError, UnicodeDecodeError):
-        pass
-    return raw[:200].decode("utf-8", "replace") or "no body"
+        body = None
+    if not isinstance(body, dict):
+        return None, raw[:200].decode("utf-8", "replace") or "no body"
+    kind = body.get("error") if isinstance(body.get("error"), str) else None
+    return kind, str(body.get("detail") or body.get("error") or body)[:200]
 
 
 def _seconds(value: str | None) -> float | None:

@@ -144,10 +144,6 @@ class SearchToolConfig(BaseModel):
             urls.append(normalise_endpoint(item))
         return tuple(dict.fromkeys(urls))
 
-    @property
-    def rate_limited(self) -> bool:
-        return bool(self.rate_limit)
-
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> SearchToolConfig:
         """Build from the YAML ``config:`` mapping; raise :class:`ConfigError` naming each bad key."""

@@ -92,6 +92,3 @@ class EndpointSet:
             logger.warning("retrieval endpoint %s answers again", ep.url)
         ep.consecutive_failures = 0
         ep.ejected_until = 0.0
-
-    def healthy(self, now: float) -> list[str]:
-        return [ep.url for ep in self.endpoints if ep.ejected_until <= now]

@@ -76,20 +76,17 @@ class WorkerPool:
         self.waiting = 0
 
     @asynccontextmanager
-    async def slot(self, deadline: float | None = None) -> AsyncIterator[None]:
+    async def slot(self, deadline: float) -> AsyncIterator[None]:
         if self._sem.locked() or self.waiting:
             self.waiting += 1
             try:
-                if deadline is None:
-                    await self._sem.acquire()
-                else:
-                    remaining = deadline - self._clock()
-                    if remaining <= 0:
-                        raise DeadlineExceeded("no worker slot free before the deadline")
-                    try:
-                        await asyncio.wait_for(self._sem.acquire(), remaining)
-                    except asyncio.TimeoutError as e:
-                        raise DeadlineExceeded(f"all {self.size} workers busy until the deadline") from e
+                remaining = deadline - self._clock()
+                if remaining <= 0:
+                    raise DeadlineExceeded("no worker slot free before the deadline")
+                try:
+                    await asyncio.wait_for(self._sem.acquire(), remaining)
+                except asyncio.TimeoutError as e:
+                    raise DeadlineExceeded(f"all {self.size} workers busy until the deadline") from e
             finally:
                 self.waiting -= 1
         else:

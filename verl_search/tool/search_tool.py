@@ -200,7 +200,6 @@ class SearchTool(BaseTool):
         self.tool_schema = tool_schema or default_tool_schema()
         self.name = self.tool_schema.function.name
         logger.debug("search tool %s: %s", self.name, self.tool_schema.model_dump_json(exclude_none=True))
-        self._instances: dict[str, dict[str, Any]] = {}
         if self.search_config.gc_freeze:
             freeze_startup_objects()
 
@@ -208,9 +207,7 @@ class SearchTool(BaseTool):
         return self.tool_schema
 
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, ToolResponse]:
-        instance_id = instance_id or str(uuid4())
-        self._instances[instance_id] = {"calls": 0, "created": time.monotonic()}
-        return instance_id, ToolResponse()
+        return instance_id or str(uuid4()), ToolResponse()
 
     async def execute(self, instance_id: str, parameters: Any, **kwargs: Any) -> tuple[ToolResponse, float, dict]:
         outcome = await run_search(self.search_config, parameters)
@@ -219,13 +216,10 @@ class SearchTool(BaseTool):
         if isinstance(fields, dict):
             record_search(fields, outcome)
             record_result_place(fields, kwargs.get("agent_data"), outcome.text)
-        state = self._instances.get(instance_id)
-        if state is not None:
-            state["calls"] += 1
         return ToolResponse(text=outcome.text), 0.0, outcome.metrics()
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
         return 0.0
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
-        self._instances.pop(instance_id, None)
+        return None

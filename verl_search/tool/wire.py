@@ -13,12 +13,10 @@ anything else raises :class:`BadResponse`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 from verl_search.errors import BadResponse
 from verl_search.protocol import Document
-
-WireFormat = Literal["search_r1", "skyrl"]
 
 #: what the model-facing text and logs call each form
 FORM_NAMES: dict[str, str] = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cpu_bench.train import sft_cpu
-from verl_search.cpu.errors import UnsupportedVerlError
+from verl_search.errors import UnsupportedVerlError
 
 
 def _verl_torchrun_original():

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from verl_search.cpu.errors import CpuRolloutConfigError
 from verl_search.cpu.options import CpuRolloutOptions
+from verl_search.errors import CpuRolloutConfigError
 
 
 def test_defaults_name_no_opening_policy():
     options = CpuRolloutOptions.from_engine_kwargs(None)
-    assert options.opening_policy is None and options.build_opening_policy(replica_rank=0) is None
+    assert options.opening_policy is None
     assert CpuRolloutOptions.from_engine_kwargs({"vllm": {}}) == options
 
 
@@ -22,7 +22,7 @@ def test_options_from_verls_config_nodes_round_trip_to_the_server():
     options = CpuRolloutOptions.from_engine_kwargs(engine_kwargs)
     assert options.max_tokens_per_turn == 48
     assert CpuRolloutOptions(**options.model_dump()) == options  # what the replica sends its server's actor
-    assert options.build_opening_policy(replica_rank=0) == {"replica_rank": 0, "a": 1}  # factory(replica_rank, **kw)
+    assert options.opening_policy == {"path": "collections.Counter", "a": 1}  # plain dicts, the server's settings
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ import torch
 
 from cpu_bench.testing.scripted_rollout import verl_trainer_config
 from verl_search.cpu.checkpoint_engine import ZmqCheckpointEngine
-from verl_search.cpu.errors import WeightSyncTimeout
 from verl_search.cpu.rollout_server import CpuRolloutServer
+from verl_search.errors import WeightSyncTimeout
 
 
 class OneServerBalancer:

@@ -10,7 +10,7 @@ import torch
 import torch.distributed
 
 from verl_search.cpu import verl_gaps
-from verl_search.cpu.errors import UnsupportedVerlError
+from verl_search.errors import UnsupportedVerlError
 
 
 def _verl_original():

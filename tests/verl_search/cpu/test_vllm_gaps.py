@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from verl_search.cpu import vllm_gaps
-from verl_search.cpu.errors import UnsupportedVllmError
+from verl_search.errors import UnsupportedVllmError
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -9,6 +9,7 @@ import yaml
 
 from verl_search import SearchTool, SearchToolConfig
 from verl_search.errors import ConfigError
+from verl_search.tool.client import RetrievalClient
 
 TOOL_YAML = str(Path(__file__).resolve().parents[3] / "tool_config" / "search_tool_config.yaml")
 
@@ -24,8 +25,8 @@ def test_default_timeout_alias_of_older_configs():
 
 
 @pytest.mark.parametrize("value", [None, 0])
-def test_rate_limit_null_or_zero_means_unlimited(value):
-    assert not SearchToolConfig.from_dict({"rate_limit": value}).rate_limited
+async def test_rate_limit_null_or_zero_means_unlimited(value):
+    assert RetrievalClient(SearchToolConfig.from_dict({"rate_limit": value})).limiter is None
 
 
 def test_urls_one_or_many_with_retrieve_appended_to_bare_hosts():

@@ -84,13 +84,14 @@ def test_bucket_rejects_a_non_positive_rate():
 
 
 async def test_pool_caps_requests_in_flight():
-    pool = WorkerPool(3)
+    loop = asyncio.get_running_loop()
+    pool = WorkerPool(3, clock=loop.time)
     release = asyncio.Event()
     peak = 0
 
     async def worker():
         nonlocal peak
-        async with pool.slot():
+        async with pool.slot(deadline=loop.time() + 60):
             peak = max(peak, pool.in_flight)
             await release.wait()
 
@@ -106,7 +107,7 @@ async def test_pool_caps_requests_in_flight():
 async def test_pool_wait_honours_the_deadline():
     loop = asyncio.get_running_loop()
     pool = WorkerPool(1, clock=loop.time)
-    async with pool.slot():
+    async with pool.slot(deadline=loop.time() + 60):
         with pytest.raises(DeadlineExceeded, match="workers busy"):
             async with pool.slot(deadline=loop.time() + 0.01):
                 pass
