@@ -32,11 +32,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # CHECKPOINT and maps the knobs to verl's overrides. Resolve them here:
 KNOBS="$("$PYTHON" -m verl_search.launch.eval_run shell)" || vs_die "fix the knob named above"
 eval "$KNOBS"
+# the overrides, and on stderr the full test set's rows and time per pass, or how to make a missing VAL_DATA (before
+# the preflight's "no such file")
 mapfile -d '' -t ARGS < <(env "${VS_KNOB_ENV[@]}" "$PYTHON" -m verl_search.launch.eval_run overrides)
 ((${#ARGS[@]})) || vs_die "could not compose the evaluation's overrides"
-# the full test set's rows and time per pass, or how to make a missing VAL_DATA (before the preflight's "no such file")
-env "${VS_KNOB_ENV[@]}" "$PYTHON" -m verl_search.launch.eval_run notes \
-    || vs_die "could not describe VAL_DATA=${VAL_DATA}"
 
 summary_hint() {
     echo "generations: ${OUTPUT_DIR}"
@@ -53,11 +52,8 @@ if [[ "$DEVICE" == cpu ]]; then
     exit 0
 fi
 
-vs_rollout_overrides
 vs_prepare_run
-vs_search_overrides
-vs_trainer_overrides "$N_GPUS" "$TRAIN_BATCH_SIZE" "$TRAIN_BATCH_SIZE" cuda
-ARGS+=("${VS_ROLLOUT_ARGS[@]}" "${VS_SEARCH_ARGS[@]}" "${VS_TRAINER_ARGS[@]}" "$@")
+ARGS+=("$@")
 
 echo "run folder: ${RUN_DIR}; generations go to ${OUTPUT_DIR}"
 echo "summarise them afterwards with: ${PYTHON} -m verl_search.report ${OUTPUT_DIR} --data ${VAL_DATA}"

@@ -26,16 +26,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 KNOBS="$("$PYTHON" -m verl_search.launch.gpu_run shell -- "$@")" || vs_die "fix the knob named above"
 eval "$KNOBS"
 
-vs_rollout_overrides
 vs_serve_retriever
 vs_prepare_run
-vs_search_overrides
-vs_trainer_overrides "$N_GPUS" "$TRAIN_BATCH_SIZE" "$PPO_MINI_BATCH_SIZE" cuda
-
+# every override the knobs mean (the recipe's, the engine and the actor's attention, the search tool's, the trainer
+# mode's), then a Ray Serve retriever's and the user's
 mapfile -d '' -t ARGS < <(env "${VS_KNOB_ENV[@]}" "$PYTHON" -m verl_search.launch.gpu_run overrides)
 ((${#ARGS[@]})) || vs_die "could not compose the recipe's overrides"
-ARGS+=("${VS_ROLLOUT_ARGS[@]}" "${VS_SEARCH_ARGS[@]}" ${VS_RAY_ARGS[@]+"${VS_RAY_ARGS[@]}"})
-ARGS+=("${VS_TRAINER_ARGS[@]}" "$@")
+ARGS+=(${VS_RAY_ARGS[@]+"${VS_RAY_ARGS[@]}"} "$@")
 
 echo "run folder: ${RUN_DIR} (tool config, checkpoints, metrics.jsonl, validation generations)"
 vs_preflight --agent "$AGENT" -- "${ARGS[@]}"

@@ -39,14 +39,10 @@ if [[ "$ROLLOUT" == vllm ]]; then
 fi
 
 vs_prepare_run
-vs_search_overrides
-vs_trainer_overrides "$N_RANKS" "$TRAIN_BATCH_SIZE" "$PPO_MINI_BATCH_SIZE" cpu
-
-mapfile -d '' -t ARGS < <(env "${VS_KNOB_ENV[@]}" "$PYTHON" -m verl_search.launch.cpu_run overrides \
-    --rollout-gpus "$VS_ROLLOUT_GPUS")
+# every override the knobs mean (the CPU run's, the search tool's, the trainer mode's), then the user's
+mapfile -d '' -t ARGS < <(env "${VS_KNOB_ENV[@]}" "$PYTHON" -m verl_search.launch.cpu_run overrides)
 ((${#ARGS[@]})) || vs_die "could not compose the CPU run's overrides"
-ARGS+=("${VS_SEARCH_ARGS[@]}")
-ARGS+=("${VS_TRAINER_ARGS[@]}" "$@")
+ARGS+=("$@")
 
 echo "run folder: ${RUN_DIR} (tool config, checkpoints, metrics, validation generations)"
 PREFLIGHT_FLAGS=()

@@ -1,11 +1,12 @@
-"""The knobs both training scripts share (run_tiny_search_cpu.sh on a CPU, run_qwen2.5-3b_instruct_search_multiturn.sh
-on GPUs), declared once with their meaning; each script's model (:mod:`verl_search.launch.cpu_run`,
-:mod:`verl_search.launch.gpu_run`) adds its own knobs and sets its own defaults.
+"""The knobs both training scripts share (declared once, with their meaning), the overrides every script composes from
+them (data, search tool and loop, engine and attention), and the CLI each script calls; each script's module
+(:mod:`~verl_search.launch.cpu_run`, :mod:`~verl_search.launch.gpu_run`, :mod:`~verl_search.launch.eval_run`) adds
+its own knobs and defaults.
 
 Invariant: a knob's environment variable is its field name in capitals; unset or empty variables keep the default
-(like the shell's ``${X:-default}``); a bad value raises the script's error naming the variable. The shell sees the
-resolved knobs through :func:`shell_assignments` and hands them back to the Python that composes the overrides
-through ``VS_KNOB_ENV``, never by exporting them into verl's environment.
+(like the shell's ``${X:-default}``); a bad knob or trainer setting raises an error naming the variable before the
+script writes anything. The shell reads the resolved knobs from ``shell`` and hands them back to ``overrides``
+through ``VS_KNOB_ENV``, never exporting them into verl's environment.
 """
 
 from __future__ import annotations
@@ -16,13 +17,25 @@ import re
 import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from verl_search.launch.checkpoints import resolve_step
+from verl_search.launch.environment import InstalledEnvironment
+from verl_search.launch.trainer_mode import TrainerModeError, settings_from_env, trainer_overrides
 from verl_search.resources import AGENT_LOOP_YAML, SEARCH_TOOL_YAML, shipped_file
+
+#: a run's copy of the tool YAML, in its run folder (``common.sh``'s ``vs_prepare_run`` writes it)
+RUN_TOOL_YAML = "search_tool_config.yaml"
+#: verl's attention when ``override_config.attn_implementation`` is unset
+VERL_DEFAULT_ATTENTION = "flash_attention_2"
+ATTENTION_KEY = "+actor_rollout_ref.model.override_config.attn_implementation"
+REMOVE_PADDING_KEY = "actor_rollout_ref.model.use_remove_padding"
+#: implementations whose kernels take packed variable-length sequences (what use_remove_padding feeds them)
+PACKING_KERNELS = ("flash_attention_2", "flash_attention_3")
 
 
 class RunKnobs(BaseModel):
@@ -183,31 +196,109 @@ def resume_overrides(resume_from: str) -> list[str]:
     return ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={resume_from}"]
 
 
+def search_overrides(knobs: RunKnobs, tool_config: str | Path) -> list[str]:
+    """Our tool (the YAML ``tool_config``), loop and reward in verl's hermes multi-turn rollout, ``AGENT`` as the
+    default loop (with its loop YAML for ``search_r1_agent``)."""
+    k = knobs
+    overrides = [
+        "actor_rollout_ref.rollout.multi_turn.enable=True",
+        "actor_rollout_ref.rollout.multi_turn.format=hermes",
+        f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={k.max_turns}",
+        f"actor_rollout_ref.rollout.multi_turn.max_tool_response_length={k.max_tool_response_length}",
+        "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=right",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}",
+        f"actor_rollout_ref.rollout.agent.default_agent_loop={k.agent}",
+        f"reward.custom_reward_function.path={k.reward_fn_path}",
+        "reward.custom_reward_function.name=compute_score",
+    ]
+    if k.agent == "search_r1_agent":
+        overrides.append(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={k.agent_loop_config}")
+    return overrides
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    """What the actor (and reference) model load with."""
+
+    implementation: str
+    remove_padding: bool
+    reason: str
+
+
+def choose_attention(requested: str, fa2_problem: str | None) -> AttentionChoice:
+    """``auto`` takes FlashAttention-2 when transformers finds it usable (``fa2_problem`` is None), else ``sdpa``;
+    padding removal (sequences packed into one row) goes with FlashAttention kernels only, whose variable-length
+    path keeps packed sequences apart."""
+    if requested == "auto":
+        if fa2_problem is None:
+            return AttentionChoice(VERL_DEFAULT_ATTENTION, True, "transformers finds FlashAttention-2")
+        return AttentionChoice("sdpa", False, f"no FlashAttention-2: {fa2_problem}")
+    return AttentionChoice(requested, requested in PACKING_KERNELS, "set by ATTN_IMPLEMENTATION")
+
+
+def gpu_parts(
+    knobs: RunKnobs, *, rollout: str, attention: str, devices: int, mini_batch_size: int
+) -> tuple[list[str], list[str]]:
+    """What a GPU script adds to its knobs' overrides: the engine (async) and the actor's attention, the search tool
+    and loop, the trainer mode (``TRAINER`` and its knobs, from the environment); and a note on each choice. The
+    native loop on SGLang loads SGLang's tokenizer: it matches stop strings only with it (verl's default skips it)."""
+    fa2_problem = InstalledEnvironment().flash_attention_2() if attention == "auto" else None
+    choice = choose_attention(attention, fa2_problem)
+    engine = [
+        f"actor_rollout_ref.rollout.name={rollout}",
+        "actor_rollout_ref.rollout.mode=async",
+        f"{ATTENTION_KEY}={choice.implementation}",
+        f"{REMOVE_PADDING_KEY}={choice.remove_padding}",
+    ]
+    if rollout == "sglang" and knobs.agent == "search_r1_agent":
+        engine.append("actor_rollout_ref.rollout.skip_tokenizer_init=False")
+    trainer = trainer_overrides(
+        settings_from_env(os.environ),
+        devices=devices,
+        train_batch_size=knobs.train_batch_size,
+        mini_batch_size=mini_batch_size,
+        device="cuda",
+    )
+    padding = "with padding removal" if choice.remove_padding else "without padding removal"
+    notes = [
+        f"rollout engine: {rollout}; actor attention: {choice.implementation}, {padding} ({choice.reason})",
+        trainer_note(trainer),
+    ]
+    return [*engine, *search_overrides(knobs, f"{knobs.run_dir}/{RUN_TOOL_YAML}"), *trainer], notes
+
+
+def trainer_note(trainer: list[str]) -> str:
+    """The trainer mode the overrides run, as the scripts print it."""
+    chosen = os.environ.get("TRAINER")
+    return f"trainer: {trainer[0].split('=', 1)[1]}" + (f" (TRAINER={chosen})" if chosen else "")
+
+
 def knobs_main(
     prog: str,
     description: str,
     knobs_cls: type[RunKnobs],
-    compose: Callable[[Any, argparse.Namespace], list[str]],
+    compose: Callable[[Any], tuple[list[str], list[str]]],
     argv: list[str] | None = None,
-    add_options: Callable[[argparse.ArgumentParser], None] | None = None,
 ) -> int:
     """The CLI a run script calls: ``shell`` prints the knobs resolved from the environment as shell assignments,
-    ``overrides`` prints ``compose(knobs, args)`` NUL-separated; a bad knob is one ``error:`` line and exit 1."""
+    ``overrides`` prints ``compose(knobs)``'s overrides NUL-separated and its notes on stderr. Both compose the run,
+    so a bad knob or trainer setting is one ``error:`` line and exit 1 before the script writes anything."""
     p = argparse.ArgumentParser(prog=prog, description=description)
     sub = p.add_subparsers(dest="command", required=True)
     shell = sub.add_parser("shell", help="the resolved knobs as shell assignments")
     shell.add_argument("overrides", nargs="*", help="the hydra overrides given to the script (after --)")
-    o = sub.add_parser("overrides", help="the run's verl overrides, NUL-separated")
-    if add_options is not None:
-        add_options(o)
+    sub.add_parser("overrides", help="the run's verl overrides, NUL-separated; notes on stderr")
     args = p.parse_args(argv)
     try:
         knobs = knobs_cls.from_env(overrides=getattr(args, "overrides", ()))
-    except knobs_cls.error as e:
+        overrides, notes = compose(knobs)
+    except (knobs_cls.error, TrainerModeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if args.command == "shell":
         sys.stdout.write(shell_assignments(knobs))
-    else:
-        sys.stdout.write("".join(f"{o}\0" for o in compose(knobs, args)))
+        return 0
+    for note in notes:
+        print(note, file=sys.stderr)
+    sys.stdout.write("".join(f"{o}\0" for o in overrides))
     return 0

@@ -1,27 +1,11 @@
-"""The one trainer knob of the run scripts: ``TRAINER=sync|one_step_off|fully_async|colocate_async``, and the verl
-overrides each choice means. Every mode runs through the same entry point (``python -m verl.trainer.main_ppo``) on
-verl 0.9.1's V1 trainer (``trainer.v1.trainer_mode``), so the search recipe, its preflight and its per-step search
-metrics are the same in each:
+"""The one trainer knob of the run scripts, ``TRAINER=sync|one_step_off|fully_async|colocate_async``, its settings, and
+the verl overrides each choice means. Every mode runs through ``python -m verl.trainer.main_ppo`` on verl 0.9.1's V1
+trainer (``trainer.v1.trainer_mode``: ``sync``, ``separate_async`` for one_step_off and fully_async, which give the
+rollout its own pool of ``ROLLOUT_GPUS`` devices with ``hybrid_engine=False``, or ``colocate_async``), so the recipe,
+its preflight and its per-step search metrics are the same in each; run_scripts/README.md tables what each means.
 
-=================  ==========================  ==================================================================
-TRAINER            verl V1 mode                what it means
-=================  ==========================  ==================================================================
-sync (default)     ``sync``                    generate a batch, train on it, repeat (on-policy)
-one_step_off       ``separate_async``          rollout on its own devices, one batch ahead; every trajectory is
-                                               trained at most one update after it was asked for (stragglers wait)
-fully_async        ``separate_async``          rollout on its own devices, streaming; a straggler may run across up
-                                               to ``MAX_STALENESS`` versions (paused and resumed with new weights)
-colocate_async     ``colocate_async``          rollout and trainer share devices; stragglers carry over to the next
-                                               step instead of holding this one (no extra devices)
-=================  ==========================  ==================================================================
-
-Both separate modes set ``actor_rollout_ref.hybrid_engine=False`` (verl 0.9.1's "V0-style fully-async semantics":
-the rollout is served only by its own pool of ``ROLLOUT_GPUS`` devices). verl 0.9.1's experimental
-``one_step_off_policy`` and ``fully_async_policy`` entry points implement the same two ideas on the legacy trainer
-with another config root; they are not used here. Invariant: the settings are declared once (:class:`TrainerSettings`),
-a bad value is a :class:`TrainerModeError` naming the knob, and the overrides are derived from validated settings only.
-
-The overrides themselves and the CLI ``run_scripts/common.sh`` calls are in :mod:`verl_search.launch.trainer_overrides`.
+Invariant: the settings are declared once (:class:`TrainerSettings`), a bad value is a :class:`TrainerModeError`
+naming the knob, and the overrides are derived from validated settings only.
 """
 
 from __future__ import annotations
@@ -268,3 +252,41 @@ def build_settings(raw: Mapping[str, object]) -> TrainerSettings:
             value = raw.get(loc[0], "")
             raise TrainerModeError(f"{_knob(loc[0])}={value}: {message}") from e
         raise TrainerModeError(message) from e
+
+
+def trainer_overrides(
+    settings: TrainerSettings, *, devices: int, train_batch_size: int, mini_batch_size: int, device: str
+) -> list[str]:
+    """verl overrides for ``settings``; ``devices`` is the trainer's devices per node (the default rollout pool size),
+    the batch sizes are the run's ``data.train_batch_size`` and ``actor.ppo_mini_batch_size``."""
+    mode = settings.verl_mode
+    name = f"search_{mode}" if settings.search_monitor else mode
+    out = [f"trainer.v1.trainer_mode={name}"]
+    if not settings.asynchronous:
+        return out
+    staleness, warmup = settings.staleness(), settings.warmup()
+    check_staleness(staleness, warmup, settings.trainer)
+    out += [
+        f"trainer.v1.sampler.max_off_policy_threshold={'null' if staleness is None else staleness}",
+        f"trainer.v1.sampler.max_off_policy_strategy={settings.strategy()}",
+        f"trainer.v1.{mode}.num_warmup_batches={warmup:g}",
+    ]
+    if not settings.separate:
+        return out
+    sync_step = settings.sync_step(train_batch_size, mini_batch_size)
+    if train_batch_size != sync_step * mini_batch_size:
+        raise TrainerModeError(
+            f"PARAMETER_SYNC_STEP={sync_step}: verl's separate_async needs TRAIN_BATCH_SIZE={train_batch_size} = "
+            f"PARAMETER_SYNC_STEP x PPO_MINI_BATCH_SIZE={mini_batch_size}"
+        )
+    engine = settings.engine(device)
+    out += [
+        "actor_rollout_ref.hybrid_engine=False",
+        f"trainer.v1.separate_async.parameter_sync_step={sync_step}",
+        f"actor_rollout_ref.rollout.nnodes={settings.rollout_nodes}",
+        f"actor_rollout_ref.rollout.n_gpus_per_node={settings.rollout_gpus or devices}",
+        f"actor_rollout_ref.rollout.checkpoint_engine.backend={engine}",
+    ]
+    if engine == CPU_CHECKPOINT_ENGINE:
+        out.append(f"actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module={CPU_CHECKPOINT_MODULE}")
+    return out

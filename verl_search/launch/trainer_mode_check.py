@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning
-from verl_search.launch.cuda_driver import installed_cuda
 from verl_search.launch.gpu_locks import CUPY, ROLLOUT_ENGINES
+from verl_search.launch.runtime import installed_cuda
 from verl_search.launch.trainer_mode import CPU_CHECKPOINT_ENGINE, TrainerModeError, check_staleness
 
 #: verl's V1 modes (our search_* twins run the same trainer)

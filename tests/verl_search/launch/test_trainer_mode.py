@@ -7,9 +7,8 @@ import pytest
 
 from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning
 from verl_search.launch.trainer_config import compose_launch_config
-from verl_search.launch.trainer_mode import TrainerModeError, settings_from_env
+from verl_search.launch.trainer_mode import TrainerModeError, settings_from_env, trainer_overrides
 from verl_search.launch.trainer_mode_check import check_trainer_mode
-from verl_search.launch.trainer_overrides import trainer_overrides
 
 
 def overrides(env: dict[str, str], *, batch: int = 4, mini: int = 4, device: str = "cpu") -> dict[str, str]:
