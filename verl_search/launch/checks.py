@@ -1,7 +1,5 @@
 """Launch checks of the config and the data (verl settings, parquet files, agent loops), plus the types all checks
-share. Each check returns a one-line note when fine and raises a typed problem otherwise.
-
-Invariant: no check writes, downloads or starts anything; data files are read through their metadata and one column.
+share. Invariant: data files are read through their metadata and one column.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from pydantic import Field, TypeAdapter, ValidationError, model_validator
 from verl_search.data.pipeline import VAL_SUBSET_NAME
 from verl_search.errors import VerlSearchError
 from verl_search.launch.checkpoints import LATEST_FILE, STEP_PREFIX, latest_step
-from verl_search.launch.checks import PreflightError, read_data_file
+from verl_search.launch.checks import PREPROCESS_COMMAND, PreflightError, read_data_file
 from verl_search.launch.run_knobs import RunKnobs, absolute, data_overrides, gpu_parts, knobs_main, value
 
 #: per device: the engines that run there, the first is the default
@@ -184,8 +184,7 @@ def validation_overrides(knobs: EvalRunKnobs) -> list[str]:
 
 
 def gpu_eval_overrides(knobs: EvalRunKnobs) -> list[str]:
-    """The GPU evaluation's verl overrides (FSDP with offload, dynamic batches) and the evaluation's own; the engine,
-    attention, search and trainer-mode parts are the script's shell functions'."""
+    """The GPU evaluation's verl overrides (FSDP with offload, dynamic batches) and the evaluation's own."""
     k = knobs
     actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     return [
@@ -242,10 +241,7 @@ def missing_data_hint(knobs: EvalRunKnobs) -> str | None:
     if path.exists() or path.name not in (VAL_SUBSET_NAME, FULL_TEST_NAME):
         return None
     template = " --template search_r1" if knobs.agent == "search_r1_agent" else ""
-    make = (
-        f"cd {REPO} && python data_preprocess/preprocess_searchR1_dataset.py --config data_preprocess/prompt.yaml "
-        f"--local_dir {path.absolute().parent}{template}"
-    )
+    make = f"cd {REPO} && {PREPROCESS_COMMAND} --local_dir {path.absolute().parent}{template}"
     hint = f"eval: VAL_DATA={path} does not exist; make it with `{make}` (train, test and {VAL_SUBSET_NAME})"
     if path.name == VAL_SUBSET_NAME:
         hint += f", or evaluate the full test set with FULL_TEST=1 (DATA_DIR/{FULL_TEST_NAME})"

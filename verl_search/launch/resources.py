@@ -1,9 +1,6 @@
 """Launch checks of what the run loads or reaches: the tools, the retriever, the reward, the model and the GPUs (on a
-CPU run: the CPU backend and the memory a tiny-model run needs). Each returns a one-line note when fine and raises a
-typed problem otherwise.
-
-Invariant: nothing here starts a GPU job, downloads anything or writes a file; the only network traffic is one small
-``POST /retrieve`` probe per configured retriever URL.
+CPU run: the CPU backend and the memory a tiny-model run needs). Invariant: the only network traffic is one small
+``POST /retrieve`` probe per configured retriever URL (and a ``GET /health``).
 """
 
 from __future__ import annotations

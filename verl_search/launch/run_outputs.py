@@ -1,8 +1,6 @@
 """Launch checks of what a run writes and where it reports: the checkpoint it resumes (never another experiment's
-by accident), the disk its checkpoints need, and the wandb login its logger needs. Each returns a one-line note when
-fine and raises a typed problem otherwise.
-
-Invariant: nothing here writes; a secret (a wandb key) is only ever tested for presence, never shown.
+by accident), the disk its checkpoints need, and the wandb login its logger needs. Invariant: a secret (a wandb key)
+is only ever tested for presence, never shown.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Launch checks of the software a run will execute: the rollout engine imports, its stop-string handling fits the
 agent loop, the actor's attention implementation is installed, torch / transformers / verl / the engine are the
 versions of the GPU lock, and the node's NVIDIA driver runs the installed torch's CUDA build (else the lock that fits
-it is named). Each returns a one-line note when fine and raises a typed problem otherwise.
+it is named).
 
 Invariant: the environment and the driver are only read, through ``ctx.environment``; a missing engine or attention
 kernel is an error for a real launch and a warning for a dry run (checked on a machine without GPUs), a version that

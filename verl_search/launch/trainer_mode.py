@@ -34,19 +34,6 @@ LEGACY_TRAINER_MODES: dict[str, str] = {
     "colocate_async": "colocate_async",
     "separate_async": "fully_async",
 }
-#: environment variable -> TrainerSettings field
-ENV_KNOBS: dict[str, str] = {
-    "TRAINER": "trainer",
-    "SEARCH_MONITOR": "search_monitor",
-    "MAX_STALENESS": "max_staleness",
-    "STALENESS_STRATEGY": "staleness_strategy",
-    "WARMUP_BATCHES": "warmup_batches",
-    "PARAMETER_SYNC_STEP": "parameter_sync_step",
-    "ROLLOUT_GPUS": "rollout_gpus",
-    "ROLLOUT_NODES": "rollout_nodes",
-    "PARTIAL_ROLLOUT": "partial_rollout",
-    "CHECKPOINT_ENGINE": "checkpoint_engine",
-}
 #: what one_step_off fixes (it is fully_async with these values)
 ONE_STEP_OFF = {"max_staleness": 2, "warmup_batches": 1.0, "staleness_strategy": "wait"}
 #: verl_search's CPU checkpoint engine (standalone rollout on a machine without NCCL)
@@ -61,12 +48,8 @@ class TrainerModeError(VerlSearchError, ValueError):
     kind = "trainer_mode"
 
 
-def _knob(field: str) -> str:
-    return next((env for env, name in ENV_KNOBS.items() if name == field), field)
-
-
 class TrainerSettings(BaseModel):
-    """The trainer knobs of the run scripts (environment variables in capitals, see :data:`ENV_KNOBS`)."""
+    """The trainer knobs of the run scripts; each environment variable is its field name in capitals."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -133,7 +116,7 @@ class TrainerSettings(BaseModel):
         given = self.model_fields_set
         if self.trainer == "sync":
             extra = sorted(
-                _knob(f)
+                f.upper()
                 for f in ("max_staleness", "staleness_strategy", "warmup_batches", "parameter_sync_step")
                 + ("rollout_gpus", "checkpoint_engine")
                 if f in given and getattr(self, f) is not None
@@ -145,8 +128,8 @@ class TrainerSettings(BaseModel):
             for field, value in ONE_STEP_OFF.items():
                 if field in given and getattr(self, field) not in (None, value):
                     raise ValueError(
-                        f"TRAINER=one_step_off fixes {_knob(field)}={value:g}" if isinstance(value, float)
-                        else f"TRAINER=one_step_off fixes {_knob(field)}={value}"
+                        f"TRAINER=one_step_off fixes {field.upper()}={value:g}" if isinstance(value, float)
+                        else f"TRAINER=one_step_off fixes {field.upper()}={value}"
                     ) from None  # fmt: skip
             if self.unbounded_staleness:
                 raise ValueError("TRAINER=one_step_off fixes MAX_STALENESS=2; use TRAINER=fully_async for no bound")
@@ -158,7 +141,7 @@ class TrainerSettings(BaseModel):
         if not self.separate:
             for field in ("rollout_gpus", "parameter_sync_step", "checkpoint_engine"):
                 if field in given and getattr(self, field) is not None:
-                    raise ValueError(f"{_knob(field)} applies only to TRAINER=one_step_off or fully_async")
+                    raise ValueError(f"{field.upper()} applies only to TRAINER=one_step_off or fully_async")
         return self
 
     # ---- resolved values ---------------------------------------------------------------------------------------
@@ -215,11 +198,8 @@ def check_staleness(staleness: int | None, warmup_batches: float, trainer: str) 
 def settings_from_env(env: Mapping[str, str]) -> TrainerSettings:
     """The settings the environment asks for (unset or empty variables keep their defaults); TRAINER_MODE, the older
     knob, is read when TRAINER is unset."""
-    raw: dict[str, object] = {}
-    for name, field in ENV_KNOBS.items():
-        value = env.get(name, "")
-        if value != "":
-            raw[field] = value
+    knobs = [field for field in TrainerSettings.model_fields if field != "unbounded_staleness"]
+    raw: dict[str, object] = {field: env[field.upper()] for field in knobs if env.get(field.upper(), "") != ""}
     legacy = env.get("TRAINER_MODE", "")
     if legacy:
         if legacy not in LEGACY_TRAINER_MODES:
@@ -231,17 +211,12 @@ def settings_from_env(env: Mapping[str, str]) -> TrainerSettings:
         if "trainer" in raw and raw["trainer"] != mapped:
             raise TrainerModeError(f"TRAINER={raw['trainer']} and TRAINER_MODE={legacy} disagree; set only TRAINER")
         raw.setdefault("trainer", mapped)
-    for name in ("SEARCH_MONITOR", "PARTIAL_ROLLOUT"):
-        field = ENV_KNOBS[name]
+    for field in ("search_monitor", "partial_rollout"):
         if field in raw and raw[field] not in ("0", "1"):
-            raise TrainerModeError(f"{name}={raw[field]}: 1 or 0")
+            raise TrainerModeError(f"{field.upper()}={raw[field]}: 1 or 0")
     if str(raw.get("max_staleness", "")).lower() in ("none", "null", "inf"):
         raw.pop("max_staleness")
         raw["unbounded_staleness"] = True
-    return build_settings(raw)
-
-
-def build_settings(raw: Mapping[str, object]) -> TrainerSettings:
     try:
         return TrainerSettings(**raw)
     except ValidationError as e:
@@ -250,7 +225,7 @@ def build_settings(raw: Mapping[str, object]) -> TrainerSettings:
         message = str(first["msg"]).removeprefix("Value error, ")
         if loc:
             value = raw.get(loc[0], "")
-            raise TrainerModeError(f"{_knob(loc[0])}={value}: {message}") from e
+            raise TrainerModeError(f"{loc[0].upper()}={value}: {message}") from e
         raise TrainerModeError(message) from e
 
 

@@ -1,9 +1,6 @@
 """Launch check of the trainer mode in the composed config (``trainer.v1.trainer_mode`` and what its async modes need),
 whether it came from the ``TRAINER`` knob or from raw overrides: a wrong resource split, an impossible staleness bound,
 a batch size the mode cannot divide, or a weight-sync backend that cannot load is one line before anything starts.
-
-Invariant: like every preflight check it returns a one-line note or raises a typed problem; it starts nothing (the GPU
-count is read from torch, the checkpoint engine's library through the environment seam).
 """
 
 from __future__ import annotations
