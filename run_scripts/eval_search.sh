@@ -29,13 +29,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # ATTN_IMPLEMENTATION, PROJECT_NAME, EXPERIMENT_NAME, RUN_DIR, AGENT_LOOP_CONFIG, REWARD_FN_PATH, MAX_PROMPT_LENGTH,
 # MAX_RESPONSE_LENGTH, MAX_TOOL_RESPONSE_LENGTH, ROLLOUT_TP, GPU_MEMORY_UTILIZATION, TRAIN_BATCH_SIZE, LOGGER) is
 # declared once, with its default and meaning, in verl_search/launch/eval_run.py (EvalRunKnobs), which also resolves
-# CHECKPOINT and maps the knobs to verl's overrides. Resolve them here:
-KNOBS="$("$PYTHON" -m verl_search.launch.eval_run shell)" || vs_die "fix the knob named above"
+# CHECKPOINT and maps the knobs to verl's overrides. Resolve them here (with a note on the full test set's rows and
+# time per pass, or on how to make a missing VAL_DATA, before the preflight's "no such file"):
+KNOBS="$("$PYTHON" -m verl_search.launch.eval_run)" || vs_die "fix the knob named above"
 eval "$KNOBS"
-# the overrides, and on stderr the full test set's rows and time per pass, or how to make a missing VAL_DATA (before
-# the preflight's "no such file")
-mapfile -d '' -t ARGS < <(env "${VS_KNOB_ENV[@]}" "$PYTHON" -m verl_search.launch.eval_run overrides)
-((${#ARGS[@]})) || vs_die "could not compose the evaluation's overrides"
+ARGS=("${VS_OVERRIDES[@]}")
 
 summary_hint() {
     echo "generations: ${OUTPUT_DIR}"

@@ -24,7 +24,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # MICRO_BATCH, TOTAL_EPOCHS, TOTAL_STEPS, SAVE_FREQ, TEST_FREQ, RESUME_MODE, LOGGER, RAY_NUM_CPUS, ROLLOUT=hf_cpu|vllm,
 # VLLM_KV_CACHE_BYTES, VLLM_BUCKET_MB) is declared once, with its default and meaning, in verl_search/launch/cpu_run.py
 # (CpuRunKnobs), which also maps them to verl's overrides; make train uses the same mapping. Resolve them here:
-KNOBS="$("$PYTHON" -m verl_search.launch.cpu_run shell -- "$@")" || vs_die "fix the knob named above"
+KNOBS="$("$PYTHON" -m verl_search.launch.cpu_run -- "$@")" || vs_die "fix the knob named above"
 eval "$KNOBS"
 
 # The CPU platform (verl_search.cpu, registered by our verl.plugins entry point), and FSDP engines
@@ -40,9 +40,7 @@ fi
 
 vs_prepare_run
 # every override the knobs mean (the CPU run's, the search tool's, the trainer mode's), then the user's
-mapfile -d '' -t ARGS < <(env "${VS_KNOB_ENV[@]}" "$PYTHON" -m verl_search.launch.cpu_run overrides)
-((${#ARGS[@]})) || vs_die "could not compose the CPU run's overrides"
-ARGS+=("$@")
+ARGS=("${VS_OVERRIDES[@]}" "$@")
 
 echo "run folder: ${RUN_DIR} (tool config, checkpoints, metrics, validation generations)"
 PREFLIGHT_FLAGS=()

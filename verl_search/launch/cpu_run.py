@@ -2,8 +2,8 @@
 declared once here, read by the script from its environment and by ``make train`` from its settings.
 
 Invariant: the overrides are derived from validated knobs only (:func:`run_overrides`), so the script and
-``make train`` give verl the same overrides for the same knobs. CLI: ``python -m verl_search.launch.cpu_run shell``
-prints the resolved knobs as shell assignments, ``... overrides`` the overrides, NUL-separated.
+``make train`` give verl the same overrides for the same knobs. The script evals ``python -m
+verl_search.launch.cpu_run -- OVERRIDES`` (:func:`~verl_search.launch.run_knobs.knobs_main`).
 """
 
 from __future__ import annotations

@@ -7,9 +7,8 @@ model folder is the model. ``DEVICE=cuda`` gets the full override set here (FSDP
 share); ``DEVICE=cpu`` hands the run to ``run_tiny_search_cpu.sh`` (its knobs) and appends only the
 evaluation's overrides (:func:`validation_overrides`), which win because they come later.
 
-CLI: ``python -m verl_search.launch.eval_run shell`` prints the resolved knobs as shell assignments, ``... overrides``
-the overrides, NUL-separated, with notes on stderr: what to expect of the evaluated data (the full test set's time per
-pass) or how to make a missing data file.
+The script evals ``python -m verl_search.launch.eval_run`` (:func:`~verl_search.launch.run_knobs.knobs_main`), whose
+notes say what to expect of the evaluated data (the full test set's time per pass) or how to make a missing file.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ Qwen2.5-3B-Instruct with FSDP and SGLang or vLLM) and the verl overrides they me
 
 Invariant: the defaults are the published recipe's wherever verl 0.9.1 accepts them (the README's table lists each
 difference and its reason, and a test compares the composed defaults with the recipe's values); the overrides are
-derived from validated knobs only. CLI: ``python -m verl_search.launch.gpu_run shell`` prints the resolved knobs as
-shell assignments, ``... overrides`` the overrides, NUL-separated (a Ray Serve retriever's are the script's own).
+derived from validated knobs only. The script evals ``python -m verl_search.launch.gpu_run -- OVERRIDES``
+(:func:`~verl_search.launch.run_knobs.knobs_main`) and adds a Ray Serve retriever's overrides itself.
 """
 
 from __future__ import annotations

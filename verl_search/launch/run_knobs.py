@@ -5,8 +5,8 @@ its own knobs and defaults.
 
 Invariant: a knob's environment variable is its field name in capitals; unset or empty variables keep the default
 (like the shell's ``${X:-default}``); a bad knob or trainer setting raises an error naming the variable before the
-script writes anything. The shell reads the resolved knobs from ``shell`` and hands them back to ``overrides``
-through ``VS_KNOB_ENV``, never exporting them into verl's environment.
+script writes anything. The script evals the CLI's output (the knobs as shell variables, the overrides as one array)
+and exports none of it into verl's environment.
 """
 
 from __future__ import annotations
@@ -162,12 +162,10 @@ def value(v: object) -> str:
     return str(v)
 
 
-def shell_assignments(knobs: RunKnobs) -> str:
-    """``NAME=value`` lines (shell-quoted) for every knob, and ``VS_KNOB_ENV``, the same as an ``env`` argument list
-    (how a script hands the resolved knobs to ``overrides`` without exporting them into verl's environment)."""
-    values = {name.upper(): value(v) for name, v in knobs.model_dump().items()}
-    lines = [f"{name}={shlex.quote(v)}" for name, v in values.items()]
-    lines.append("VS_KNOB_ENV=(" + " ".join(shlex.quote(f"{n}={v}") for n, v in values.items()) + ")")
+def shell_assignments(knobs: RunKnobs, overrides: Sequence[str]) -> str:
+    """``NAME=value`` lines (shell-quoted) for every knob, and ``VS_OVERRIDES``: the run's verl overrides, an array."""
+    lines = [f"{name.upper()}={shlex.quote(value(v))}" for name, v in knobs.model_dump().items()]
+    lines.append("VS_OVERRIDES=(" + " ".join(map(shlex.quote, overrides)) + ")")
     return "\n".join(lines) + "\n"
 
 
@@ -280,25 +278,19 @@ def knobs_main(
     compose: Callable[[Any], tuple[list[str], list[str]]],
     argv: list[str] | None = None,
 ) -> int:
-    """The CLI a run script calls: ``shell`` prints the knobs resolved from the environment as shell assignments,
-    ``overrides`` prints ``compose(knobs)``'s overrides NUL-separated and its notes on stderr. Both compose the run,
-    so a bad knob or trainer setting is one ``error:`` line and exit 1 before the script writes anything."""
+    """The CLI a run script evals: the knobs resolved from the environment and every override ``compose(knobs)`` makes
+    of them, as :func:`shell_assignments`, with its notes on what it chose on stderr. A bad knob or trainer setting is
+    one ``error:`` line and exit 1, before the script writes anything."""
     p = argparse.ArgumentParser(prog=prog, description=description)
-    sub = p.add_subparsers(dest="command", required=True)
-    shell = sub.add_parser("shell", help="the resolved knobs as shell assignments")
-    shell.add_argument("overrides", nargs="*", help="the hydra overrides given to the script (after --)")
-    sub.add_parser("overrides", help="the run's verl overrides, NUL-separated; notes on stderr")
+    p.add_argument("overrides", nargs="*", help="the hydra overrides given to the script (after --)")
     args = p.parse_args(argv)
     try:
-        knobs = knobs_cls.from_env(overrides=getattr(args, "overrides", ()))
+        knobs = knobs_cls.from_env(overrides=args.overrides)
         overrides, notes = compose(knobs)
     except (knobs_cls.error, TrainerModeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if args.command == "shell":
-        sys.stdout.write(shell_assignments(knobs))
-        return 0
     for note in notes:
         print(note, file=sys.stderr)
-    sys.stdout.write("".join(f"{o}\0" for o in overrides))
+    sys.stdout.write(shell_assignments(knobs, overrides))
     return 0
