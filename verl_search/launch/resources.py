@@ -41,37 +41,33 @@ def tool_entries(ctx: LaunchContext) -> list[dict[str, Any]]:
     return tools
 
 
-def search_tool_configs(ctx: LaunchContext) -> list[Any]:
-    """The validated :class:`SearchToolConfig` of every tool entry that configures a retriever."""
+def search_config(raw: dict[str, Any], where: str) -> Any:
+    """``raw`` validated as the search tool validates its config; ``where`` names it in the error."""
     from verl_search.errors import ConfigError
     from verl_search.tool.config import SearchToolConfig
 
-    configs = []
-    for entry in tool_entries(ctx):
-        raw = dict(entry.get("config") or {})
-        if "retrieval_service_url" in raw:
-            try:
-                configs.append(SearchToolConfig.from_dict(raw))
-            except ConfigError as e:
-                raise PreflightError(f"{ctx.rollout.multi_turn.tool_config_path}: {e}") from e
-    return configs
+    try:
+        return SearchToolConfig.from_dict(raw)
+    except ConfigError as e:
+        raise PreflightError(f"{where}: {e}") from e
+
+
+def search_tool_configs(ctx: LaunchContext) -> list[Any]:
+    """The validated :class:`SearchToolConfig` of every tool entry that configures a retriever."""
+    where = ctx.rollout.multi_turn.tool_config_path
+    entries = [dict(entry.get("config") or {}) for entry in tool_entries(ctx)]
+    return [search_config(raw, where) for raw in entries if "retrieval_service_url" in raw]
 
 
 def retriever_urls(ctx: LaunchContext) -> list[str]:
     """Every /retrieve endpoint the run will call: the search tools' and any ``search:`` block of an agent-loop YAML."""
-    from verl_search.errors import ConfigError
-    from verl_search.tool.config import SearchToolConfig
-
-    configs = list(search_tool_configs(ctx))
+    configs = search_tool_configs(ctx)
     agent_yaml = ctx.rollout.agent.agent_loop_config_path
     if agent_yaml and Path(agent_yaml).is_file():
         for entry in OmegaConf.to_container(OmegaConf.load(agent_yaml), resolve=True) or []:
             search = entry.get("search") if isinstance(entry, dict) else None
             if isinstance(search, dict):
-                try:
-                    configs.append(SearchToolConfig.from_dict(search))
-                except ConfigError as e:
-                    raise PreflightError(f"{agent_yaml}: {entry.get('name')}: {e}") from e
+                configs.append(search_config(search, f"{agent_yaml}: {entry.get('name')}"))
     urls: list[str] = []
     for cfg in configs:
         urls += [u for u in cfg.retrieval_service_url if u not in urls]
