@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from verl_search.launch.checkpoints import resolve_step
 from verl_search.launch.environment import InstalledEnvironment
-from verl_search.launch.trainer_mode import TrainerModeError, settings_from_env, trainer_overrides
+from verl_search.launch.trainer_mode import TrainerModeError, knob_message, settings_from_env, trainer_overrides
 from verl_search.resources import AGENT_LOOP_YAML, SEARCH_TOOL_YAML, shipped_file
 
 #: a run's copy of the tool YAML, in its run folder (``common.sh``'s ``vs_prepare_run`` writes it)
@@ -127,14 +127,7 @@ class RunKnobs(BaseModel):
         try:
             return cls(**raw)
         except ValidationError as e:
-            first = e.errors()[0]
-            name = str(first["loc"][0]) if first["loc"] else ""
-            if first["type"] == "missing":
-                raise cls.error(f"set {name.upper()} to {cls.model_fields[name].description}") from e
-            where = f"{name.upper()}={raw.get(name, '')}: " if name else ""
-            if first["type"] == "literal_error":  # "choose a or b", as the scripts have always said
-                raise cls.error(f"{where}choose {first['ctx']['expected'].replace(chr(39), '')}") from e
-            raise cls.error(f"{where}{first['msg']}") from e
+            raise cls.error(knob_message(e, raw, cls)) from e
 
 
 def experiment_name_override(overrides: Sequence[str]) -> str | None:

@@ -220,13 +220,20 @@ def settings_from_env(env: Mapping[str, str]) -> TrainerSettings:
     try:
         return TrainerSettings(**raw)
     except ValidationError as e:
-        first = e.errors()[0]
-        loc = [str(p) for p in first["loc"]]
-        message = str(first["msg"]).removeprefix("Value error, ")
-        if loc:
-            value = raw.get(loc[0], "")
-            raise TrainerModeError(f"{loc[0].upper()}={value}: {message}") from e
-        raise TrainerModeError(message) from e
+        raise TrainerModeError(knob_message(e, raw, TrainerSettings)) from e
+
+
+def knob_message(error: ValidationError, raw: Mapping[str, object], model: type[BaseModel]) -> str:
+    """The first problem of ``error`` in one line naming the knob, as the scripts say it: ``NAME=value: why``, ``choose
+    a or b`` for a value outside a list, ``set NAME to <what it is>`` for a missing one."""
+    first = error.errors()[0]
+    name = str(first["loc"][0]) if first["loc"] else ""
+    if first["type"] == "missing":
+        return f"set {name.upper()} to {model.model_fields[name].description}"
+    where = f"{name.upper()}={raw.get(name, '')}: " if name else ""
+    if first["type"] == "literal_error":
+        return f"{where}choose {first['ctx']['expected'].replace(chr(39), '')}"
+    return where + str(first["msg"]).removeprefix("Value error, ")
 
 
 def trainer_overrides(

@@ -63,7 +63,7 @@ OFF, FULL = {"TRAINER": "one_step_off"}, {"TRAINER": "fully_async"}
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"TRAINER": "fast"}, "TRAINER=fast: Input should be 'sync', 'one_step_off', 'fully_async' or 'colocate_as"),
+        ({"TRAINER": "fast"}, "TRAINER=fast: choose sync, one_step_off, fully_async or colocate_async"),
         ({"TRAINER": "sync", "MAX_STALENESS": "3"}, "MAX_STALENESS apply only to TRAINER=one_step_off"),
         ({**OFF, "MAX_STALENESS": "3"}, "TRAINER=one_step_off fixes MAX_STALENESS=2"),
         ({**FULL, "MAX_STALENESS": "1"}, "MAX_STALENESS=1 allows no trajectory from an older policy"),
