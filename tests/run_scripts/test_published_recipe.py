@@ -17,8 +17,8 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from verl_search.launch.checkpoints import RunRecord, read_record
 from verl_search.launch.preflight import run_preflight
+from verl_search.launch.run_outputs import RunRecord, read_record
 from verl_search.launch.trainer_config import compose_launch_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -23,9 +23,9 @@ from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
 from verl_search.data.pipeline import VAL_SUBSET_NAME
 from verl_search.errors import VerlSearchError
-from verl_search.launch.checkpoints import LATEST_FILE, STEP_PREFIX, latest_step
 from verl_search.launch.checks import PREPROCESS_COMMAND, PreflightError, read_data_file
 from verl_search.launch.run_knobs import RunKnobs, absolute, data_overrides, gpu_parts, knobs_main, value
+from verl_search.launch.run_outputs import LATEST_FILE, STEP_PREFIX, latest_step
 
 #: per device: the engines that run there, the first is the default
 ENGINES = {"cuda": ("sglang", "vllm"), "cpu": ("vllm", "hf_cpu")}

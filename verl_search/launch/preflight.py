@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TextIO
 
 from verl_search.launch import checks, resources, run_outputs, runtime, trainer_mode_check
-from verl_search.launch.checkpoints import RunRecord, write_record
 from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning
 from verl_search.launch.environment import InstalledEnvironment
+from verl_search.launch.run_outputs import RunRecord, write_record
 from verl_search.launch.trainer_config import LaunchConfigError, compose_launch_config
 
 logger = logging.getLogger(__name__)

@@ -23,8 +23,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from verl_search.launch.checkpoints import resolve_step
 from verl_search.launch.environment import InstalledEnvironment
+from verl_search.launch.run_outputs import resolve_step
 from verl_search.launch.trainer_mode import TrainerModeError, knob_message, settings_from_env, trainer_overrides
 from verl_search.resources import AGENT_LOOP_YAML, SEARCH_TOOL_YAML, shipped_file
 
