@@ -151,8 +151,8 @@ def run_overrides(knobs: CpuRunKnobs, tool_yaml: str | Path, trainer: TrainerSet
 
 def main(argv: list[str] | None = None) -> int:
     def compose(knobs: CpuRunKnobs) -> tuple[list[str], list[str]]:
-        overrides = run_overrides(knobs, f"{knobs.run_dir}/{RUN_TOOL_YAML}", settings_from_env(os.environ))
-        return overrides, [trainer_note([o for o in overrides if o.startswith("trainer.v1.trainer_mode=")])]
+        settings = settings_from_env(os.environ)
+        return run_overrides(knobs, f"{knobs.run_dir}/{RUN_TOOL_YAML}", settings), [trainer_note(settings)]
 
     prog, description = "python -m verl_search.launch.cpu_run", __doc__.split("\n")[0]
     return knobs_main(prog, description, CpuRunKnobs, compose, argv)

@@ -25,7 +25,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from verl_search.launch.environment import InstalledEnvironment
 from verl_search.launch.run_outputs import resolve_step
-from verl_search.launch.trainer_mode import TrainerModeError, knob_message, settings_from_env, trainer_overrides
+from verl_search.launch.trainer_mode import (
+    TrainerModeError,
+    TrainerSettings,
+    knob_message,
+    settings_from_env,
+    trainer_overrides,
+)
 from verl_search.resources import AGENT_LOOP_YAML, SEARCH_TOOL_YAML, shipped_file
 
 #: a run's copy of the tool YAML, in its run folder (``common.sh``'s ``vs_prepare_run`` writes it)
@@ -243,8 +249,9 @@ def gpu_parts(
     ]
     if rollout == "sglang" and knobs.agent == "search_r1_agent":
         engine.append("actor_rollout_ref.rollout.skip_tokenizer_init=False")
+    settings = settings_from_env(os.environ)
     trainer = trainer_overrides(
-        settings_from_env(os.environ),
+        settings,
         devices=devices,
         train_batch_size=knobs.train_batch_size,
         mini_batch_size=mini_batch_size,
@@ -253,15 +260,15 @@ def gpu_parts(
     padding = "with padding removal" if choice.remove_padding else "without padding removal"
     notes = [
         f"rollout engine: {rollout}; actor attention: {choice.implementation}, {padding} ({choice.reason})",
-        trainer_note(trainer),
+        trainer_note(settings),
     ]
     return [*engine, *search_overrides(knobs, f"{knobs.run_dir}/{RUN_TOOL_YAML}"), *trainer], notes
 
 
-def trainer_note(trainer: list[str]) -> str:
-    """The trainer mode the overrides run, as the scripts print it."""
+def trainer_note(settings: TrainerSettings) -> str:
+    """The trainer mode a run uses, as the scripts print it."""
     chosen = os.environ.get("TRAINER")
-    return f"trainer: {trainer[0].split('=', 1)[1]}" + (f" (TRAINER={chosen})" if chosen else "")
+    return f"trainer: {settings.trainer_mode}" + (f" (TRAINER={chosen})" if chosen else "")
 
 
 def knobs_main(

@@ -104,6 +104,11 @@ class TrainerSettings(BaseModel):
         return VERL_MODES[self.trainer]
 
     @property
+    def trainer_mode(self) -> str:
+        """``trainer.v1.trainer_mode``: verl's mode, or its ``search_`` twin that adds the per-step search metrics."""
+        return f"search_{self.verl_mode}" if self.search_monitor else self.verl_mode
+
+    @property
     def separate(self) -> bool:
         return self.verl_mode == "separate_async"
 
@@ -242,8 +247,7 @@ def trainer_overrides(
     """verl overrides for ``settings``; ``devices`` is the trainer's devices per node (the default rollout pool size),
     the batch sizes are the run's ``data.train_batch_size`` and ``actor.ppo_mini_batch_size``."""
     mode = settings.verl_mode
-    name = f"search_{mode}" if settings.search_monitor else mode
-    out = [f"trainer.v1.trainer_mode={name}"]
+    out = [f"trainer.v1.trainer_mode={settings.trainer_mode}"]
     if not settings.asynchronous:
         return out
     staleness, warmup = settings.staleness(), settings.warmup()
