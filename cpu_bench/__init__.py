@@ -5,6 +5,7 @@ lives in the repository and is not part of the wheel.
   tokenizer, the shipped base model, SFT, GRPO through ``main_ppo`` on the CPU backend, evaluation and plots);
 - ``testing/``: the test kit (stub and foreign retrievers, scripted policy and rollout, forced openings, the protocol
   warm start, ``make demo-scripted``);
+- ``gpu_smoke``: ``make gpu-smoke``, two GRPO steps of the GPU recipe's script against the toy world's retriever;
 - ``background_server``: servers and subprocesses in the background for both (``free_port``,
   ``wait_until_healthy``, ``BackgroundServer``).
 

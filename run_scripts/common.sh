@@ -12,8 +12,8 @@ PROBE_TIMEOUT="${PROBE_TIMEOUT:-10}"
 # STALENESS_STRATEGY, WARMUP_BATCHES, PARAMETER_SYNC_STEP, ROLLOUT_GPUS, ROLLOUT_NODES, PARTIAL_ROLLOUT,
 # CHECKPOINT_ENGINE, SEARCH_MONITOR (1, default: verl's trainer of the mode as its search_* twin, which logs search/*
 # metrics every step and watches them for collapse, e.g. +search_monitor.alarms.stop_after=3). Their defaults and
-# meaning are declared once, in verl_search/launch/trainer_mode.py (see vs_trainer_overrides); TRAINER_MODE=sync|
-# colocate_async|separate_async, the older knob, still works (separate_async = fully_async).
+# meaning are declared once, in verl_search/launch/trainer_mode.py, and each script's knobs module composes their
+# overrides; TRAINER_MODE=sync|colocate_async|separate_async, the older knob, still works (separate_async = fully_async).
 # The checkout's verl_search wins over an installed copy, here and in every Ray worker started from this shell.
 export PYTHONPATH="${VS_REPO_DIR}${PYTHONPATH:+:${PYTHONPATH}}"
 export PYTHONUNBUFFERED=1
@@ -37,70 +37,11 @@ vs_write_tool_config() {
         || vs_die "cannot write the run's tool config $2 from $1"
 }
 
-# vs_prepare_run: check AGENT, create RUN_DIR and write the run's copy of TOOL_CONFIG with RETRIEVER_URL in it
-# (sets RUN_TOOL_CONFIG; the user's file is never edited).
+# vs_prepare_run: create RUN_DIR and write the run's copy of TOOL_CONFIG with RETRIEVER_URL in it (the name the knobs
+# module composes into the overrides; the user's file is never edited).
 vs_prepare_run() {
-    case "$AGENT" in
-        tool_agent | search_r1_agent) ;;
-        *) vs_die "AGENT=${AGENT}: choose tool_agent or search_r1_agent" ;;
-    esac
     mkdir -p "$RUN_DIR"
-    RUN_TOOL_CONFIG="${RUN_DIR}/search_tool_config.yaml"
-    vs_write_tool_config "$TOOL_CONFIG" "$RUN_TOOL_CONFIG" "$RETRIEVER_URL"
-}
-
-# vs_rollout_overrides: check ROLLOUT and set VS_ROLLOUT_ARGS to the engine and attention overrides: the rollout
-# engine (sglang or vllm, async), the actor's attention (ATTN_IMPLEMENTATION; auto = flash_attention_2 when
-# transformers finds FlashAttention-2 in PYTHON, else sdpa) with the padding removal it supports
-# (verl_search/launch/attention.py) and, for the native loop on SGLang, its tokenizer (SGLang matches stop strings
-# only with it loaded; verl's default skips it). Call it before vs_prepare_run.
-vs_rollout_overrides() {
-    case "$ROLLOUT" in
-        sglang | vllm) ;;
-        *) vs_die "ROLLOUT=${ROLLOUT}: choose sglang or vllm" ;;
-    esac
-    local out attention
-    out="$("$PYTHON" -m verl_search.launch.attention "$ATTN_IMPLEMENTATION")" \
-        || vs_die "ATTN_IMPLEMENTATION=${ATTN_IMPLEMENTATION}: cannot choose the actor's attention"
-    mapfile -t attention <<<"$out"
-    VS_ROLLOUT_ARGS=(
-        "actor_rollout_ref.rollout.name=${ROLLOUT}"
-        actor_rollout_ref.rollout.mode=async
-        "${attention[0]}"
-        "${attention[1]}"
-    )
-    if [[ "$ROLLOUT" == sglang && "$AGENT" == search_r1_agent ]]; then
-        VS_ROLLOUT_ARGS+=(actor_rollout_ref.rollout.skip_tokenizer_init=False)
-    fi
-    echo "rollout engine: ${ROLLOUT}; actor attention: ${attention[2]}"
-}
-
-# vs_search_overrides: set VS_SEARCH_ARGS to the overrides that plug our tool, agent loop and reward into verl's
-# multi-turn rollout (from AGENT, MAX_TURNS, MAX_TOOL_RESPONSE_LENGTH, RUN_TOOL_CONFIG, REWARD_FN_PATH and
-# AGENT_LOOP_CONFIG; the mapping is verl_search/launch/search_overrides.py, which make train uses too). Call
-# vs_prepare_run first.
-vs_search_overrides() {
-    local out
-    out="$("$PYTHON" -m verl_search.launch.search_overrides --agent "$AGENT" --max-turns "$MAX_TURNS" \
-        --max-tool-response-length "$MAX_TOOL_RESPONSE_LENGTH" --tool-config "$RUN_TOOL_CONFIG" \
-        --reward-fn-path "$REWARD_FN_PATH" --agent-loop-config "$AGENT_LOOP_CONFIG")" \
-        || vs_die "cannot compose the search overrides (AGENT=${AGENT})"
-    mapfile -t VS_SEARCH_ARGS <<<"$out"
-}
-
-# vs_trainer_overrides DEVICES TRAIN_BATCH_SIZE PPO_MINI_BATCH_SIZE DEVICE(cpu|cuda): set VS_TRAINER_ARGS to the
-# overrides of TRAINER and its knobs (verl_search.launch.trainer_overrides; put them after the script's own, before "$@")
-# and VS_ROLLOUT_GPUS to the devices per node of a separate rollout pool (0 unless one_step_off or fully_async).
-vs_trainer_overrides() {
-    local out arg
-    out="$("$PYTHON" -m verl_search.launch.trainer_overrides --from-env --devices "$1" --train-batch-size "$2" \
-        --mini-batch-size "$3" --device "$4")" || vs_die "the trainer knobs above cannot run (TRAINER=${TRAINER:-sync})"
-    mapfile -t VS_TRAINER_ARGS <<<"$out"
-    VS_ROLLOUT_GPUS=0
-    for arg in "${VS_TRAINER_ARGS[@]}"; do
-        case "$arg" in actor_rollout_ref.rollout.n_gpus_per_node=*) VS_ROLLOUT_GPUS="${arg#*=}" ;; esac
-    done
-    echo "trainer: ${VS_TRAINER_ARGS[0]#*=}${TRAINER:+ (TRAINER=${TRAINER})}"
+    vs_write_tool_config "$TOOL_CONFIG" "${RUN_DIR}/search_tool_config.yaml" "$RETRIEVER_URL"
 }
 
 # vs_print_command ARGV...: the command quoted for pasting into a shell: the program and its flags on the first line,

@@ -29,14 +29,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # ATTN_IMPLEMENTATION, PROJECT_NAME, EXPERIMENT_NAME, RUN_DIR, AGENT_LOOP_CONFIG, REWARD_FN_PATH, MAX_PROMPT_LENGTH,
 # MAX_RESPONSE_LENGTH, MAX_TOOL_RESPONSE_LENGTH, ROLLOUT_TP, GPU_MEMORY_UTILIZATION, TRAIN_BATCH_SIZE, LOGGER) is
 # declared once, with its default and meaning, in verl_search/launch/eval_run.py (EvalRunKnobs), which also resolves
-# CHECKPOINT and maps the knobs to verl's overrides. Resolve them here:
-KNOBS="$("$PYTHON" -m verl_search.launch.eval_run shell)" || vs_die "fix the knob named above"
+# CHECKPOINT and maps the knobs to verl's overrides. Resolve them here (with a note on the full test set's rows and
+# time per pass, or on how to make a missing VAL_DATA, before the preflight's "no such file"):
+KNOBS="$("$PYTHON" -m verl_search.launch.eval_run)" || vs_die "fix the knob named above"
 eval "$KNOBS"
-mapfile -d '' -t ARGS < <(env "${VS_KNOB_ENV[@]}" "$PYTHON" -m verl_search.launch.eval_run overrides)
-((${#ARGS[@]})) || vs_die "could not compose the evaluation's overrides"
-# the full test set's rows and time per pass, or how to make a missing VAL_DATA (before the preflight's "no such file")
-env "${VS_KNOB_ENV[@]}" "$PYTHON" -m verl_search.launch.eval_run notes \
-    || vs_die "could not describe VAL_DATA=${VAL_DATA}"
+ARGS=("${VS_OVERRIDES[@]}")
 
 summary_hint() {
     echo "generations: ${OUTPUT_DIR}"
@@ -53,11 +50,8 @@ if [[ "$DEVICE" == cpu ]]; then
     exit 0
 fi
 
-vs_rollout_overrides
 vs_prepare_run
-vs_search_overrides
-vs_trainer_overrides "$N_GPUS" "$TRAIN_BATCH_SIZE" "$TRAIN_BATCH_SIZE" cuda
-ARGS+=("${VS_ROLLOUT_ARGS[@]}" "${VS_SEARCH_ARGS[@]}" "${VS_TRAINER_ARGS[@]}" "$@")
+ARGS+=("$@")
 
 echo "run folder: ${RUN_DIR}; generations go to ${OUTPUT_DIR}"
 echo "summarise them afterwards with: ${PYTHON} -m verl_search.report ${OUTPUT_DIR} --data ${VAL_DATA}"

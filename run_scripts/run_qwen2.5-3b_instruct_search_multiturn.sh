@@ -23,19 +23,14 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # (GpuRunKnobs), which also maps them to verl's overrides. Resolve them here:
 # A trainer.experiment_name=... among the trailing overrides names the experiment (it wins over EXPERIMENT_NAME), so
 # the run folder, its checkpoints and its metrics follow the name wandb shows.
-KNOBS="$("$PYTHON" -m verl_search.launch.gpu_run shell -- "$@")" || vs_die "fix the knob named above"
+KNOBS="$("$PYTHON" -m verl_search.launch.gpu_run -- "$@")" || vs_die "fix the knob named above"
 eval "$KNOBS"
 
-vs_rollout_overrides
 vs_serve_retriever
 vs_prepare_run
-vs_search_overrides
-vs_trainer_overrides "$N_GPUS" "$TRAIN_BATCH_SIZE" "$PPO_MINI_BATCH_SIZE" cuda
-
-mapfile -d '' -t ARGS < <(env "${VS_KNOB_ENV[@]}" "$PYTHON" -m verl_search.launch.gpu_run overrides)
-((${#ARGS[@]})) || vs_die "could not compose the recipe's overrides"
-ARGS+=("${VS_ROLLOUT_ARGS[@]}" "${VS_SEARCH_ARGS[@]}" ${VS_RAY_ARGS[@]+"${VS_RAY_ARGS[@]}"})
-ARGS+=("${VS_TRAINER_ARGS[@]}" "$@")
+# every override the knobs mean (the recipe's, the engine and the actor's attention, the search tool's, the trainer
+# mode's), then a Ray Serve retriever's and the user's
+ARGS=("${VS_OVERRIDES[@]}" ${VS_RAY_ARGS[@]+"${VS_RAY_ARGS[@]}"} "$@")
 
 echo "run folder: ${RUN_DIR} (tool config, checkpoints, metrics.jsonl, validation generations)"
 vs_preflight --agent "$AGENT" -- "${ARGS[@]}"

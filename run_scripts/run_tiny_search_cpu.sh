@@ -24,7 +24,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # MICRO_BATCH, TOTAL_EPOCHS, TOTAL_STEPS, SAVE_FREQ, TEST_FREQ, RESUME_MODE, LOGGER, RAY_NUM_CPUS, ROLLOUT=hf_cpu|vllm,
 # VLLM_KV_CACHE_BYTES, VLLM_BUCKET_MB) is declared once, with its default and meaning, in verl_search/launch/cpu_run.py
 # (CpuRunKnobs), which also maps them to verl's overrides; make train uses the same mapping. Resolve them here:
-KNOBS="$("$PYTHON" -m verl_search.launch.cpu_run shell -- "$@")" || vs_die "fix the knob named above"
+KNOBS="$("$PYTHON" -m verl_search.launch.cpu_run -- "$@")" || vs_die "fix the knob named above"
 eval "$KNOBS"
 
 # The CPU platform (verl_search.cpu, registered by our verl.plugins entry point), and FSDP engines
@@ -39,14 +39,8 @@ if [[ "$ROLLOUT" == vllm ]]; then
 fi
 
 vs_prepare_run
-vs_search_overrides
-vs_trainer_overrides "$N_RANKS" "$TRAIN_BATCH_SIZE" "$PPO_MINI_BATCH_SIZE" cpu
-
-mapfile -d '' -t ARGS < <(env "${VS_KNOB_ENV[@]}" "$PYTHON" -m verl_search.launch.cpu_run overrides \
-    --rollout-gpus "$VS_ROLLOUT_GPUS")
-((${#ARGS[@]})) || vs_die "could not compose the CPU run's overrides"
-ARGS+=("${VS_SEARCH_ARGS[@]}")
-ARGS+=("${VS_TRAINER_ARGS[@]}" "$@")
+# every override the knobs mean (the CPU run's, the search tool's, the trainer mode's), then the user's
+ARGS=("${VS_OVERRIDES[@]}" "$@")
 
 echo "run folder: ${RUN_DIR} (tool config, checkpoints, metrics, validation generations)"
 PREFLIGHT_FLAGS=()

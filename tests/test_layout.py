@@ -368,8 +368,6 @@ CHECKOUT_PATHS = {
     "verl_search/launch/gpu_locks.py": "parents[2]",
     # the checkout eval_search.sh runs from, named in its hint for making a missing validation file
     "verl_search/launch/eval_run.py": "parents[2]",
-    # make gpu-smoke runs the checkout's run script, retriever and preprocessing (a checkout command, like make)
-    "verl_search/launch/gpu_smoke.py": "parents[2]",
 }
 
 

@@ -22,10 +22,7 @@ from cpu_bench.train.live_metrics import MetricsTail
 from cpu_bench.train.processes import StageError, run_stage
 from cpu_bench.train.stage import Stage, legacy_seconds
 from verl_search.atomic import atomic_path
-from verl_search.launch.cpu_run import CpuRunKnobs, cpu_overrides
-from verl_search.launch.search_overrides import search_overrides
-from verl_search.launch.trainer_mode import TrainerSettings
-from verl_search.launch.trainer_overrides import trainer_overrides
+from verl_search.launch.cpu_run import CpuRunKnobs, run_overrides
 
 logger = logging.getLogger(__name__)
 
@@ -152,27 +149,6 @@ def grpo_knobs(config: TrainConfig, model: Path, train: Path, val: Path, run_dir
         resume_mode="disable",
         logger='["console","file"]',
     )
-
-
-def run_overrides(knobs: CpuRunKnobs, tool_yaml: Path, trainer: TrainerSettings | None = None) -> list[str]:
-    """Every verl override of a CPU search run with ``knobs``: the CPU run's, the search's (with ``tool_yaml``) and
-    the trainer mode's (default: the run scripts' default, ``TRAINER=sync`` with the search monitor), in the run
-    script's order."""
-    trainer = trainer or TrainerSettings()
-    sizes = {"train_batch_size": knobs.train_batch_size, "mini_batch_size": knobs.ppo_mini_batch_size}
-    modes = trainer_overrides(trainer, devices=knobs.n_ranks, device="cpu", **sizes)
-    rollout_gpus = next(
-        (int(o.split("=", 1)[1]) for o in modes if o.startswith("actor_rollout_ref.rollout.n_gpus_per_node=")), 0
-    )
-    search = search_overrides(
-        knobs.agent,
-        knobs.max_turns,
-        knobs.max_tool_response_length,
-        str(tool_yaml),
-        knobs.reward_fn_path,
-        knobs.agent_loop_config,
-    )
-    return [*cpu_overrides(knobs, rollout_gpus=rollout_gpus if trainer.separate else 0), *search, *modes]
 
 
 def grpo_overrides(

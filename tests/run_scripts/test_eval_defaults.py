@@ -27,14 +27,14 @@ def test_full_test_evaluates_test_parquet_and_says_how_long_a_pass_takes(run_scr
     assert (
         f"eval: evaluating the full test set {data_dir}/test.parquet: 16 rows, about 2 s per validation pass "
         "(the published recipe's ~6,000 s per 51,713-row pass on 8xH20, scaled by rows)"
-    ) in result.stdout
+    ) in result.stderr
 
 
 def test_an_explicit_val_data_wins_over_full_test(run_script, small_env, data_dir, tmp_path):
     env = small_env(tmp_path / "eval") | {"FULL_TEST": "1", "VAL_DATA": f"{data_dir}/val_subset.parquet"}
     result = run_script(EVAL, **env)
     assert f"data.val_files={data_dir}/val_subset.parquet" in composed(result)
-    assert f"eval: FULL_TEST=1, but VAL_DATA={data_dir}/val_subset.parquet is set" in result.stdout
+    assert f"eval: FULL_TEST=1, but VAL_DATA={data_dir}/val_subset.parquet is set" in result.stderr
 
 
 def test_a_missing_subset_says_how_to_make_it_or_evaluate_the_full_test_set(run_script, small_env, data_dir, tmp_path):

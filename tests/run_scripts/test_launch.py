@@ -139,7 +139,7 @@ def test_train_dry_run_names_the_engine_and_the_attention_it_chose(train_dry_run
     assert "actor_rollout_ref.model.use_remove_padding=False" in command
     assert "skip_tokenizer_init" not in command  # tool_agent stops at end-of-turn tokens only
     chosen = "rollout engine: sglang; actor attention: sdpa, without padding removal (no FlashAttention-2"
-    assert chosen in result.stdout
+    assert chosen in result.stderr
     assert "preflight: OK      attention: sdpa, padded batches" in result.stderr
     assert "preflight: WARNING engine install: rollout engine sglang does not import" in result.stderr
 

@@ -17,7 +17,7 @@ def test_vllm_rollout_with_a_chosen_attention_passes_the_preflight(run_script, s
     assert "actor_rollout_ref.rollout.name=vllm" in command
     assert "actor_rollout_ref.rollout.name=sglang" not in command
     assert "+actor_rollout_ref.model.override_config.attn_implementation=eager" in command
-    assert "actor attention: eager, without padding removal (set by ATTN_IMPLEMENTATION)" in result.stdout
+    assert "actor attention: eager, without padding removal (set by ATTN_IMPLEMENTATION)" in result.stderr
     assert "preflight: OK      attention: eager, padded batches" in result.stderr
     assert "preflight: OK      rollout engine: vllm (async)" in result.stderr
     assert "preflight: OK      stop strings:" in result.stderr

@@ -1,7 +1,7 @@
 """The preflight's checks of the installed software: rollout engine, locked versions, stop strings (the attention's
 are in tests/verl_search/launch/test_attention.py).
 
-The environment is a :class:`PythonEnvironment`; ``Environment`` below is a plain fake one handed to the preflight
+The environment is an :class:`InstalledEnvironment`; ``Environment`` below is a plain fake one handed to the preflight
 (no patching). Where the real interpreter is used, this CPU machine has neither sglang, vllm nor flash-attn.
 """
 
@@ -10,19 +10,18 @@ from __future__ import annotations
 import pytest
 
 from verl_search.launch.checks import LaunchContext, PreflightError
-from verl_search.launch.cuda_driver import check_cuda_driver
 from verl_search.launch.environment import InstalledEnvironment
 from verl_search.launch.gpu_locks import load_lock
 from verl_search.launch.preflight import Finding, planned_checks, run_check
 from verl_search.launch.runtime import (
+    check_cuda_driver,
     check_engine_installed,
     check_locked_versions,
     check_stop_strings,
 )
 from verl_search.launch.trainer_config import compose_launch_config
-from verl_search.launch.trainer_mode import settings_from_env
+from verl_search.launch.trainer_mode import settings_from_env, trainer_overrides
 from verl_search.launch.trainer_mode_check import check_trainer_mode
-from verl_search.launch.trainer_overrides import trainer_overrides
 
 PYTHON = "3.11"
 BASE = [

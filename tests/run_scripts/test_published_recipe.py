@@ -17,8 +17,8 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from verl_search.launch.checkpoints import RunRecord, read_record
 from verl_search.launch.preflight import run_preflight
+from verl_search.launch.run_outputs import RunRecord, read_record
 from verl_search.launch.trainer_config import compose_launch_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -236,7 +236,7 @@ def test_a_launch_records_its_experiment_and_another_one_in_the_same_folder_stop
 def test_resume_from_a_folder_without_a_checkpoint_is_a_knob_error(home, tmp_path):
     done = launch(home, tmp_path, RESUME_FROM=str(tmp_path))
     assert done.returncode == 1
-    assert f"RESUME_FROM={tmp_path}: Value error, {tmp_path}: holds no verl checkpoint" in done.stderr
+    assert f"RESUME_FROM={tmp_path}: {tmp_path}: holds no verl checkpoint" in done.stderr
 
 
 def test_without_the_preprocessed_data_the_preflight_names_the_command_that_writes_it(retriever_url, tmp_path):

@@ -1,5 +1,8 @@
-"""Tooling the run scripts call before verl starts: the launch preflight and its checks, the trainer-config composer,
-the trainer knob (``trainer_mode``: TRAINER=sync|one_step_off|fully_async|colocate_async) and the tool-YAML writer.
+"""Tooling the run scripts call before verl starts: each script's knobs and the overrides they mean (``run_knobs``,
+``cpu_run``, ``gpu_run``, ``eval_run``, ``trainer_mode``), the tool-YAML writer, and the preflight (``preflight``)
+with its checks (``checks``, ``runtime``, ``resources``, ``run_outputs``, ``trainer_mode_check``). Every check
+returns a one-line note when fine and raises a ``PreflightError`` (or ``PreflightWarning``) otherwise; none writes,
+downloads or starts anything.
 
 Runs in the user's shell, never inside a rollout worker: it may import verl, the tool's config and the shared leaves;
 nothing in ``tool``, the agent loops or the reward imports it.

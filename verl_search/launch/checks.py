@@ -1,7 +1,5 @@
 """Launch checks of the config and the data (verl settings, parquet files, agent loops), plus the types all checks
-share. Each check returns a one-line note when fine and raises a typed problem otherwise.
-
-Invariant: no check writes, downloads or starts anything; data files are read through their metadata and one column.
+share. Invariant: data files are read through their metadata and one column.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from verl_search.errors import VerlSearchError
-from verl_search.launch.environment import InstalledEnvironment, PythonEnvironment
+from verl_search.launch.environment import InstalledEnvironment
 from verl_search.launch.gpu_locks import DEFAULT_LOCK_DIR
 
 #: the files data_preprocess/preprocess_searchR1_dataset.py writes by default, and the command that writes them
@@ -57,7 +55,7 @@ class LaunchContext:
     expected_agent: str | None = None
     probe_timeout: float = 10.0
     #: where installed versions and importability come from (tests pass a fake environment)
-    environment: PythonEnvironment = field(default_factory=InstalledEnvironment)
+    environment: InstalledEnvironment = field(default_factory=InstalledEnvironment)
     #: the folder with the GPU locks the installed versions are compared with
     lock_dir: Path = DEFAULT_LOCK_DIR
 

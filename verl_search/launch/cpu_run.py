@@ -1,26 +1,32 @@
 """The knobs of a GRPO search run on a CPU (``run_scripts/run_tiny_search_cpu.sh``) and the verl overrides they mean:
 declared once here, read by the script from its environment and by ``make train`` from its settings.
 
-Invariant: every knob has one declaration (name, type, default); the overrides are derived from validated knobs only,
-so the script and ``make train`` give verl the same overrides for the same knobs. The search part
-(:mod:`verl_search.launch.search_overrides`) and the trainer mode (:mod:`verl_search.launch.trainer_mode`) are
-composed by their own modules and appended by the caller.
-
-CLI (what the script calls): ``python -m verl_search.launch.cpu_run shell`` prints the resolved knobs as shell
-assignments (unset or empty variables get their defaults); ``python -m verl_search.launch.cpu_run overrides
---tool-config PATH --rollout-gpus N`` prints the overrides, NUL-separated.
+Invariant: the overrides are derived from validated knobs only (:func:`run_overrides`), so the script and
+``make train`` give verl the same overrides for the same knobs. The script evals ``python -m
+verl_search.launch.cpu_run -- OVERRIDES`` (:func:`~verl_search.launch.run_knobs.knobs_main`).
 """
 
 from __future__ import annotations
 
-import argparse
+import os
 import sys
+from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from verl_search.errors import VerlSearchError
-from verl_search.launch.run_knobs import RunKnobs, data_overrides, knobs_main, resume_overrides, value
+from verl_search.launch.run_knobs import (
+    RUN_TOOL_YAML,
+    RunKnobs,
+    data_overrides,
+    knobs_main,
+    resume_overrides,
+    search_overrides,
+    trainer_note,
+    value,
+)
+from verl_search.launch.trainer_mode import TrainerSettings, settings_from_env, trainer_overrides
 
 #: the overrides that make verl's FSDP engine compute in fp32 (bf16 is emulated, far slower, without avx512_bf16)
 FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
@@ -133,15 +139,23 @@ def cpu_overrides(knobs: CpuRunKnobs, *, rollout_gpus: int = 0) -> list[str]:
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
-    def options(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--rollout-gpus", type=int, default=0, help="devices of a separate rollout pool (0: none)")
+def run_overrides(knobs: CpuRunKnobs, tool_yaml: str | Path, trainer: TrainerSettings | None = None) -> list[str]:
+    """Every verl override of a CPU search run, in the script's order: the knobs', the search tool's (``tool_yaml``)
+    and the trainer mode's (default: ``TRAINER=sync`` with the search monitor)."""
+    trainer = trainer or TrainerSettings()
+    sizes = {"train_batch_size": knobs.train_batch_size, "mini_batch_size": knobs.ppo_mini_batch_size}
+    modes = trainer_overrides(trainer, devices=knobs.n_ranks, device="cpu", **sizes)
+    rollout_gpus = (trainer.rollout_gpus or knobs.n_ranks) if trainer.separate else 0
+    return [*cpu_overrides(knobs, rollout_gpus=rollout_gpus), *search_overrides(knobs, tool_yaml), *modes]
 
-    def compose(knobs: CpuRunKnobs, args: argparse.Namespace) -> list[str]:
-        return cpu_overrides(knobs, rollout_gpus=args.rollout_gpus)
+
+def main(argv: list[str] | None = None) -> int:
+    def compose(knobs: CpuRunKnobs) -> tuple[list[str], list[str]]:
+        settings = settings_from_env(os.environ)
+        return run_overrides(knobs, f"{knobs.run_dir}/{RUN_TOOL_YAML}", settings), [trainer_note(settings)]
 
     prog, description = "python -m verl_search.launch.cpu_run", __doc__.split("\n")[0]
-    return knobs_main(prog, description, CpuRunKnobs, compose, argv, options)
+    return knobs_main(prog, description, CpuRunKnobs, compose, argv)
 
 
 if __name__ == "__main__":

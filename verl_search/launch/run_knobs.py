@@ -1,11 +1,12 @@
-"""The knobs both training scripts share (run_tiny_search_cpu.sh on a CPU, run_qwen2.5-3b_instruct_search_multiturn.sh
-on GPUs), declared once with their meaning; each script's model (:mod:`verl_search.launch.cpu_run`,
-:mod:`verl_search.launch.gpu_run`) adds its own knobs and sets its own defaults.
+"""The knobs both training scripts share (declared once, with their meaning), the overrides every script composes from
+them (data, search tool and loop, engine and attention), and the CLI each script calls; each script's module
+(:mod:`~verl_search.launch.cpu_run`, :mod:`~verl_search.launch.gpu_run`, :mod:`~verl_search.launch.eval_run`) adds
+its own knobs and defaults.
 
 Invariant: a knob's environment variable is its field name in capitals; unset or empty variables keep the default
-(like the shell's ``${X:-default}``); a bad value raises the script's error naming the variable. The shell sees the
-resolved knobs through :func:`shell_assignments` and hands them back to the Python that composes the overrides
-through ``VS_KNOB_ENV``, never by exporting them into verl's environment.
+(like the shell's ``${X:-default}``); a bad knob or trainer setting raises an error naming the variable before the
+script writes anything. The script evals the CLI's output (the knobs as shell variables, the overrides as one array)
+and exports none of it into verl's environment.
 """
 
 from __future__ import annotations
@@ -16,13 +17,31 @@ import re
 import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from verl_search.launch.checkpoints import resolve_step
+from verl_search.launch.environment import InstalledEnvironment
+from verl_search.launch.run_outputs import resolve_step
+from verl_search.launch.trainer_mode import (
+    TrainerModeError,
+    TrainerSettings,
+    knob_message,
+    settings_from_env,
+    trainer_overrides,
+)
 from verl_search.resources import AGENT_LOOP_YAML, SEARCH_TOOL_YAML, shipped_file
+
+#: a run's copy of the tool YAML, in its run folder (``common.sh``'s ``vs_prepare_run`` writes it)
+RUN_TOOL_YAML = "search_tool_config.yaml"
+#: verl's attention when ``override_config.attn_implementation`` is unset
+VERL_DEFAULT_ATTENTION = "flash_attention_2"
+ATTENTION_KEY = "+actor_rollout_ref.model.override_config.attn_implementation"
+REMOVE_PADDING_KEY = "actor_rollout_ref.model.use_remove_padding"
+#: implementations whose kernels take packed variable-length sequences (what use_remove_padding feeds them)
+PACKING_KERNELS = ("flash_attention_2", "flash_attention_3")
 
 
 class RunKnobs(BaseModel):
@@ -114,14 +133,7 @@ class RunKnobs(BaseModel):
         try:
             return cls(**raw)
         except ValidationError as e:
-            first = e.errors()[0]
-            name = str(first["loc"][0]) if first["loc"] else ""
-            if first["type"] == "missing":
-                raise cls.error(f"set {name.upper()} to {cls.model_fields[name].description}") from e
-            where = f"{name.upper()}={raw.get(name, '')}: " if name else ""
-            if first["type"] == "literal_error":  # "choose a or b", as the scripts have always said
-                raise cls.error(f"{where}choose {first['ctx']['expected'].replace(chr(39), '')}") from e
-            raise cls.error(f"{where}{first['msg']}") from e
+            raise cls.error(knob_message(e, raw, cls)) from e
 
 
 def experiment_name_override(overrides: Sequence[str]) -> str | None:
@@ -149,12 +161,10 @@ def value(v: object) -> str:
     return str(v)
 
 
-def shell_assignments(knobs: RunKnobs) -> str:
-    """``NAME=value`` lines (shell-quoted) for every knob, and ``VS_KNOB_ENV``, the same as an ``env`` argument list
-    (how a script hands the resolved knobs to ``overrides`` without exporting them into verl's environment)."""
-    values = {name.upper(): value(v) for name, v in knobs.model_dump().items()}
-    lines = [f"{name}={shlex.quote(v)}" for name, v in values.items()]
-    lines.append("VS_KNOB_ENV=(" + " ".join(shlex.quote(f"{n}={v}") for n, v in values.items()) + ")")
+def shell_assignments(knobs: RunKnobs, overrides: Sequence[str]) -> str:
+    """``NAME=value`` lines (shell-quoted) for every knob, and ``VS_OVERRIDES``: the run's verl overrides, an array."""
+    lines = [f"{name.upper()}={shlex.quote(value(v))}" for name, v in knobs.model_dump().items()]
+    lines.append("VS_OVERRIDES=(" + " ".join(map(shlex.quote, overrides)) + ")")
     return "\n".join(lines) + "\n"
 
 
@@ -183,31 +193,104 @@ def resume_overrides(resume_from: str) -> list[str]:
     return ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={resume_from}"]
 
 
+def search_overrides(knobs: RunKnobs, tool_config: str | Path) -> list[str]:
+    """Our tool (the YAML ``tool_config``), loop and reward in verl's hermes multi-turn rollout, ``AGENT`` as the
+    default loop (with its loop YAML for ``search_r1_agent``)."""
+    k = knobs
+    overrides = [
+        "actor_rollout_ref.rollout.multi_turn.enable=True",
+        "actor_rollout_ref.rollout.multi_turn.format=hermes",
+        f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={k.max_turns}",
+        f"actor_rollout_ref.rollout.multi_turn.max_tool_response_length={k.max_tool_response_length}",
+        "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=right",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tool_config}",
+        f"actor_rollout_ref.rollout.agent.default_agent_loop={k.agent}",
+        f"reward.custom_reward_function.path={k.reward_fn_path}",
+        "reward.custom_reward_function.name=compute_score",
+    ]
+    if k.agent == "search_r1_agent":
+        overrides.append(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={k.agent_loop_config}")
+    return overrides
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    """What the actor (and reference) model load with."""
+
+    implementation: str
+    remove_padding: bool
+    reason: str
+
+
+def choose_attention(requested: str, fa2_problem: str | None) -> AttentionChoice:
+    """``auto`` takes FlashAttention-2 when transformers finds it usable (``fa2_problem`` is None), else ``sdpa``;
+    padding removal (sequences packed into one row) goes with FlashAttention kernels only, whose variable-length
+    path keeps packed sequences apart."""
+    if requested == "auto":
+        if fa2_problem is None:
+            return AttentionChoice(VERL_DEFAULT_ATTENTION, True, "transformers finds FlashAttention-2")
+        return AttentionChoice("sdpa", False, f"no FlashAttention-2: {fa2_problem}")
+    return AttentionChoice(requested, requested in PACKING_KERNELS, "set by ATTN_IMPLEMENTATION")
+
+
+def gpu_parts(
+    knobs: RunKnobs, *, rollout: str, attention: str, devices: int, mini_batch_size: int
+) -> tuple[list[str], list[str]]:
+    """What a GPU script adds to its knobs' overrides: the engine (async) and the actor's attention, the search tool
+    and loop, the trainer mode (``TRAINER`` and its knobs, from the environment); and a note on each choice. The
+    native loop on SGLang loads SGLang's tokenizer: it matches stop strings only with it (verl's default skips it)."""
+    fa2_problem = InstalledEnvironment().flash_attention_2() if attention == "auto" else None
+    choice = choose_attention(attention, fa2_problem)
+    engine = [
+        f"actor_rollout_ref.rollout.name={rollout}",
+        "actor_rollout_ref.rollout.mode=async",
+        f"{ATTENTION_KEY}={choice.implementation}",
+        f"{REMOVE_PADDING_KEY}={choice.remove_padding}",
+    ]
+    if rollout == "sglang" and knobs.agent == "search_r1_agent":
+        engine.append("actor_rollout_ref.rollout.skip_tokenizer_init=False")
+    settings = settings_from_env(os.environ)
+    trainer = trainer_overrides(
+        settings,
+        devices=devices,
+        train_batch_size=knobs.train_batch_size,
+        mini_batch_size=mini_batch_size,
+        device="cuda",
+    )
+    padding = "with padding removal" if choice.remove_padding else "without padding removal"
+    notes = [
+        f"rollout engine: {rollout}; actor attention: {choice.implementation}, {padding} ({choice.reason})",
+        trainer_note(settings),
+    ]
+    return [*engine, *search_overrides(knobs, f"{knobs.run_dir}/{RUN_TOOL_YAML}"), *trainer], notes
+
+
+def trainer_note(settings: TrainerSettings) -> str:
+    """The trainer mode a run uses, as the scripts print it."""
+    chosen = os.environ.get("TRAINER")
+    return f"trainer: {settings.trainer_mode}" + (f" (TRAINER={chosen})" if chosen else "")
+
+
 def knobs_main(
     prog: str,
     description: str,
     knobs_cls: type[RunKnobs],
-    compose: Callable[[Any, argparse.Namespace], list[str]],
+    compose: Callable[[Any], tuple[list[str], list[str]]],
     argv: list[str] | None = None,
-    add_options: Callable[[argparse.ArgumentParser], None] | None = None,
 ) -> int:
-    """The CLI a run script calls: ``shell`` prints the knobs resolved from the environment as shell assignments,
-    ``overrides`` prints ``compose(knobs, args)`` NUL-separated; a bad knob is one ``error:`` line and exit 1."""
+    """The CLI a run script evals: the knobs resolved from the environment and every override ``compose(knobs)`` makes
+    of them, as :func:`shell_assignments`, with its notes on what it chose on stderr. A bad knob or trainer setting is
+    one ``error:`` line and exit 1, before the script writes anything."""
     p = argparse.ArgumentParser(prog=prog, description=description)
-    sub = p.add_subparsers(dest="command", required=True)
-    shell = sub.add_parser("shell", help="the resolved knobs as shell assignments")
-    shell.add_argument("overrides", nargs="*", help="the hydra overrides given to the script (after --)")
-    o = sub.add_parser("overrides", help="the run's verl overrides, NUL-separated")
-    if add_options is not None:
-        add_options(o)
+    p.add_argument("overrides", nargs="*", help="the hydra overrides given to the script (after --)")
     args = p.parse_args(argv)
     try:
-        knobs = knobs_cls.from_env(overrides=getattr(args, "overrides", ()))
-    except knobs_cls.error as e:
+        knobs = knobs_cls.from_env(overrides=args.overrides)
+        overrides, notes = compose(knobs)
+    except (knobs_cls.error, TrainerModeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if args.command == "shell":
-        sys.stdout.write(shell_assignments(knobs))
-    else:
-        sys.stdout.write("".join(f"{o}\0" for o in compose(knobs, args)))
+    for note in notes:
+        print(note, file=sys.stderr)
+    sys.stdout.write(shell_assignments(knobs, overrides))
     return 0

@@ -1,32 +1,34 @@
 """Launch checks of the software a run will execute: the rollout engine imports, its stop-string handling fits the
-agent loop, the actor's attention implementation is installed, and torch / transformers / verl / the engine are the
-versions of the GPU lock. Each returns a one-line note when fine and raises a typed problem otherwise.
+agent loop, the actor's attention implementation is installed, torch / transformers / verl / the engine are the
+versions of the GPU lock, and the node's NVIDIA driver runs the installed torch's CUDA build (else the lock that fits
+it is named).
 
-Invariant: the environment is only read, through ``ctx.environment`` (a :class:`PythonEnvironment`); a missing engine
-or attention kernel is an error for a real launch and a warning for a dry run (checked on a machine without GPUs),
-and a version that differs from the lock is only ever a warning.
+Invariant: the environment and the driver are only read, through ``ctx.environment``; a missing engine or attention
+kernel is an error for a real launch and a warning for a dry run (checked on a machine without GPUs), a version that
+differs from the lock is only ever a warning, and so is a driver that cannot be seen (a dry run on a login node).
 """
 
 from __future__ import annotations
 
 from packaging.version import InvalidVersion, Version
 
-from verl_search.launch.attention import ATTENTION_KEY, PACKING_KERNELS, REMOVE_PADDING_KEY, VERL_DEFAULT
 from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning, as_list, read_data_file
-from verl_search.launch.cuda_driver import lock_cuda
+from verl_search.launch.environment import InstalledEnvironment
 from verl_search.launch.gpu_locks import (
     CORE_PACKAGES,
     CPU_ENGINES,
+    CUDA_MAJORS,
+    MIN_DRIVER,
     ROLLOUT_ENGINES,
     LockFileError,
     load_lock,
+    lock_for_driver,
     lock_path,
+    torch_cuda,
 )
+from verl_search.launch.run_knobs import ATTENTION_KEY, PACKING_KERNELS, REMOVE_PADDING_KEY, VERL_DEFAULT_ATTENTION
 from verl_search.platform_choice import cpu_requested
 
-#: verl's attention implementation when ``actor_rollout_ref.model.override_config.attn_implementation`` is unset
-VERL_DEFAULT_ATTENTION = VERL_DEFAULT
-ATTENTION_OVERRIDE = ATTENTION_KEY
 #: agent loops that pass stop strings to the engine
 STOP_STRING_AGENTS = ("search_r1_agent",)
 
@@ -89,7 +91,7 @@ def check_attention(ctx: LaunchContext) -> str:
             raise _problem(
                 ctx,
                 f"{chosen} needs FlashAttention-2 and {problem}: install flash-attn (pip install flash-attn "
-                f"--no-build-isolation) or set ATTN_IMPLEMENTATION=sdpa ({ATTENTION_OVERRIDE}=sdpa)",
+                f"--no-build-isolation) or set ATTN_IMPLEMENTATION=sdpa ({ATTENTION_KEY}=sdpa)",
             )
         note = f"{chosen} (flash-attn {ctx.environment.version('flash-attn') or '?'})"
     if remove_padding and chosen not in PACKING_KERNELS:
@@ -141,3 +143,71 @@ def check_locked_versions(ctx: LaunchContext) -> str:
             f"installed versions differ from {path.name}: {', '.join(differences)}; {install} installs the locked set"
         )
     return f"{', '.join(f'{p} {pins[p]}' for p in (*CORE_PACKAGES, engine))} as in {path.name}"
+
+
+def installed_cuda(environment: InstalledEnvironment) -> str | None:
+    """The CUDA major the installed torch was built for; None when torch is missing or built without CUDA."""
+    version = environment.version("torch")
+    return None if version is None else torch_cuda(version, environment.requires("torch"))
+
+
+def lock_cuda(ctx: LaunchContext) -> str:
+    """The CUDA major of the GPU lock this environment is compared with: the installed torch's, else the one this
+    node's driver runs, else the newest."""
+    if cuda := installed_cuda(ctx.environment):
+        return cuda
+    driver = ctx.environment.cuda_driver()
+    return (lock_for_driver(driver) if driver else None) or CUDA_MAJORS[-1]
+
+
+def needs(cuda: str) -> str:
+    """The driver a CUDA major's builds need, in words."""
+    return f"a driver that supports CUDA {cuda}.0 or newer (>= {MIN_DRIVER[cuda]})"
+
+
+def check_cuda_driver(ctx: LaunchContext) -> str:
+    """The driver runs the installed torch's CUDA build; otherwise name the lock that fits the driver."""
+    if cpu_requested() or str(ctx.config.trainer.device) == "cpu":
+        return "a CPU run: no NVIDIA driver needed"
+    rollout = str(ctx.rollout.name)
+    if rollout not in ROLLOUT_ENGINES:
+        return f"no GPU lock for rollout {rollout}; not checked"
+    python = ctx.environment.python()
+
+    def name(cuda: str) -> str:
+        return lock_path(rollout, python, ctx.lock_dir, cuda=cuda).name
+
+    def lock(cuda: str, instead: str = "") -> str:
+        return f"{name(cuda)}{instead} (make install-gpu ROLLOUT={rollout} CUDA={cuda})"
+
+    torch = ctx.environment.version("torch")
+    built = installed_cuda(ctx.environment)
+    if built:
+        installed = f"torch {torch} is a CUDA {built} build, as in {name(built)}"
+    else:
+        installed = f"torch {torch} is not a CUDA build" if torch else "torch is not installed"
+    driver = ctx.environment.cuda_driver()
+    if driver is None:
+        if built is None:
+            newest, oldest = CUDA_MAJORS[-1], CUDA_MAJORS[0]
+            raise PreflightWarning(
+                f"no NVIDIA driver seen (nvidia-smi) and {installed}: where the driver supports CUDA {newest}.0 or "
+                f"newer install {lock(newest)}, where it supports {oldest}.x {lock(oldest)}"
+            )
+        older = [cuda for cuda in CUDA_MAJORS if int(cuda) < int(built)]
+        instead = f"; where the driver supports CUDA {older[-1]}.x only, install {lock(older[-1])}" if older else ""
+        raise PreflightWarning(f"no NVIDIA driver seen (nvidia-smi); {installed}, which needs {needs(built)}{instead}")
+    fits = lock_for_driver(driver)
+    if fits is None:
+        raise PreflightError(
+            f"this node's NVIDIA driver supports CUDA {driver}; every GPU lock needs {needs(CUDA_MAJORS[0])}: upgrade "
+            "the driver"
+        )
+    if built is None:
+        raise PreflightWarning(f"{installed}; this node's driver supports CUDA {driver}: install {lock(fits)}")
+    if int(built) > int(driver.split(".")[0]):
+        raise PreflightError(
+            f"{installed}, which needs {needs(built)}, and this node's driver supports CUDA {driver}: install "
+            f"{lock(fits, ' instead')}, or upgrade the driver"
+        )
+    return f"the driver supports CUDA {driver}; {installed}"

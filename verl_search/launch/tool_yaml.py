@@ -20,38 +20,12 @@ from verl_search.errors import ConfigError
 URL_KEY = "retrieval_service_url"
 
 
-def substitute_url(
-    tool_yaml: dict[str, Any],
-    url: str | list[str],
-    source: str = "tool YAML",
-    settings: Mapping[str, Any] | None = None,
-) -> int:
-    """Set ``config.retrieval_service_url`` (and ``settings``, e.g. ``{"topk": 3}``) on every tool that declares the
-    URL key; return how many were set.
-
-    Raises :class:`ConfigError` when the YAML has no ``tools`` list or no tool with that key (the URL would be
-    silently ignored otherwise).
-    """
-    tools = tool_yaml.get("tools") if isinstance(tool_yaml, dict) else None
-    if not isinstance(tools, list) or not tools:
-        raise ConfigError(f"{source}: no 'tools:' list")
-    count = 0
-    for tool in tools:
-        config = tool.get("config") if isinstance(tool, dict) else None
-        if isinstance(config, dict) and URL_KEY in config:
-            config[URL_KEY] = url
-            config.update(settings or {})
-            count += 1
-    if count == 0:
-        raise ConfigError(f"{source}: no tool has a 'config.{URL_KEY}' key to receive the retriever URL")
-    return count
-
-
 def write_tool_config(
     source: Path, dest: Path, url: str | list[str], settings: Mapping[str, Any] | None = None
 ) -> Path:
-    """Copy ``source`` to ``dest`` with the retrieval URL (and ``settings``) set; return ``dest``. ``source`` is never
-    written."""
+    """Copy ``source`` to ``dest`` with ``config.retrieval_service_url`` (and ``settings``, e.g. ``{"topk": 3}``) set on
+    every tool that declares that key; return ``dest``. ``source`` is never written; a YAML with no tool to receive
+    the URL is a :class:`ConfigError` (the URL would be silently ignored otherwise)."""
     source, dest = Path(source), Path(dest)
     if not source.is_file():
         raise ConfigError(f"tool config {source} does not exist")
@@ -61,7 +35,16 @@ def write_tool_config(
         data = yaml.safe_load(source.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise ConfigError(f"tool config {source} is not valid YAML: {str(e).splitlines()[0]}") from e
-    substitute_url(data, url, source=str(source), settings=settings)
+    tools = data.get("tools") if isinstance(data, dict) else None
+    if not isinstance(tools, list) or not tools:
+        raise ConfigError(f"{source}: no 'tools:' list")
+    configs = [t["config"] for t in tools if isinstance(t, dict) and isinstance(t.get("config"), dict)]
+    configs = [c for c in configs if URL_KEY in c]
+    if not configs:
+        raise ConfigError(f"{source}: no tool has a 'config.{URL_KEY}' key to receive the retriever URL")
+    for config in configs:
+        config[URL_KEY] = url
+        config.update(settings or {})
     changed = ", ".join([URL_KEY, *(settings or {})])
     header = f"# Generated from {source.resolve()} with {changed} set for this run; edit the source, not this copy.\n"
     with atomic_path(dest) as tmp:

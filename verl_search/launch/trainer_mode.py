@@ -1,27 +1,11 @@
-"""The one trainer knob of the run scripts: ``TRAINER=sync|one_step_off|fully_async|colocate_async``, and the verl
-overrides each choice means. Every mode runs through the same entry point (``python -m verl.trainer.main_ppo``) on
-verl 0.9.1's V1 trainer (``trainer.v1.trainer_mode``), so the search recipe, its preflight and its per-step search
-metrics are the same in each:
+"""The one trainer knob of the run scripts, ``TRAINER=sync|one_step_off|fully_async|colocate_async``, its settings, and
+the verl overrides each choice means. Every mode runs through ``python -m verl.trainer.main_ppo`` on verl 0.9.1's V1
+trainer (``trainer.v1.trainer_mode``: ``sync``, ``separate_async`` for one_step_off and fully_async, which give the
+rollout its own pool of ``ROLLOUT_GPUS`` devices with ``hybrid_engine=False``, or ``colocate_async``), so the recipe,
+its preflight and its per-step search metrics are the same in each; run_scripts/README.md tables what each means.
 
-=================  ==========================  ==================================================================
-TRAINER            verl V1 mode                what it means
-=================  ==========================  ==================================================================
-sync (default)     ``sync``                    generate a batch, train on it, repeat (on-policy)
-one_step_off       ``separate_async``          rollout on its own devices, one batch ahead; every trajectory is
-                                               trained at most one update after it was asked for (stragglers wait)
-fully_async        ``separate_async``          rollout on its own devices, streaming; a straggler may run across up
-                                               to ``MAX_STALENESS`` versions (paused and resumed with new weights)
-colocate_async     ``colocate_async``          rollout and trainer share devices; stragglers carry over to the next
-                                               step instead of holding this one (no extra devices)
-=================  ==========================  ==================================================================
-
-Both separate modes set ``actor_rollout_ref.hybrid_engine=False`` (verl 0.9.1's "V0-style fully-async semantics":
-the rollout is served only by its own pool of ``ROLLOUT_GPUS`` devices). verl 0.9.1's experimental
-``one_step_off_policy`` and ``fully_async_policy`` entry points implement the same two ideas on the legacy trainer
-with another config root; they are not used here. Invariant: the settings are declared once (:class:`TrainerSettings`),
-a bad value is a :class:`TrainerModeError` naming the knob, and the overrides are derived from validated settings only.
-
-The overrides themselves and the CLI ``run_scripts/common.sh`` calls are in :mod:`verl_search.launch.trainer_overrides`.
+Invariant: the settings are declared once (:class:`TrainerSettings`), a bad value is a :class:`TrainerModeError`
+naming the knob, and the overrides are derived from validated settings only.
 """
 
 from __future__ import annotations
@@ -50,19 +34,6 @@ LEGACY_TRAINER_MODES: dict[str, str] = {
     "colocate_async": "colocate_async",
     "separate_async": "fully_async",
 }
-#: environment variable -> TrainerSettings field
-ENV_KNOBS: dict[str, str] = {
-    "TRAINER": "trainer",
-    "SEARCH_MONITOR": "search_monitor",
-    "MAX_STALENESS": "max_staleness",
-    "STALENESS_STRATEGY": "staleness_strategy",
-    "WARMUP_BATCHES": "warmup_batches",
-    "PARAMETER_SYNC_STEP": "parameter_sync_step",
-    "ROLLOUT_GPUS": "rollout_gpus",
-    "ROLLOUT_NODES": "rollout_nodes",
-    "PARTIAL_ROLLOUT": "partial_rollout",
-    "CHECKPOINT_ENGINE": "checkpoint_engine",
-}
 #: what one_step_off fixes (it is fully_async with these values)
 ONE_STEP_OFF = {"max_staleness": 2, "warmup_batches": 1.0, "staleness_strategy": "wait"}
 #: verl_search's CPU checkpoint engine (standalone rollout on a machine without NCCL)
@@ -77,12 +48,8 @@ class TrainerModeError(VerlSearchError, ValueError):
     kind = "trainer_mode"
 
 
-def _knob(field: str) -> str:
-    return next((env for env, name in ENV_KNOBS.items() if name == field), field)
-
-
 class TrainerSettings(BaseModel):
-    """The trainer knobs of the run scripts (environment variables in capitals, see :data:`ENV_KNOBS`)."""
+    """The trainer knobs of the run scripts; each environment variable is its field name in capitals."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -137,6 +104,11 @@ class TrainerSettings(BaseModel):
         return VERL_MODES[self.trainer]
 
     @property
+    def trainer_mode(self) -> str:
+        """``trainer.v1.trainer_mode``: verl's mode, or its ``search_`` twin that adds the per-step search metrics."""
+        return f"search_{self.verl_mode}" if self.search_monitor else self.verl_mode
+
+    @property
     def separate(self) -> bool:
         return self.verl_mode == "separate_async"
 
@@ -149,7 +121,7 @@ class TrainerSettings(BaseModel):
         given = self.model_fields_set
         if self.trainer == "sync":
             extra = sorted(
-                _knob(f)
+                f.upper()
                 for f in ("max_staleness", "staleness_strategy", "warmup_batches", "parameter_sync_step")
                 + ("rollout_gpus", "checkpoint_engine")
                 if f in given and getattr(self, f) is not None
@@ -161,8 +133,8 @@ class TrainerSettings(BaseModel):
             for field, value in ONE_STEP_OFF.items():
                 if field in given and getattr(self, field) not in (None, value):
                     raise ValueError(
-                        f"TRAINER=one_step_off fixes {_knob(field)}={value:g}" if isinstance(value, float)
-                        else f"TRAINER=one_step_off fixes {_knob(field)}={value}"
+                        f"TRAINER=one_step_off fixes {field.upper()}={value:g}" if isinstance(value, float)
+                        else f"TRAINER=one_step_off fixes {field.upper()}={value}"
                     ) from None  # fmt: skip
             if self.unbounded_staleness:
                 raise ValueError("TRAINER=one_step_off fixes MAX_STALENESS=2; use TRAINER=fully_async for no bound")
@@ -174,7 +146,7 @@ class TrainerSettings(BaseModel):
         if not self.separate:
             for field in ("rollout_gpus", "parameter_sync_step", "checkpoint_engine"):
                 if field in given and getattr(self, field) is not None:
-                    raise ValueError(f"{_knob(field)} applies only to TRAINER=one_step_off or fully_async")
+                    raise ValueError(f"{field.upper()} applies only to TRAINER=one_step_off or fully_async")
         return self
 
     # ---- resolved values ---------------------------------------------------------------------------------------
@@ -231,11 +203,8 @@ def check_staleness(staleness: int | None, warmup_batches: float, trainer: str) 
 def settings_from_env(env: Mapping[str, str]) -> TrainerSettings:
     """The settings the environment asks for (unset or empty variables keep their defaults); TRAINER_MODE, the older
     knob, is read when TRAINER is unset."""
-    raw: dict[str, object] = {}
-    for name, field in ENV_KNOBS.items():
-        value = env.get(name, "")
-        if value != "":
-            raw[field] = value
+    knobs = [field for field in TrainerSettings.model_fields if field != "unbounded_staleness"]
+    raw: dict[str, object] = {field: env[field.upper()] for field in knobs if env.get(field.upper(), "") != ""}
     legacy = env.get("TRAINER_MODE", "")
     if legacy:
         if legacy not in LEGACY_TRAINER_MODES:
@@ -247,24 +216,63 @@ def settings_from_env(env: Mapping[str, str]) -> TrainerSettings:
         if "trainer" in raw and raw["trainer"] != mapped:
             raise TrainerModeError(f"TRAINER={raw['trainer']} and TRAINER_MODE={legacy} disagree; set only TRAINER")
         raw.setdefault("trainer", mapped)
-    for name in ("SEARCH_MONITOR", "PARTIAL_ROLLOUT"):
-        field = ENV_KNOBS[name]
+    for field in ("search_monitor", "partial_rollout"):
         if field in raw and raw[field] not in ("0", "1"):
-            raise TrainerModeError(f"{name}={raw[field]}: 1 or 0")
+            raise TrainerModeError(f"{field.upper()}={raw[field]}: 1 or 0")
     if str(raw.get("max_staleness", "")).lower() in ("none", "null", "inf"):
         raw.pop("max_staleness")
         raw["unbounded_staleness"] = True
-    return build_settings(raw)
-
-
-def build_settings(raw: Mapping[str, object]) -> TrainerSettings:
     try:
         return TrainerSettings(**raw)
     except ValidationError as e:
-        first = e.errors()[0]
-        loc = [str(p) for p in first["loc"]]
-        message = str(first["msg"]).removeprefix("Value error, ")
-        if loc:
-            value = raw.get(loc[0], "")
-            raise TrainerModeError(f"{_knob(loc[0])}={value}: {message}") from e
-        raise TrainerModeError(message) from e
+        raise TrainerModeError(knob_message(e, raw, TrainerSettings)) from e
+
+
+def knob_message(error: ValidationError, raw: Mapping[str, object], model: type[BaseModel]) -> str:
+    """The first problem of ``error`` in one line naming the knob, as the scripts say it: ``NAME=value: why``, ``choose
+    a or b`` for a value outside a list, ``set NAME to <what it is>`` for a missing one."""
+    first = error.errors()[0]
+    name = str(first["loc"][0]) if first["loc"] else ""
+    if first["type"] == "missing":
+        return f"set {name.upper()} to {model.model_fields[name].description}"
+    where = f"{name.upper()}={raw.get(name, '')}: " if name else ""
+    if first["type"] == "literal_error":
+        return f"{where}choose {first['ctx']['expected'].replace(chr(39), '')}"
+    return where + str(first["msg"]).removeprefix("Value error, ")
+
+
+def trainer_overrides(
+    settings: TrainerSettings, *, devices: int, train_batch_size: int, mini_batch_size: int, device: str
+) -> list[str]:
+    """verl overrides for ``settings``; ``devices`` is the trainer's devices per node (the default rollout pool size),
+    the batch sizes are the run's ``data.train_batch_size`` and ``actor.ppo_mini_batch_size``."""
+    mode = settings.verl_mode
+    out = [f"trainer.v1.trainer_mode={settings.trainer_mode}"]
+    if not settings.asynchronous:
+        return out
+    staleness, warmup = settings.staleness(), settings.warmup()
+    check_staleness(staleness, warmup, settings.trainer)
+    out += [
+        f"trainer.v1.sampler.max_off_policy_threshold={'null' if staleness is None else staleness}",
+        f"trainer.v1.sampler.max_off_policy_strategy={settings.strategy()}",
+        f"trainer.v1.{mode}.num_warmup_batches={warmup:g}",
+    ]
+    if not settings.separate:
+        return out
+    sync_step = settings.sync_step(train_batch_size, mini_batch_size)
+    if train_batch_size != sync_step * mini_batch_size:
+        raise TrainerModeError(
+            f"PARAMETER_SYNC_STEP={sync_step}: verl's separate_async needs TRAIN_BATCH_SIZE={train_batch_size} = "
+            f"PARAMETER_SYNC_STEP x PPO_MINI_BATCH_SIZE={mini_batch_size}"
+        )
+    engine = settings.engine(device)
+    out += [
+        "actor_rollout_ref.hybrid_engine=False",
+        f"trainer.v1.separate_async.parameter_sync_step={sync_step}",
+        f"actor_rollout_ref.rollout.nnodes={settings.rollout_nodes}",
+        f"actor_rollout_ref.rollout.n_gpus_per_node={settings.rollout_gpus or devices}",
+        f"actor_rollout_ref.rollout.checkpoint_engine.backend={engine}",
+    ]
+    if engine == CPU_CHECKPOINT_ENGINE:
+        out.append(f"actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module={CPU_CHECKPOINT_MODULE}")
+    return out

@@ -1,9 +1,6 @@
 """Launch check of the trainer mode in the composed config (``trainer.v1.trainer_mode`` and what its async modes need),
 whether it came from the ``TRAINER`` knob or from raw overrides: a wrong resource split, an impossible staleness bound,
 a batch size the mode cannot divide, or a weight-sync backend that cannot load is one line before anything starts.
-
-Invariant: like every preflight check it returns a one-line note or raises a typed problem; it starts nothing (the GPU
-count is read from torch, the checkpoint engine's library through the environment seam).
 """
 
 from __future__ import annotations
@@ -11,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning
-from verl_search.launch.cuda_driver import installed_cuda
 from verl_search.launch.gpu_locks import CUPY, ROLLOUT_ENGINES
+from verl_search.launch.runtime import installed_cuda
 from verl_search.launch.trainer_mode import CPU_CHECKPOINT_ENGINE, TrainerModeError, check_staleness
 
 #: verl's V1 modes (our search_* twins run the same trainer)

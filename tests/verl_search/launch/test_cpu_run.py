@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from cpu_bench.train.config import GRPOSettings, SearchSettings, TrainConfig
-from cpu_bench.train.stages import grpo_knobs, grpo_overrides, run_overrides
-from verl_search.launch.cpu_run import CpuRunError, CpuRunKnobs, cpu_overrides
+from cpu_bench.train.stages import grpo_knobs, grpo_overrides
+from verl_search.launch.cpu_run import CpuRunError, CpuRunKnobs, cpu_overrides, run_overrides
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "run_scripts" / "run_tiny_search_cpu.sh"

@@ -1,5 +1,5 @@
 """The evaluation's knobs are declared once (verl_search.launch.eval_run), CHECKPOINT is resolved once, and the script
-gives verl exactly the knobs' overrides before the parts its shell functions compose."""
+gives verl exactly the knobs' overrides before the engine, attention, search and trainer parts."""
 
 from __future__ import annotations
 

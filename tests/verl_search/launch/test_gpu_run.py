@@ -1,5 +1,5 @@
 """The GPU recipe's knobs are declared once (verl_search.launch.gpu_run, on the base both scripts share) and the
-script gives verl exactly their overrides plus the machine-dependent parts its shell functions compose."""
+script gives verl exactly their overrides, then the engine, attention, search and trainer parts, then the user's."""
 
 from __future__ import annotations
 
@@ -63,6 +63,6 @@ def test_the_script_gives_verl_the_knobs_overrides_then_its_own_parts_then_the_u
     expected = gpu_overrides(GpuRunKnobs.from_env(env))
     assert printed[: len(expected)] == expected
     rest = printed[len(expected) :]
-    assert "actor_rollout_ref.rollout.name=vllm" in rest  # vs_rollout_overrides
+    assert "actor_rollout_ref.rollout.name=vllm" in rest  # the engine
     assert f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp_path}/r/search_tool_config.yaml" in rest
     assert rest[-1] == "trainer.total_epochs=2"

@@ -9,15 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from verl_search.launch.checkpoints import RECORD_FILE, RunRecord, latest_step, resolve_step, write_record
 from verl_search.launch.checks import LaunchContext
 from verl_search.launch.preflight import run_check
 from verl_search.launch.run_outputs import (
+    RECORD_FILE,
+    RunRecord,
     check_checkpoint,
     check_checkpoint_disk,
     check_wandb,
+    latest_step,
     model_parameters,
     planned_saves,
+    resolve_step,
+    write_record,
 )
 from verl_search.launch.trainer_config import compose_launch_config
 
@@ -99,7 +103,7 @@ def test_naming_the_checkpoint_resumes_it_on_purpose(tmp_path):
 
 @pytest.mark.parametrize(("make", "message"), [(None, "no such folder"), ("empty", "holds no verl checkpoint")])
 def test_resume_from_a_folder_that_is_not_a_checkpoint_is_named(tmp_path, make, message):
-    from verl_search.launch.checkpoints import CheckpointError
+    from verl_search.launch.run_outputs import CheckpointError
 
     path = tmp_path / "x"
     if make:

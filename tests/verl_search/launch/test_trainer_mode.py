@@ -7,9 +7,8 @@ import pytest
 
 from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning
 from verl_search.launch.trainer_config import compose_launch_config
-from verl_search.launch.trainer_mode import TrainerModeError, settings_from_env
+from verl_search.launch.trainer_mode import TrainerModeError, settings_from_env, trainer_overrides
 from verl_search.launch.trainer_mode_check import check_trainer_mode
-from verl_search.launch.trainer_overrides import trainer_overrides
 
 
 def overrides(env: dict[str, str], *, batch: int = 4, mini: int = 4, device: str = "cpu") -> dict[str, str]:
@@ -64,7 +63,7 @@ OFF, FULL = {"TRAINER": "one_step_off"}, {"TRAINER": "fully_async"}
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"TRAINER": "fast"}, "TRAINER=fast: Input should be 'sync', 'one_step_off', 'fully_async' or 'colocate_as"),
+        ({"TRAINER": "fast"}, "TRAINER=fast: choose sync, one_step_off, fully_async or colocate_async"),
         ({"TRAINER": "sync", "MAX_STALENESS": "3"}, "MAX_STALENESS apply only to TRAINER=one_step_off"),
         ({**OFF, "MAX_STALENESS": "3"}, "TRAINER=one_step_off fixes MAX_STALENESS=2"),
         ({**FULL, "MAX_STALENESS": "1"}, "MAX_STALENESS=1 allows no trajectory from an older policy"),

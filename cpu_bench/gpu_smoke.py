@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,9 +20,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from cpu_bench.background_server import free_port, wait_until_healthy
 from verl_search.errors import VerlSearchError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "run_scripts" / "run_qwen2.5-3b_instruct_search_multiturn.sh"
 #: the toy world's size: enough questions for a few steps on 8 GPUs, built in seconds
 PASSAGES = 2000
@@ -78,12 +78,6 @@ def toy_data(out: Path) -> tuple[Path, Path]:
     return world / "corpus.jsonl", data
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_retriever(corpus: Path, out: Path, timeout: float = 600.0) -> tuple[subprocess.Popen, str]:
     """The toy world's retriever (BM25, CPU) on 127.0.0.1, healthy; returns the process and its base URL."""
     port = free_port()
@@ -93,19 +87,11 @@ def start_retriever(corpus: Path, out: Path, timeout: float = 600.0) -> tuple[su
            "--retriever_name", "bm25", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     process = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SmokeError(f"the toy retriever exited ({process.returncode}); its output: {log}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
-                if response.status == 200:
-                    return process, url
-        except OSError:
-            pass
-        time.sleep(1)
-    process.kill()
-    raise SmokeError(f"the toy retriever was not healthy within {timeout:.0f} s; its output: {log}")
+    try:
+        wait_until_healthy(url, process, timeout=timeout, what="toy retriever")
+    except RuntimeError as e:
+        raise SmokeError(f"{e}; its output: {log}") from e
+    return process, url
 
 
 def requests_served(url: str) -> int:
@@ -182,7 +168,7 @@ def smoke_run(smoke: Smoke) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m verl_search.launch.gpu_smoke", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m cpu_bench.gpu_smoke", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="Qwen/Qwen2.5-0.5B-Instruct", help="a small instruct model (hub id or folder)")
     p.add_argument("--rollout", default="sglang", choices=("sglang", "vllm"))
     p.add_argument("--n_gpus", type=int, default=0, help="GPUs to train on (default: every visible one)")

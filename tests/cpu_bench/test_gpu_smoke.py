@@ -8,14 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from verl_search.launch.gpu_smoke import UNMASKED_LIMIT, check_run
+from cpu_bench.gpu_smoke import UNMASKED_LIMIT, check_run
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_dry_run_passes_the_preflight_with_the_small_model_and_two_steps(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "verl_search.launch.gpu_smoke", "--dry-run", "--out", str(tmp_path)],
+        [sys.executable, "-m", "cpu_bench.gpu_smoke", "--dry-run", "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
