@@ -20,8 +20,7 @@
     ├── launch.checks.PreflightError     a launch precondition that fails
     │   └── PreflightWarning             a problem that does not stop the launch
     ├── launch.gpu_locks.LockFileError   a GPU lock file is missing or not pinned
-    ├── launch.checkpoints.CheckpointError (ValueError)   RESUME_FROM names no verl checkpoint
-    ├── launch.gpu_smoke.SmokeError      a stage of make gpu-smoke failed (the message names its log)
+    ├── launch.run_outputs.CheckpointError (ValueError)   RESUME_FROM names no verl checkpoint
     ├── launch.cpu_run.CpuRunError (ValueError)     a knob of the CPU run script has a value it cannot take
     ├── launch.gpu_run.GpuRunError (ValueError)     a knob of the GPU recipe script has a value it cannot take
     ├── launch.eval_run.EvalRunError (ValueError)   a knob of eval_search.sh has a value it cannot take
@@ -33,10 +32,12 @@
     │   ├── CpuRolloutConfigError (ValueError)         engine_kwargs.<backend> of the rollout config is invalid
     │   └── WeightSyncTimeout (TimeoutError)           the zmq checkpoint engine waited past its deadline
     ├── ResourceMissing (FileNotFoundError)           a shipped file (tool YAML, prompt.yaml) is not installed
+    ├── cpu_bench.gpu_smoke.SmokeError   a stage of make gpu-smoke failed (the message names its log)
     ├── cpu_bench.train.processes.StageError (RuntimeError)       a ``make train`` stage failed or left no output
     ├── cpu_bench.train.run_settings.SettingsMismatch (ValueError) the run folder was built with other settings
     ├── cpu_bench.train.seeds.SeedRunError (ValueError)           a folder it was given is not a finished run
     ├── cpu_bench.train.shipped_base.ShippedBaseError             the shipped base model differs from the code's
+    ├── cpu_bench.train.toy_web.RecordingMissing (FileNotFoundError)  --search web-replay was given no recorded cache
     └── cpu_bench.train.sft_data.TrajectoryError (ValueError)     an SFT trajectory cannot be built faithfully
 
 Branches outside this module are declared beside the code that raises them (paths relative to ``verl_search``, or

