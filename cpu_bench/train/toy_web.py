@@ -113,10 +113,11 @@ def search_service(backend: SearchBackend, cache: Path, passages: int, logs: Pat
 
 def web_report(retrieve_url: str) -> dict:
     """The web backend's counters (``/metrics``' web block) and what was saved: of the queries the server was asked
-    (``queries``), those answered without a live call, by the engine's in-batch dedupe or by the cache."""
+    (``queries``), those answered without a live call, by the engine's in-batch dedupe or by the cache (a replay miss
+    or a budget refusal is not an answer)."""
     base = retrieve_url.removesuffix("/retrieve")
     with urllib.request.urlopen(base + "/metrics", timeout=30) as response:
         metrics = json.load(response)
     web, asked = metrics["web"], metrics["queries_total"]
-    saved = asked - web["live_requests_total"]
+    saved = asked - web["live_requests_total"] - web["replay_misses_total"] - web["budget_refusals_total"]
     return {**web, "queries": asked, "calls_saved": saved, "saved_share": saved / asked if asked else None}
