@@ -156,7 +156,25 @@ def probe_retriever(url: str, timeout: float) -> str:
                 f"{url} answered a probe in the {FORM_NAMES['skyrl']} ({hits} passage); the tool's default "
                 "request_format: auto switches to it"
             )
+    kind = _error_kind(response)
+    if kind == "not_cached":  # a web backend replaying a recording that lacks the probe: it answers our protocol
+        return f"{url} replays a web search cache (the probe was not recorded: a labelled miss, as the model sees)"
+    if kind == "budget_exhausted":
+        raise PreflightWarning(
+            f"retriever {url}: the web search budget of this run is spent; every search its cache cannot answer will "
+            "fail as [search failed: budget] (raise --web_max_live_calls / --web_max_spend, or use a new "
+            "--web_budget_scope)"
+        )
     raise PreflightError(f"retriever {url} answered HTTP {response.status_code}: {response.text[:200]!r}")
+
+
+def _error_kind(response: Any) -> str | None:
+    """The ``error`` of a retrieval server's JSON error answer, if it is one."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body.get("error") if isinstance(body, dict) else None
 
 
 def check_retriever_gpus(ctx: LaunchContext, url: str) -> str:

@@ -27,3 +27,31 @@ def test_our_own_server_form_passes_and_a_broken_one_is_named():
         stub.state.set_fault("400")
         with pytest.raises(PreflightError, match="answered HTTP 400"):
             probe_retriever(stub.url + "/retrieve", timeout=5)
+
+
+def test_a_web_backend_replaying_or_out_of_budget_passes_with_what_it_means(tmp_path):
+    """A replayed recording answers the probe with a labelled miss; a spent budget is a warning (the run can still
+    train on what the cache holds), never the 'answered HTTP 503' error."""
+    from local_dense_retriever.app import create_app
+    from local_dense_retriever.config import ServerConfig
+    from local_dense_retriever.engine import load_engine
+    from verl_search.launch.checks import PreflightWarning
+
+    replay = ServerConfig(backend="web", web_cache_mode="replay", web_cache_path=tmp_path / "web.sqlite3")
+    spent = replay.model_copy(update={"web_cache_mode": "cache_first", "web_max_live_calls": 0})
+    for config in (replay, spent):
+        engine = load_engine(config, progress=False)
+        try:
+            with BackgroundServer(create_app(config, engine=engine)) as server:
+                if config is replay:
+                    assert "replays a web search cache" in probe_retriever(server.url + "/retrieve", timeout=5)
+                else:
+                    with pytest.raises(PreflightWarning, match="web search budget of this run is spent"):
+                        probe_retriever(server.url + "/retrieve", timeout=5)
+        finally:
+            engine.backend.close()
+
+
+@pytest.fixture(autouse=True)
+def _key(monkeypatch):
+    monkeypatch.setenv("SERPER_API_KEY", "test-key-not-used")  # a cache_first server needs one to start
