@@ -63,19 +63,21 @@ def real_retriever(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def web_replay_retriever(real_retriever, tmp_path_factory):
+def web_replay_retriever(real_retriever, mixed_data, tmp_path_factory):
     """The retriever's web backend in replay mode over a recorded cache of the toy world: the toy web (Serper's shape,
-    fronting ``real_retriever``) was searched for every training question through the web backend, then that server
-    stopped. Yields (replay server URL, the toy web, its calls at the end of the recording)."""
+    fronting ``real_retriever``) was searched for every question of ``mixed_data`` as its rows ask it, through the web
+    backend, then that server stopped. Yields (replay server URL, the toy web, its calls at the end of recording)."""
     from cpu_bench.train.processes import retrieval_server
     from cpu_bench.train.toy_web import ToyWeb
 
+    rows = [pd.read_parquet(mixed_data / f"{split}.parquet") for split in ("train", "val_subset")]
+    questions = sorted({info["question"] for frame in rows for info in frame["extra_info"]})
     folder = tmp_path_factory.mktemp("web")
     flags = ["--backend", "web", "--web_cache_path", str(folder / "web.sqlite3")]
     with ToyWeb(f"{real_retriever}/retrieve") as web:
         record = [*flags, "--web_base_url", f"{web.url}/search"]
         with retrieval_server(record, folder / "record.log", env={"SERPER_API_KEY": web.key}) as url:
-            body = json.dumps({"queries": QUESTIONS, "topk": 1}).encode()
+            body = json.dumps({"queries": questions, "topk": 1}).encode()
             request = urllib.request.Request(f"{url}/retrieve", body, {"Content-Type": "application/json"})
             with urllib.request.urlopen(request, timeout=60) as response:
                 assert all(json.load(response)["result"])  # every question has its recorded hit
