@@ -125,7 +125,7 @@ def probe_retriever(url: str, timeout: float) -> str:
     import requests
 
     from verl_search.errors import BadResponse
-    from verl_search.tool.wire import FORM_NAMES, batch_body, parse_hits, parse_single, single_body
+    from verl_search.tool.wire import FORM_NAMES, batch_body, error_reply, parse_hits, parse_single, single_body
 
     def post(body: dict) -> requests.Response:
         try:
@@ -156,7 +156,7 @@ def probe_retriever(url: str, timeout: float) -> str:
                 f"{url} answered a probe in the {FORM_NAMES['skyrl']} ({hits} passage); the tool's default "
                 "request_format: auto switches to it"
             )
-    kind = _error_kind(response)
+    kind, _ = error_reply(response.content)
     if kind == "not_cached":  # a web backend replaying a recording that lacks the probe: it answers our protocol
         return f"{url} replays a web search cache (the probe was not recorded: a labelled miss, as the model sees)"
     if kind == "budget_exhausted":
@@ -166,15 +166,6 @@ def probe_retriever(url: str, timeout: float) -> str:
             "--web_budget_scope)"
         )
     raise PreflightError(f"retriever {url} answered HTTP {response.status_code}: {response.text[:200]!r}")
-
-
-def _error_kind(response: Any) -> str | None:
-    """The ``error`` of a retrieval server's JSON error answer, if it is one."""
-    try:
-        body = response.json()
-    except ValueError:
-        return None
-    return body.get("error") if isinstance(body, dict) else None
 
 
 def check_retriever_gpus(ctx: LaunchContext, url: str) -> str:

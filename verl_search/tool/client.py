@@ -34,7 +34,7 @@ from verl_search.tool.config import SearchToolConfig
 from verl_search.tool.endpoints import Endpoint, EndpointSet, ejection_seconds
 from verl_search.tool.limits import TokenBucket, WorkerPool
 from verl_search.tool.stats import STATS, SearchStats
-from verl_search.tool.wire import FORM_NAMES, batch_body, parse_hits, parse_single, single_body
+from verl_search.tool.wire import FORM_NAMES, batch_body, error_reply, parse_hits, parse_single, single_body
 
 logger = logging.getLogger(__name__)
 
@@ -264,7 +264,7 @@ class RetrievalClient:
         finally:
             endpoint.in_flight -= 1
         if status != 200:
-            kind, detail = _error_reply(raw)
+            kind, detail = error_reply(raw)
             final = _FINAL_ERRORS.get(kind)
             if final is not None:  # the service says why, and retrying cannot change it
                 raise final(f"{endpoint.url} answered {status}: {detail}")
@@ -290,18 +290,6 @@ def _endpoint_at_fault(e: RetrievalError) -> bool:
 
 #: error kinds of the service's JSON answer that end a call at once (a web search budget spent, a replay miss)
 _FINAL_ERRORS: dict[str, type[RetrievalError]] = {"budget_exhausted": BudgetSpent, "not_cached": NotCached}
-
-
-def _error_reply(raw: bytes) -> tuple[str | None, str]:
-    """An error answer's ``error`` kind (None unless the service's JSON object names one) and a short detail."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        body = None
-    if not isinstance(body, dict):
-        return None, raw[:200].decode("utf-8", "replace") or "no body"
-    kind = body.get("error") if isinstance(body.get("error"), str) else None
-    return kind, str(body.get("detail") or body.get("error") or body)[:200]
 
 
 def _seconds(value: str | None) -> float | None:

@@ -12,6 +12,7 @@ anything else raises :class:`BadResponse`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,3 +73,16 @@ def parse_single(body: Any) -> list[Document]:
     if all(isinstance(item, dict) for item in result):
         return _hit_list(result)
     raise BadResponse(f"reply has {len(result)} result lists for 1 query")
+
+
+def error_reply(raw: bytes) -> tuple[str | None, str]:
+    """A retrieval service's error answer: its ``error`` kind (None unless a JSON object names one) and a short
+    detail."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        body = None
+    if not isinstance(body, dict):
+        return None, raw[:200].decode("utf-8", "replace") or "no body"
+    kind = body.get("error") if isinstance(body.get("error"), str) else None
+    return kind, str(body.get("detail") or body.get("error") or body)[:200]
