@@ -211,11 +211,16 @@ def _load_web_engine(config: ServerConfig, timings: dict[str, float], *, progres
 
     with _stage(timings, "web backend", config.load_progress_s, f"{config.web_provider}, {config.web_cache_mode}"):
         backend = WebSearch(config)
-    pages = None
-    if config.pages_path is not None:
-        with _stage(timings, "pages", config.load_progress_s, Path(config.pages_path).name):
-            pages = PageStore(Path(config.pages_path), progress=progress)
+    pages = _page_file(config, timings, progress=progress)
     return _finish(RetrievalEngine(backend, None, load_seconds=timings, page_file=pages), config)
+
+
+def _page_file(config: ServerConfig, timings: dict[str, float], *, progress: bool) -> PageStore | None:
+    """The pages of ``--pages_path`` (POST /access), loaded as a timed stage; None without the flag."""
+    if config.pages_path is None:
+        return None
+    with _stage(timings, "pages", config.load_progress_s, Path(config.pages_path).name):
+        return PageStore(Path(config.pages_path), progress=progress)
 
 
 def _finish(engine: RetrievalEngine, config: ServerConfig) -> RetrievalEngine:
@@ -281,10 +286,7 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
 
                     index = FaissIndex(Path(config.index_path), gpu=config.faiss_gpu, progress=stage)
         backend = DenseSearch(encoder, index)
-    pages = None
-    if config.pages_path is not None:
-        with _stage(timings, "pages", every_s, Path(config.pages_path).name):
-            pages = PageStore(Path(config.pages_path), progress=progress)
+    pages = _page_file(config, timings, progress=progress)
     with _stage(timings, "page urls", every_s, unit="rows") as stage:
         corpus_pages = CorpusPages(corpus, progress=progress, load_progress=stage)
     return _finish(
