@@ -1,11 +1,9 @@
 """Evaluation report: ``python -m verl_search.report DIR`` turns a verl validation dump into the Search-R1 EM table
 and a run folder's per-step metrics into its search-health plots.
 
-Prints (and writes ``DIR/report.md`` and ``DIR/report.json``, atomically) EM per dataset for NQ, TriviaQA, PopQA,
-HotpotQA, 2Wiki, MuSiQue and Bamboogle beside the paper's Qwen2.5-3B-Instruct GRPO row, with searches per question,
-failed searches, answer rate, response length, and how often a gold answer was in the retrieved text at all (what
-separates a retrieval failure from a reading failure). Missing datasets show ``-``; averages cover the datasets present.
-Invariant: the numbers come only from the dump (and the validation parquet, to recover data sources).
+Prints (and writes ``DIR/report.md`` and ``DIR/report.json``, atomically) EM per dataset beside the paper's row,
+with searches, failures, answer rate, response length and how often a gold answer was retrieved at all. Invariant: the
+numbers come only from the dump (and the validation parquet, to recover data sources).
 """
 
 from __future__ import annotations
@@ -192,8 +190,8 @@ def render_markdown(report: dict[str, Any], step: int, path: Path) -> str:
 
 
 def write_report(val_dir: Path, data: Path | None = None, step: int | None = None) -> tuple[dict[str, Any], int, Path]:
-    """Build the report of ``step``'s dump (latest when None) in ``val_dir`` and write ``report.json`` and
-    ``report.md`` there (atomically); returns ``(report, step, dump path)``. Raises DumpError or OSError."""
+    """Write ``report.json`` and ``report.md`` of ``step``'s dump (latest when None) in ``val_dir``; returns
+    ``(report, step, dump path)``."""
     found, path, rows = read_dump(val_dir, step)
     report = build_report(rows, SourceLookup.from_parquet(data) if data else None)
     report.update(step=found, dump=str(path))
@@ -225,7 +223,6 @@ def main(argv: list[str] | None = None) -> int:
         "(default for a run folder: its metrics.jsonl and those of its earlier launches)",
     )
     args = p.parse_args(argv)
-    # a run scripts' RUN_DIR holds metrics.jsonl, metrics/ or the validation dumps' folder
     run_dir = args.dir if any((args.dir / n).exists() for n in ("metrics.jsonl", "metrics", VALIDATION_DIR)) else None
     metrics = [args.metrics] if args.metrics is not None else (run_metrics_files(run_dir) if run_dir else [])
     dumps = run_dir / VALIDATION_DIR if run_dir else args.dir

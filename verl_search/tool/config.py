@@ -58,8 +58,7 @@ class SearchToolConfig(BaseModel):
         default=30.0,
         gt=0,
         validation_alias=AliasChoices("timeout", "default_timeout"),
-        description="Overall deadline of one tool call in seconds, queueing and retries included. "
-        "'default_timeout' is accepted as an alias (older configs).",
+        description="Deadline of one tool call in seconds, queueing and retries included (alias: default_timeout).",
     )
     attempt_timeout: float = Field(
         default=10.0, gt=0, description="Deadline of one HTTP attempt in seconds (capped by what is left of timeout)."
@@ -76,16 +75,15 @@ class SearchToolConfig(BaseModel):
     backoff_max: float = Field(default=2.0, ge=0, description="Cap on a single backoff wait in seconds.")
     request_format: Literal["auto", "search_r1", "skyrl"] = Field(
         default="auto",
-        description="Wire form of /retrieve: 'search_r1' = one request per call with every query "
-        "({queries: [...]}, Search-R1, verl ≤0.5, ours); 'skyrl' = one request per query ({query: str}, SkyRL's "
-        "server); 'auto' = the batch form, switching an endpoint to the single-query form when it rejects the batch "
-        "form with a 4xx and answers the single-query form.",
+        description="Wire form of /retrieve: 'search_r1' = one request per call ({queries: [...]}); 'skyrl' = one "
+        "request per query ({query: str}); 'auto' = the batch form, switching an endpoint that rejects it with a 4xx "
+        "to the single-query form when that works.",
     )
     eject_seconds: float = Field(
         default=1.0,
         ge=0,
-        description="An endpoint that fails is skipped this long before it is re-probed; the wait doubles per failed "
-        "re-probe. The failures one outage causes (every request it cut off) count once.",
+        description="An endpoint that fails is skipped this long before it is re-probed, doubling per failed re-probe "
+        "(one outage counts once).",
     )
     eject_max_seconds: float = Field(default=10.0, ge=0, description="Cap on one ejection in seconds.")
     max_queries: int = Field(
@@ -100,8 +98,7 @@ class SearchToolConfig(BaseModel):
     cache_max_bytes: int = Field(
         default=64 * 1024 * 1024,
         ge=0,
-        description="Bytes (estimated: text plus per-object overhead) the per-process result cache may hold; the least "
-        "recently used entries are evicted first; 0 = off.",
+        description="Estimated bytes the per-process result cache may hold (least recently used out first); 0 = off.",
     )
     max_result_chars: int = Field(
         default=6000, ge=100, description="Cap on the text returned to the model for one call (all queries)."
@@ -112,8 +109,7 @@ class SearchToolConfig(BaseModel):
     gc_freeze: bool = Field(
         default=False,
         description="Freeze the objects the rollout worker made before the tool (gc.freeze, once per process) so the "
-        "garbage collector stops walking them: +42% calls/s through the tool in a process that imported verl. "
-        "Process-wide, hence off unless asked for.",
+        "garbage collector stops walking them; process-wide, hence off unless asked for.",
     )
 
     @model_validator(mode="before")

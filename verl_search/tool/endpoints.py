@@ -1,10 +1,8 @@
 """Endpoint selection: fewest requests in flight among healthy endpoints; failing ones are ejected and re-probed.
 
-Invariants: ``pick`` always returns an endpoint; when all are ejected it returns the one whose ejection ends first,
-so a lone or fully-failed set is still probed rather than refused. One outage counts once: failures of requests that
-were already under way when the endpoint was ejected, or that end inside its ejection window, do not lengthen it.
-The backoff arithmetic is bounded however long an outage lasts, and each endpoint logs only its state changes
-(down, back up), never each failed call.
+Invariants: ``pick`` always returns an endpoint (when all are ejected, the one recovering first). One outage counts
+once: failures of requests sent before the ejection, or ending inside its window, do not lengthen it. Each endpoint
+logs only its state changes, never each failed call.
 """
 
 from __future__ import annotations
@@ -15,22 +13,18 @@ from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
-#: doublings of the ejection time are counted up to this exponent (2.0 ** 32 times eject_seconds is past any cap)
-_MAX_DOUBLINGS = 32
+_MAX_DOUBLINGS = 32  # 2.0 ** 32 times eject_seconds is past any cap
 
 
 @dataclass
 class Endpoint:
     url: str
     in_flight: int = 0
-    #: failed re-probes of the current outage (0 while healthy); one outage counts once, however many calls it cuts
-    consecutive_failures: int = 0
+    consecutive_failures: int = 0  # failed re-probes of the current outage (0 while healthy)
     ejected_at: float = float("-inf")
     ejected_until: float = 0.0
-    #: outages seen (healthy → ejected transitions)
-    ejections: int = 0
-    #: the wire form this endpoint was found to speak (``search_r1`` / ``skyrl``), None until known
-    wire: str | None = None
+    ejections: int = 0  # outages seen
+    wire: str | None = None  # the wire form it was found to speak, None until known
 
     @property
     def down(self) -> bool:
@@ -68,11 +62,8 @@ class EndpointSet:
         return min(self.endpoints, key=lambda ep: ep.ejected_until)
 
     def failed(self, ep: Endpoint, now: float, started: float | None = None) -> bool:
-        """Record a failure of a request to ``ep`` sent at ``started`` (default ``now``); True if it counted.
-
-        A failure inside the current ejection window, or of a request sent before the endpoint was ejected, belongs
-        to the outage already recorded. Otherwise (a failed re-probe) the ejection doubles, up to the cap.
-        """
+        """Record a failure of a request to ``ep`` sent at ``started`` (default ``now``); True if it counted (a failed
+        re-probe, which doubles the ejection up to the cap)."""
         started = now if started is None else started
         if now < ep.ejected_until or started < ep.ejected_at:
             return False

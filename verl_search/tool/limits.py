@@ -1,7 +1,7 @@
 """Per-process admission control: a token-bucket rate limiter and a bounded worker pool, both deadline-aware.
 
 Invariant: a caller never waits past its deadline for a token or a slot; a token taken by a caller that then gives up
-is returned. The clock and sleep are injectable so tests run without sleeping.
+is returned.
 """
 
 from __future__ import annotations
@@ -18,11 +18,8 @@ Sleep = Callable[[float], Awaitable[None]]
 
 
 class TokenBucket:
-    """``rate`` tokens per second, at most ``burst`` stored. ``acquire`` reserves a token and waits for its turn.
-
-    Reservation (a negative balance) makes waiting callers FIFO-fair without a wake-up loop: each waiter sleeps
-    exactly until its token is due.
-    """
+    """``rate`` tokens per second, at most ``burst`` stored; ``acquire`` reserves a token (a negative balance keeps
+    waiters FIFO-fair) and sleeps until it is due."""
 
     def __init__(
         self, rate: float, burst: float | None = None, *, clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep
