@@ -1,9 +1,8 @@
 """Batched token-in/token-out sampling with a transformers causal LM on the CPU (the CPU rollout server's engine).
 
-Invariant: every returned token is the model's own sample except a request's ``forced`` prefix, and every returned
-log-prob is the model's log-probability of the returned token under the distribution it was drawn from (logits divided
-by the temperature, as verl's actor computes them; raw logits for greedy); requests decoded together get exactly the
-tokens they would get alone, up to float rounding (left padding, masked, with a shared KV cache).
+Invariant: every returned token is the model's own sample except a request's ``forced`` prefix, with the log-prob of
+the distribution it was drawn from (logits over the temperature, as verl's actor computes them); requests decoded
+together get the tokens they would get alone, up to float rounding.
 """
 
 from __future__ import annotations
