@@ -1,13 +1,10 @@
 """Collapse alarms: the known ways a search-RL run goes wrong, recognised from each step's metrics.
 
-Signatures (each a setting below, with the metric it reads): the model stops searching (``search/calls_per_traj/mean``
-falls to ``min_searches``) or searches every turn it has (``max_searches``); it stops answering
-(``search/answered_share``); responses run into the length cap (``response_length/clip_ratio``); the reward falls by
-``reward_drop`` from its best moving average (``critic/score/mean``); searches fail (``search/failed_share``).
+The model stops searching or searches every turn, stops answering, runs into the length cap, its reward falls from
+its best moving average, or its searches fail (each a setting below).
 
-Invariants: a condition warns once per episode (when it starts, with the numbers; again only after it has cleared);
-the defaults warn and never stop; with ``stop_after`` N, the run is asked to stop once any condition has held N steps
-in a row, so the last periodic checkpoint predates the collapse. Metrics a step lacks are skipped, never guessed.
+Invariants: a condition warns once per episode (when it starts, again only after it has cleared); with ``stop_after``
+N the run stops once any condition has held N steps in a row (the defaults never stop); missing metrics are skipped.
 """
 
 from __future__ import annotations

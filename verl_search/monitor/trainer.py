@@ -1,15 +1,11 @@
 """verl's own V1 trainers, logging the search behaviour of every training step: ``trainer.v1.trainer_mode=search_sync``
-(``search_colocate_async``, ``search_separate_async``) runs the trainer of mode ``sync`` (...) unchanged, adding the
-``search/*`` metrics of :mod:`verl_search.monitor.step_metrics` to the step's metrics before verl logs them to every
-configured logger (console, file, wandb, tensorboard, ...), and watching them for collapse
-(:mod:`verl_search.monitor.alarms`, set under ``+search_monitor.alarms``). Without it verl logs the reward's extra
-keys only at validation.
+(``search_colocate_async``, ``search_separate_async``) runs verl's trainer of that mode, adding the ``search/*``
+metrics (:mod:`~verl_search.monitor.step_metrics`) to each step's metrics and watching them for collapse
+(:mod:`~verl_search.monitor.alarms`); registered through verl's ``register_trainer`` by the plugin's import hook.
 
-Registered through verl's public ``register_trainer`` when ``verl.trainer.ppo.v1`` is imported (the plugin's import
-hook). Invariant: the trainer behaves as verl's of the same mode (the config's mode is set back to verl's own name
-before verl reads it, since verl compares it with ``"sync"``), with one deliberate difference: the synchronous
-trainer checks for its finished rollouts every :data:`SYNC_POLL_INTERVAL_S` instead of verl's fixed 2 s. The metrics
-never fail a step (a failure to read them is logged once and the step goes on without them).
+Invariant: the trainer behaves as verl's of the same mode (the config names verl's mode again before verl reads it),
+except that the synchronous one polls for finished rollouts every :data:`SYNC_POLL_INTERVAL_S`. The metrics never fail
+a step (a failure is logged once and the step goes on without them).
 """
 
 from __future__ import annotations
@@ -31,11 +27,9 @@ SEARCH_MODES = {
 }
 
 
-#: verl 0.9.1's ReplayBuffer sleeps this long between its checks for a finished batch (a constructor default that no
-#: config key reaches), so every synchronous step waited for its rollout in 2-second steps
+#: verl's ReplayBuffer polls for a finished batch this often (no config key reaches it); the synchronous trainer polls
+#: its in-memory counters at the second value instead, the asynchronous ones keep verl's (an idle threshold there too)
 VERL_POLL_INTERVAL_S = 2.0
-#: what the synchronous trainer polls at instead: each check reads in-memory counters, ten a second cost nothing; the
-#: asynchronous modes keep verl's value (colocate_async also reads it as its idle threshold)
 SYNC_POLL_INTERVAL_S = 0.1
 
 
@@ -76,9 +70,8 @@ class SearchMetricsMixin:
             self.total_training_steps = global_steps
 
     def _step_trajectories(self, batch) -> dict[str, Any]:  # noqa: ANN001
-        """The step's real (not padding) trajectories as :func:`search_step_metrics` reads them: each one's
-        ``extra_fields``, response length and loop timings from the TransferQueue batch, and verl's character limit
-        on tool results."""
+        """The step's real (not padding) trajectories from the TransferQueue batch, as
+        :func:`search_step_metrics` reads them."""
         import transfer_queue as tq
 
         data = tq.kv_batch_get(
@@ -102,16 +95,13 @@ class SearchMetricsMixin:
         }
 
 
-#: what the step's metrics read of each trajectory in verl's TransferQueue: its ``extra_fields`` and its loop's
-#: ``AgentLoopMetrics`` (stored as ``metrics``)
+#: what the metrics read of each trajectory in verl's TransferQueue: ``extra_fields``, its loop's timings, its loss mask
 _STEP_FIELDS = ["extra_fields", "metrics"]
-#: each trajectory's loss mask over its response (1: a token the model wrote and is trained on)
 _MASK_FIELD = "response_mask"
 
 
 def masked_token_counts(masks: Any, response_lens: list[Any]) -> list[int | None]:
-    """Per trajectory, its response tokens kept out of the loss (mask 0) within its response length: ``masks`` is
-    the TransferQueue's response masks, nested (one row per trajectory) or padded."""
+    """Per trajectory, its response tokens kept out of the loss (mask 0); ``masks`` nested or padded."""
     rows = masks.unbind(0) if getattr(masks, "is_nested", False) else list(masks)
     counts: list[int | None] = []
     for row, length in zip(rows, response_lens, strict=True):
