@@ -1,9 +1,8 @@
 """The preprocessing run: read inputs, validate every row, build verl rows, write all outputs at once.
 
 Invariants: outputs are written only after every input row of every split validated, and either every file appears or
-none does (temporaries first, then all renamed; a killed run's are removed by the next); rows keep input order and
-the files carry no timestamps or pandas metadata, so the same inputs and config give byte-identical files. The
-validation subset depends only on (seed, source, row id), so the subset for N rows is inside the one for M > N.
+none does; the same inputs and config give byte-identical files; the validation subset depends only on (seed, source,
+row id), so the subset for N rows is inside the one for M > N.
 """
 
 from __future__ import annotations
@@ -113,8 +112,7 @@ class OutputFile(BaseModel):
 
 
 def _records_from_parquet(path: Path, progress: bool) -> list[QARecord]:
-    """Search-R1's raw rows, or rows already in verl's format (verl ≤0.5, SkyRL, ours): question and answers are
-    recovered from their prompt / extra_info / reward columns."""
+    """Search-R1's raw rows, or rows already in verl's format (their question and answers recovered)."""
     columns, raw_rows = read_parquet_rows(path)
     processed = is_processed(columns)
     if processed:
@@ -180,8 +178,8 @@ def _counts(rows: list[dict[str, Any]]) -> dict[str, int]:
 def stratified_subsample(
     items: Sequence[T], per_source: int, seed: int, source_of: Callable[[T], str], key_of: Callable[[T], str]
 ) -> list[T]:
-    """Keep at most ``per_source`` items of each source (all of a smaller source), in their original order: those
-    ranked first by a stable hash of (seed, source, key), independent of Python/numpy versions and input order."""
+    """Keep at most ``per_source`` items of each source, in their original order: those ranked first by a stable hash
+    of (seed, source, key)."""
     if per_source < 1:
         raise ValueError(f"per_source must be >= 1, got {per_source}")
     by_source: dict[str, list[int]] = {}

@@ -64,8 +64,7 @@ def download_split(
         )
     except LocalEntryNotFoundError as e:  # subclasses EntryNotFoundError: must come first
         raise SourceUnavailable(
-            f"cannot download {filename} from hub dataset {repo_id} (offline or hub unreachable, and no cached "
-            f"copy); download the parquet files elsewhere and pass --input_dir"
+            f"cannot download {filename} from hub dataset {repo_id} (offline, no cached copy); pass --input_dir"
         ) from e
     except EntryNotFoundError as e:
         raise SourceUnavailable(f"hub dataset {repo_id} has no file {filename}") from e

@@ -1,11 +1,6 @@
-"""Read the generations verl dumps in validation (``trainer.validation_data_dir``) and find each row's data source.
-
-verl 0.9.1 (``RayPPOTrainer._write_generations``) writes ``DIR/<global_step>.jsonl``; each line holds ``input``
-(decoded prompt), ``output`` (decoded response, tool text included), ``gts`` (``reward_model.ground_truth``, for
-Search-R1 data ``{"target": [answers]}``), ``score``, ``step``, ``reward`` and every extra key the reward returned
-(ours: ``em``, ``subem``, ``f1``, ``answered``, ``num_searches``). ``data_source`` is *not* dumped (the validation
-dataloader shuffles, so row order does not help either); unless a row carries ``data_source`` itself, it is
-recovered from the validation parquet by matching the gold answers, then the question inside ``input``.
+"""Read the generations verl dumps in validation (``DIR/<global_step>.jsonl``: ``input``, ``output``, ``gts``,
+``score`` and the reward's extra keys) and find each row's data source, which verl does not dump: from the validation
+parquet, by the gold answers, then the question inside ``input``.
 Invariant: every failure raises ``DumpError`` with a one-line message.
 """
 
