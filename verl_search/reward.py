@@ -40,31 +40,19 @@ class RewardOptions(BaseModel):
         ge=0.0,
         lt=1.0,
         description="Earned by a well-formed response whose answer is wrong or missing; a correct answer in an "
-        "ill-formed response loses it (as in Search-R1's structured reward).",
+        "ill-formed response loses it (Search-R1's structured reward).",
     )
     final_format_score: float = Field(
         default=0.0, ge=0.0, lt=1.0, description="Earned by an ill-formed response that does give a (wrong) answer."
     )
     retrieval_score: float = Field(
-        default=0.0,
-        ge=0.0,
-        lt=1.0,
-        description="Added to structure_format_score when a gold answer appears in the retrieved text of a well-formed "
-        "response whose answer is wrong.",
+        default=0.0, ge=0.0, lt=1.0, description="Added when gold was retrieved but the well-formed answer is wrong."
     )
     no_search_penalty: float = Field(
-        default=0.0,
-        ge=0.0,
-        lt=1.0,
-        description="Subtracted (floor 0) from the score of a response that never searched (torchtitan's "
-        "no_search_penalty), for a warm start that answers from memory; 0 when questions need no search.",
+        default=0.0, ge=0.0, lt=1.0, description="Subtracted (floor 0) from a response that never searched."
     )
-    strict_single_answer: bool = Field(
-        default=False, description="Score 0 when the model writes more than one <answer> block."
-    )
-    max_answer_tags: int = Field(
-        default=10, ge=1, description="More <answer> or </answer> tags than this scale a correct answer's score."
-    )
+    strict_single_answer: bool = Field(default=False, description="Score 0 when the model writes several <answer>s.")
+    max_answer_tags: int = Field(default=10, ge=1, description="More <answer> tags than this scale the score down.")
     tag_spam_factor: float = Field(
         default=0.25, ge=0.0, le=1.0, description="Factor applied to the score when max_answer_tags is exceeded."
     )

@@ -50,9 +50,7 @@ class PreprocessConfig(BaseModel):
     template_file: Path = Field(description="prompt.yaml with the named templates.")
     template: str | None = Field(default=None, description="Template name; None takes the file's default.")
     input_dir: Path | None = Field(
-        default=None,
-        description="Local dir with train.parquet and test.parquet (or validation.parquet), raw Search-R1 rows or rows "
-        "already in verl's format (verl ≤0.5, SkyRL).",
+        default=None, description="Local dir with train.parquet and test.parquet (or validation.parquet)."
     )
     input_jsonl: Path | None = Field(default=None, description="FlashRAG-style jsonl (question, golden_answers).")
     hf_repo_id: str = Field(
@@ -63,16 +61,11 @@ class PreprocessConfig(BaseModel):
         default=None, min_length=1, description="Data source of jsonl rows that carry none (e.g. nq, toy)."
     )
     splits: tuple[Split, ...] | None = Field(
-        default=None,
-        min_length=1,
-        description="Splits to write; default train+test for parquet/hub input, test for jsonl input "
-        "(a jsonl file's rows go to every split listed).",
+        default=None, min_length=1, description="Splits to write; default train+test, test for jsonl input."
     )
     local_dir: Path = Field(default=Path(DEFAULT_LOCAL_DIR), description="Output directory.")
     val_per_source: int = Field(
-        default=0,
-        ge=0,
-        description="Also write val_subset.parquet: at most this many test rows per data source; 0 writes none.",
+        default=0, ge=0, description="Test rows per data source in val_subset.parquet; 0 writes none."
     )
     seed: int = Field(default=0, description="Seed of the validation subset choice.")
 

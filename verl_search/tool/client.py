@@ -31,8 +31,7 @@ from verl_search.errors import (
 )
 from verl_search.protocol import Document
 from verl_search.tool.config import SearchToolConfig
-from verl_search.tool.endpoints import Endpoint, EndpointSet, ejection_seconds
-from verl_search.tool.limits import TokenBucket, WorkerPool
+from verl_search.tool.limits import Endpoint, EndpointSet, TokenBucket, WorkerPool, ejection_seconds
 from verl_search.tool.stats import STATS, SearchStats
 from verl_search.tool.wire import FORM_NAMES, batch_body, error_reply, parse_hits, parse_single, single_body
 
