@@ -25,7 +25,7 @@
     ├── launch.gpu_run.GpuRunError (ValueError)     a knob of the GPU recipe script has a value it cannot take
     ├── launch.eval_run.EvalRunError (ValueError)   a knob of eval_search.sh has a value it cannot take
     ├── launch.trainer_mode.TrainerModeError (ValueError)  a TRAINER knob (or its settings) cannot run
-    ├── eval.validation_dump.DumpError (ValueError)    the validation dumps or data cannot make the report
+    ├── report.DumpError (ValueError)    the validation dumps or data cannot make the report
     ├── CpuBackendError                  the CPU training backend (``verl_search.cpu``) cannot run as configured
     │   ├── UnsupportedVerlError         the installed verl is not the version whose gaps we bridge
     │   ├── UnsupportedVllmError         the installed vLLM CPU build is not one whose gaps with verl we bridge

@@ -7,8 +7,8 @@ import pytest
 
 from verl_search.data.errors import InputSchemaError
 from verl_search.data.sources import read_jsonl_rows
-from verl_search.eval.validation_dump import DumpError, read_dump
 from verl_search.jsonl import read_jsonl
+from verl_search.report import DumpError, read_dump
 
 
 def test_values_come_with_their_line_numbers_and_blank_lines_are_skipped(tmp_path):
