@@ -22,8 +22,8 @@ from typing import Any
 
 from verl_search.atomic import atomic_path
 from verl_search.data.errors import SourceUnavailable
+from verl_search.data.pipeline import read_parquet_rows
 from verl_search.data.schema import output_data_source
-from verl_search.data.sources import read_parquet_rows
 from verl_search.errors import VerlSearchError
 from verl_search.eval.plots import plot_health, run_metrics_files
 from verl_search.jsonl import read_jsonl

@@ -13,8 +13,13 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from verl_search.data.errors import PreprocessError
-from verl_search.data.pipeline import DEFAULT_LOCAL_DIR, VAL_SUBSET_NAME, PreprocessConfig, run_preprocess
-from verl_search.data.sources import DEFAULT_HF_REPO_ID
+from verl_search.data.pipeline import (
+    DEFAULT_HF_REPO_ID,
+    DEFAULT_LOCAL_DIR,
+    VAL_SUBSET_NAME,
+    PreprocessConfig,
+    run_preprocess,
+)
 from verl_search.data.templates import find_template_file, load_templates
 from verl_search.errors import validation_text
 

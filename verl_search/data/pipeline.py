@@ -1,4 +1,5 @@
-"""The preprocessing run: read inputs, validate every row, build verl rows, write all outputs at once.
+"""The preprocessing run: read inputs (Search-R1 parquet splits, local or from the Hugging Face hub, or FlashRAG-style
+jsonl), validate every row, build verl rows, write all outputs at once.
 
 Invariants: outputs are written only after every input row of every split validated, and either every file appears or
 none does; the same inputs and config give byte-identical files; the validation subset depends only on (seed, source,
@@ -31,8 +32,8 @@ from verl_search.data.schema import (
     parse_record,
     recover_row,
 )
-from verl_search.data.sources import DEFAULT_HF_REPO_ID, download_split, read_jsonl_rows, read_parquet_rows
 from verl_search.data.templates import load_templates
+from verl_search.jsonl import read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,64 @@ T = TypeVar("T")
 Split = Literal["train", "test"]
 VAL_SUBSET_NAME = "val_subset.parquet"
 DEFAULT_LOCAL_DIR = "~/data/searchR1_processed_direct"
+DEFAULT_HF_REPO_ID = "PeterJinGo/nq_hotpotqa_train"
+
+
+def read_parquet_rows(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
+    """Column names and rows of a parquet file (list columns come back as numpy arrays, as pandas gives them)."""
+    import pandas as pd
+    import pyarrow as pa
+
+    if not path.is_file():
+        raise SourceUnavailable(f"input file not found: {path}")
+    try:
+        frame = pd.read_parquet(path)
+    except (OSError, pa.ArrowException) as e:
+        raise SourceUnavailable(f"cannot read parquet file {path}: {e}") from e
+    return list(frame.columns), frame.to_dict(orient="records")
+
+
+def read_jsonl_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for every non-blank line; a bad line raises InputSchemaError naming it."""
+    if not path.is_file():
+        raise SourceUnavailable(f"input file not found: {path}")
+    rows = []
+    for number, obj in read_jsonl(path, InputSchemaError):
+        if not isinstance(obj, dict):
+            raise InputSchemaError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
+        rows.append((number, obj))
+    if not rows:
+        raise InputSchemaError(f"{path}: no rows")
+    return rows
+
+
+def download_split(
+    repo_id: str, split: str, *, revision: str | None = None, cache_dir: Path | None = None, endpoint: str | None = None
+) -> Path:
+    """Local path of ``{split}.parquet`` from the hub dataset repo (cached by huggingface_hub; resumes downloads)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
+
+    filename = f"{split}.parquet"
+    try:
+        local = hf_hub_download(
+            repo_id=repo_id,
+            filename=filename,
+            repo_type="dataset",
+            revision=revision,
+            cache_dir=cache_dir,
+            endpoint=endpoint,
+        )
+    except LocalEntryNotFoundError as e:  # subclasses EntryNotFoundError: must come first
+        raise SourceUnavailable(
+            f"cannot download {filename} from hub dataset {repo_id} (offline, no cached copy); pass --input_dir"
+        ) from e
+    except EntryNotFoundError as e:
+        raise SourceUnavailable(f"hub dataset {repo_id} has no file {filename}") from e
+    except (HfHubHTTPError, OSError) as e:
+        raise SourceUnavailable(f"cannot download {filename} from hub dataset {repo_id}: {e}") from e
+    logger.info("using %s", local)
+    return Path(local)
 
 
 class PreprocessConfig(BaseModel):
