@@ -21,7 +21,7 @@ from verl.utils.profiler import simple_timer
 from verl.utils.rollout_trace import rollout_trace_op
 
 from verl_search.errors import ConfigError
-from verl_search.loop_messages import FINAL_TURN_INSTRUCTION, INVALID_ACTION_MESSAGE, LOOP_MESSAGES_KEY
+from verl_search.reward import FINAL_TURN_INSTRUCTION, INVALID_ACTION_MESSAGE, LOOP_MESSAGES_KEY
 from verl_search.tool.config import SearchToolConfig
 from verl_search.tool.search_tool import (
     RESULT_TOKENS_CUT,

@@ -1,7 +1,8 @@
 """Search-R1 outcome reward for verl (``reward.custom_reward_function``): normalised match of the model's last answer.
 
-Invariants: pure and deterministic; only the model's own text counts as an answer, a tag or a search (never
-retrieved documents nor the agent loop's messages, :mod:`verl_search.loop_messages`); every call returns the same keys.
+Invariants: pure and deterministic; only the model's own text counts as an answer, a tag or a search: never retrieved
+documents nor the texts ``search_r1_agent`` adds (mask 0) outside ``<information>``, which are the messages below or a
+``final_turn_instruction`` it lists under ``LOOP_MESSAGES_KEY``; every call returns the same keys.
 No ``from __future__ import annotations``: verl may load this file by path, where pydantic could not resolve them.
 """
 
@@ -14,8 +15,20 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from verl_search.errors import ConfigError, validation_text
-from verl_search.loop_messages import DEFAULT_LOOP_MESSAGES, LOOP_MESSAGES_KEY
 
+#: Search-R1's fixed protocol text for a turn with neither a search nor an answer (search_r1/llm_agent/generation.py)
+INVALID_ACTION_MESSAGE = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and </search>. "
+    "If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n"
+)
+#: added before the last turn unless the agent-loop YAML sets ``final_turn_instruction``
+FINAL_TURN_INSTRUCTION = (
+    "\nI have used all my searches. I must now give the final answer between <answer> and </answer>.\n"
+)
+#: the trajectory's ``extra_fields`` key (the reward's ``extra_info``) listing the messages the loop added
+LOOP_MESSAGES_KEY = "loop_messages"
+#: what the loop says with no agent-loop YAML: the reward removes these even when ``extra_info`` lists nothing
+DEFAULT_LOOP_MESSAGES = (INVALID_ACTION_MESSAGE, FINAL_TURN_INSTRUCTION)
 #: keyword arguments verl's reward managers add on their own; they carry nothing for this reward
 _FRAMEWORK_KWARGS = frozenset({"reward_router_address", "reward_model_tokenizer"})
 

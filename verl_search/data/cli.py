@@ -86,18 +86,12 @@ def _val_per_source(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace, config_dirs: Sequence[Path]) -> PreprocessConfig:
+    same = ("template", "input_dir", "input_jsonl", "hf_repo_id", "hf_revision", "data_source", "local_dir", "seed")
     return PreprocessConfig(
         template_file=find_template_file(args.config, config_dirs),
-        template=args.template,
-        input_dir=args.input_dir,
-        input_jsonl=args.input_jsonl,
-        hf_repo_id=args.hf_repo_id,
-        hf_revision=args.hf_revision,
-        data_source=args.data_source,
         splits=tuple(args.splits) if args.splits else None,
-        local_dir=args.local_dir,
         val_per_source=_val_per_source(args),
-        seed=args.seed,
+        **{name: getattr(args, name) for name in same},
     )
 
 
