@@ -39,11 +39,6 @@ STOP_STRINGS = ("</search>", "</answer>")
 _BASE_KWARGS = frozenset(
     {"trainer_config", "server_manager", "tokenizer", "processor", "dataset_cls", "data_config", "hf_model_type"}
 )
-SGLANG_STOP_STRINGS_NEED_TOKENIZER = (
-    f"{AGENT_NAME} stops generation at {' and '.join(STOP_STRINGS)}, and SGLang matches stop strings only "
-    "with its tokenizer loaded: set actor_rollout_ref.rollout.skip_tokenizer_init=False (the run scripts do) or use "
-    "actor_rollout_ref.rollout.name=vllm"
-)
 _ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 
 
@@ -107,7 +102,11 @@ class SearchR1AgentLoop(AgentLoopBase):
         self.response_length = self.rollout_config.response_length
         self.backend = self.rollout_config.get("name")
         if self.backend == "sglang" and self.rollout_config.get("skip_tokenizer_init", False):
-            raise ConfigError(SGLANG_STOP_STRINGS_NEED_TOKENIZER)
+            raise ConfigError(
+                f"{AGENT_NAME} stops generation at {' and '.join(STOP_STRINGS)}, and SGLang matches stop strings only "
+                "with its tokenizer loaded: set actor_rollout_ref.rollout.skip_tokenizer_init=False (the run scripts "
+                "do) or use actor_rollout_ref.rollout.name=vllm"
+            )
 
     def _search_config(self, tools: ToolListWrap | None) -> SearchToolConfig:
         if self.options.search is not None:

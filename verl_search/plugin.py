@@ -72,8 +72,7 @@ def fix_separate_async(module: ModuleType) -> None:
 
 
 def install() -> None:
-    """Register now if verl's agent-loop and trainer modules are loaded, else when each is first imported.
-    Idempotent."""
+    """Register now if verl's modules are loaded, else when each is first imported (idempotent)."""
     after_import(REGISTRY_MODULE, register_agent_loop)
     after_import(TRAINER_MODULE, register_trainers)
     after_import(SEPARATE_ASYNC_MODULE, fix_separate_async)

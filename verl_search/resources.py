@@ -21,9 +21,8 @@ _PACKAGE = Path(__file__).resolve().parent
 
 
 def shipped_file(name: str) -> Path:
-    """The path of the shipped file ``name`` (one of :data:`SHIPPED`): the checkout's top-level file (in the package's
-    parent folder), else the copy installed with the package; raises ``ResourceMissing`` naming where it looked when
-    neither exists."""
+    """The path of the shipped file ``name``: the checkout's top-level file, else the copy installed with the package
+    (``ResourceMissing`` naming where it looked when neither exists)."""
     if name not in SHIPPED:
         raise KeyError(f"{name!r} is not a shipped file ({', '.join(SHIPPED)})")
     places = [_PACKAGE.parent / name, _PACKAGE / SHIPPED_DIR / name]

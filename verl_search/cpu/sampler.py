@@ -86,11 +86,8 @@ class BatchSampler:
     def generate(
         self, requests: Sequence[SampleRequest], should_abort: Callable[[], bool] | None = None
     ) -> list[SampleResult]:
-        """Decode ``requests`` together: left-padded prefill, then one batched forward per new token.
-
-        ``should_abort`` is asked after every decoding step; when it answers True the unfinished requests end there,
-        as ``aborted``, with the tokens (and log-probs) they have so far (partial rollout: the caller resumes them).
-        """
+        """Decode ``requests`` together (left-padded prefill, one batched forward per new token); once ``should_abort``
+        answers True after a step, the unfinished ones end there as ``aborted`` with the tokens they have."""
         if not requests:
             return []
         width = max(len(r.prompt_ids) for r in requests)

@@ -58,8 +58,7 @@ HEALTH_PANELS = (
 
 
 def read_metrics(*paths: Path) -> dict[int, dict[str, float]]:
-    """``{step: {key: value}}`` from verl file-logger JSONL files read in order (a later line for a step updates an
-    earlier one)."""
+    """``{step: {key: value}}`` from verl file-logger JSONL files read in order (a later line for a step wins)."""
     steps: dict[int, dict[str, float]] = {}
     for path in paths:
         for _, row in read_jsonl(path, ValueError):

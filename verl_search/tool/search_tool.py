@@ -167,26 +167,13 @@ def freeze_startup_objects() -> bool:
 
 def default_tool_schema() -> OpenAIFunctionToolSchema:
     """The ``search`` function schema used when the YAML gives none (it matches tool_config/search_tool_config.yaml)."""
-    return OpenAIFunctionToolSchema.model_validate(
-        {
-            "type": "function",
-            "function": {
-                "name": "search",
-                "description": "Searches Wikipedia for relevant passages. Several queries can be sent at once.",
-                "parameters": {
-                    "type": "object",
-                    "properties": {
-                        "query_list": {
-                            "type": "array",
-                            "items": {"type": "string"},
-                            "description": "Search queries, one string each.",
-                        }
-                    },
-                    "required": ["query_list"],
-                },
-            },
-        }
-    )
+    query_list = {"type": "array", "items": {"type": "string"}, "description": "Search queries, one string each."}
+    function = {
+        "name": "search",
+        "description": "Searches Wikipedia for relevant passages. Several queries can be sent at once.",
+        "parameters": {"type": "object", "properties": {"query_list": query_list}, "required": ["query_list"]},
+    }
+    return OpenAIFunctionToolSchema.model_validate({"type": "function", "function": function})
 
 
 class SearchTool(BaseTool):
