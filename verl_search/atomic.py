@@ -76,7 +76,10 @@ def atomic_path(target: Path) -> Iterator[Path]:
 
 
 def _remove(path: Path) -> None:
-    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 @contextlib.contextmanager
