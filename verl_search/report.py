@@ -286,8 +286,7 @@ def render_markdown(report: dict[str, Any], step: int, path: Path) -> str:
 
 
 def write_report(val_dir: Path, data: Path | None = None, step: int | None = None) -> tuple[dict[str, Any], int, Path]:
-    """Write ``report.json`` and ``report.md`` of ``step``'s dump (latest when None) in ``val_dir``; returns
-    ``(report, step, dump path)``."""
+    """Write ``report.json`` and ``report.md`` of ``step``'s dump (default: the latest); ``(report, step, dump)``."""
     found, path, rows = read_dump(val_dir, step)
     report = build_report(rows, SourceLookup.from_parquet(data) if data else None)
     report.update(step=found, dump=str(path))

@@ -230,8 +230,7 @@ def _counts(rows: list[dict[str, Any]]) -> dict[str, int]:
 def stratified_subsample(
     items: Sequence[T], per_source: int, seed: int, source_of: Callable[[T], str], key_of: Callable[[T], str]
 ) -> list[T]:
-    """Keep at most ``per_source`` items of each source, in their original order: those ranked first by a stable hash
-    of (seed, source, key)."""
+    """At most ``per_source`` items of each source, in order: those first by a stable hash of (seed, source, key)."""
     if per_source < 1:
         raise ValueError(f"per_source must be >= 1, got {per_source}")
     by_source: dict[str, list[int]] = {}

@@ -108,8 +108,7 @@ def search_step_metrics(
 
 
 def _reused(rows: list[Mapping[str, Any]]) -> dict[str, float]:
-    """Shares of the step's queries answered without a request of their own: from the cache, or by joining an
-    identical call in flight."""
+    """Shares of the step's queries answered from the cache, or by joining an identical call in flight."""
     counts = [
         (queries, cached, joined)
         for r in rows

@@ -79,8 +79,7 @@ class SearchMetricsMixin:
             self.total_training_steps = global_steps
 
     def _step_trajectories(self, batch) -> dict[str, Any]:  # noqa: ANN001
-        """The step's real (not padding) trajectories from the TransferQueue batch, as
-        :func:`search_step_metrics` reads them."""
+        """The arguments of :func:`search_step_metrics`: the step's real (not padding) trajectories."""
         import transfer_queue as tq
 
         data = tq.kv_batch_get(

@@ -143,8 +143,7 @@ class RetrievalClient:
     async def search(
         self, queries: Sequence[str], topk: int, *, deadline: float
     ) -> tuple[list[list[Document]], int, int]:
-        """Hits for each (normalised) query, how many came from the cache, and how many joined an identical call in
-        flight; ``deadline`` is in this loop's clock."""
+        """Hits per (normalised) query, how many came from the cache and how many joined a call in flight."""
         keys = [(q, topk) for q in queries]
         results: dict[CacheKey, list[Document]] = {}
         waits: dict[CacheKey, asyncio.Future[list[Document]]] = {}

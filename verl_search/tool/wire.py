@@ -32,8 +32,7 @@ def single_body(query: str, topk: int) -> dict[str, Any]:
 
 
 def parse_document(item: Any) -> Document:
-    """One hit, scored (``{"document": {...}, "score": f}``) or bare; ``contents`` is required, other keys
-    (``title``, ``url``, ...) pass through."""
+    """One hit, scored or bare; ``contents`` is required, other keys (``title``, ``url``, ...) pass through."""
     raw = item.get("document") if isinstance(item, dict) and isinstance(item.get("document"), dict) else item
     if not isinstance(raw, dict) or not isinstance(raw.get("contents"), str):
         raise BadResponse("a hit has no 'contents' string")
