@@ -1,13 +1,9 @@
 """verl-search: Search-R1 style search-agent RL on current verl.
 
-verl's worker processes import the runtime plugin: ``plugin`` (the ``verl.plugins`` entry point), ``tool/``,
-``agent_loop`` and ``reward``, over shared leaves (``errors``, ``protocol``, ``loop_messages``, ``atomic``, ...);
-``cpu/`` is verl's CPU platform and rollout backend, ``monitor/`` the trainer-side search metrics. People run the
-tooling: ``data/`` (preprocessing), ``launch/`` (preflight, tool YAML, run-script knobs), ``eval/`` and ``report``.
-Imports point one way (tooling → runtime plugin → leaves) and never reach the CPU test bench (``cpu_bench``).
-
-Exports are lazy: verl imports this package through its entry point while ``import verl`` is still running, so it
-must stay cheap and cannot risk a circular import.
+Runtime plugin (imported by verl's workers): ``plugin``, ``tool/``, ``agent_loop``, ``reward``, over shared leaves
+(``errors``, ``protocol``, ...); ``cpu/`` is verl's CPU backend, ``monitor/`` the trainer-side search metrics.
+Tooling: ``data/``, ``launch/``, ``eval/``, ``report``. Imports point one way (tooling → runtime plugin → leaves)
+and never reach ``cpu_bench``. Exports are lazy: verl imports this package while ``import verl`` is still running.
 """
 
 from __future__ import annotations

@@ -21,14 +21,14 @@ from verl.utils.profiler import simple_timer
 from verl.utils.rollout_trace import rollout_trace_op
 
 from verl_search.errors import ConfigError
-from verl_search.loop_messages import FINAL_TURN_INSTRUCTION, INVALID_ACTION_MESSAGE, LOOP_MESSAGES_KEY
+from verl_search.reward import FINAL_TURN_INSTRUCTION, INVALID_ACTION_MESSAGE, LOOP_MESSAGES_KEY
 from verl_search.tool.config import SearchToolConfig
-from verl_search.tool.gc_freeze import freeze_startup_objects
 from verl_search.tool.search_tool import (
     RESULT_TOKENS_CUT,
     RESULTS_CUT,
     ROLLOUT_WALL_S,
     TRAJECTORY_STATS,
+    freeze_startup_objects,
     record_search,
     run_search,
 )
@@ -38,11 +38,6 @@ STOP_STRINGS = ("</search>", "</answer>")
 # What verl's AgentLoopWorker passes to every loop; any other key comes from the agent-loop YAML and must be ours.
 _BASE_KWARGS = frozenset(
     {"trainer_config", "server_manager", "tokenizer", "processor", "dataset_cls", "data_config", "hf_model_type"}
-)
-SGLANG_STOP_STRINGS_NEED_TOKENIZER = (
-    f"{AGENT_NAME} stops generation at {' and '.join(STOP_STRINGS)}, and SGLang matches stop strings only "
-    "with its tokenizer loaded: set actor_rollout_ref.rollout.skip_tokenizer_init=False (the run scripts do) or use "
-    "actor_rollout_ref.rollout.name=vllm"
 )
 _ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 
@@ -87,12 +82,8 @@ def _plain(value: Any) -> Any:
 class SearchR1AgentLoop(AgentLoopBase):
     """Search-R1 multi-turn rollout: generate → ``<search>`` → retrieve → ``<information>`` → … → ``<answer>``.
 
-    Per-trajectory search statistics go to ``extra_fields`` (``TRAJECTORY_STATS``: ``search_calls``,
-    ``search_failures``, ``search_latency_s``, ``search_cached``, ``invalid_actions``; SearchTool records the same
-    keys under ``tool_agent``), with the results cut at the response length and their tokens (``RESULTS_CUT``,
-    ``RESULT_TOKENS_CUT``) and the trajectory's wall time: verl keeps ``AgentLoopMetrics`` to a fixed set of
-    timings, while ``extra_fields`` reach the reward function as ``extra_info`` and the batch's non-tensor data.
-    Time spent searching is also added to the standard ``tool_calls`` timing.
+    Search statistics go to ``extra_fields`` (verl's ``AgentLoopMetrics`` holds fixed timings only), which reach the
+    reward as ``extra_info``; time spent searching is also added to the ``tool_calls`` timing.
     """
 
     def __init__(self, *args: Any, tools: ToolListWrap | None = None, **kwargs: Any) -> None:
@@ -111,7 +102,11 @@ class SearchR1AgentLoop(AgentLoopBase):
         self.response_length = self.rollout_config.response_length
         self.backend = self.rollout_config.get("name")
         if self.backend == "sglang" and self.rollout_config.get("skip_tokenizer_init", False):
-            raise ConfigError(SGLANG_STOP_STRINGS_NEED_TOKENIZER)
+            raise ConfigError(
+                f"{AGENT_NAME} stops generation at {' and '.join(STOP_STRINGS)}, and SGLang matches stop strings only "
+                "with its tokenizer loaded: set actor_rollout_ref.rollout.skip_tokenizer_init=False (the run scripts "
+                "do) or use actor_rollout_ref.rollout.name=vllm"
+            )
 
     def _search_config(self, tools: ToolListWrap | None) -> SearchToolConfig:
         if self.options.search is not None:
@@ -126,13 +121,8 @@ class SearchR1AgentLoop(AgentLoopBase):
         )
 
     def _stop_params(self, budget: int) -> dict[str, Any]:
-        """Stop at ``</search>``/``</answer>``, keeping the stop string, in the engine's own spelling.
-
-        Both engines return the token ids through the stop string whatever the flag (vLLM's
-        ``include_stop_str_in_output`` and SGLang's ``no_stop_trim`` only trim the *text*); the flags keep the text
-        equal to the tokens. Each engine rejects the other's key, so exactly one is sent. SGLang checks stop strings
-        only with its tokenizer loaded (verl's vLLM server always loads it): see ``__init__``.
-        """
+        """Stop at ``</search>``/``</answer>`` keeping the stop string in the text as in the tokens; each engine
+        rejects the other's flag, so exactly one is sent."""
         params: dict[str, Any] = {"stop": list(STOP_STRINGS), "max_tokens": budget}
         if self.backend == "vllm":
             params["include_stop_str_in_output"] = True
@@ -141,10 +131,7 @@ class SearchR1AgentLoop(AgentLoopBase):
         return params
 
     def _cut_after_action(self, token_ids: list[int]) -> int:
-        """Length of the shortest prefix whose text completes a stop string (all of it when none does).
-
-        Servers stop there already; this guards against one that overshoots. Cutting keeps tokens as generated.
-        """
+        """Length of the shortest prefix whose text completes a stop string (guards against a server overshooting)."""
 
         def has_stop(n: int) -> bool:
             text = self.tokenizer.decode(token_ids[:n], skip_special_tokens=False)
@@ -251,8 +238,7 @@ def _note_message(seen: list[str], message: str) -> None:
 
 
 def _note_weight_steps(seen: dict[str, Any], extra: dict[str, Any]) -> None:
-    """Keep the lowest ``min_global_steps`` and highest ``max_global_steps`` a server reported (verl's trainer reads
-    both for every trajectory, as ``ToolAgentLoop`` records them)."""
+    """Keep the lowest ``min_global_steps`` and highest ``max_global_steps`` a server reported (verl reads both)."""
     for key, pick in (("min_global_steps", min), ("max_global_steps", max)):
         value = extra.get(key)
         if value is not None:

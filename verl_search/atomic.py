@@ -38,11 +38,8 @@ def _alive(pid: int) -> bool:
 
 
 def remove_stale_temporaries(folder: Path, names: Iterable[str] | None = None) -> list[Path]:
-    """Delete the temporaries in ``folder`` (of the targets ``names``, else of any target) whose writer is dead.
-
-    Returns what was removed. Only this machine's pids can be checked: on a folder shared by several hosts, run
-    writers of the same outputs on one host at a time.
-    """
+    """Delete (and return) the temporaries in ``folder`` (of the targets ``names``, else of any) whose writer is dead
+    (only this machine's pids can be checked)."""
     folder = Path(folder)
     wanted = None if names is None else set(names)
     removed: list[Path] = []
@@ -55,28 +52,17 @@ def remove_stale_temporaries(folder: Path, names: Iterable[str] | None = None) -
         if not match or (wanted is not None and match["name"] not in wanted) or _alive(int(match["pid"])):
             continue
         with contextlib.suppress(FileNotFoundError):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
+            _remove(path)
             removed.append(path)
     if removed:
-        logger.warning(
-            "removed %d temporary file(s) left in %s by killed runs: %s",
-            len(removed),
-            folder,
-            ", ".join(p.name for p in removed),
-        )
+        logger.warning("removed temporaries of killed runs in %s: %s", folder, ", ".join(p.name for p in removed))
     return removed
 
 
 @contextlib.contextmanager
 def atomic_path(target: Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``target``; on clean exit it replaces ``target``, else it is removed.
-
-    The caller creates a file (or a folder) at the yielded path. A folder replaces only a missing ``target``.
-    Temporaries of ``target`` left by killed writers are removed first.
-    """
+    """Yield a temporary path beside ``target`` for the caller to create a file (or folder) at; on clean exit it
+    replaces ``target`` (a folder only a missing one), else it is removed. Killed writers' temporaries go first."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(target.parent, [target.name])
@@ -86,17 +72,20 @@ def atomic_path(target: Path) -> Iterator[Path]:
         os.replace(tmp, target)
     finally:
         with contextlib.suppress(FileNotFoundError):
-            if tmp.is_dir():
-                shutil.rmtree(tmp)
-            else:
-                tmp.unlink()
+            _remove(tmp)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 @contextlib.contextmanager
 def exclusive(lock_path: Path, what: str) -> Iterator[None]:
-    """Run the block while holding an exclusive lock on ``lock_path`` (an empty file, created if missing), so that
-    processes on this machine that build the same ``what`` take turns: a later one waits, then finds the build done.
-    The lock goes with its holder's process (``flock``), so a killed builder never blocks the next."""
+    """Run the block holding an exclusive ``flock`` on ``lock_path`` (created if missing), so processes building the
+    same ``what`` take turns; the lock dies with its holder, so a killed builder never blocks the next."""
     import fcntl
 
     lock_path = Path(lock_path)

@@ -25,7 +25,7 @@
     ├── launch.gpu_run.GpuRunError (ValueError)     a knob of the GPU recipe script has a value it cannot take
     ├── launch.eval_run.EvalRunError (ValueError)   a knob of eval_search.sh has a value it cannot take
     ├── launch.trainer_mode.TrainerModeError (ValueError)  a TRAINER knob (or its settings) cannot run
-    ├── eval.validation_dump.DumpError (ValueError)    the validation dumps or data cannot make the report
+    ├── report.DumpError (ValueError)    the validation dumps or data cannot make the report
     ├── CpuBackendError                  the CPU training backend (``verl_search.cpu``) cannot run as configured
     │   ├── UnsupportedVerlError         the installed verl is not the version whose gaps we bridge
     │   ├── UnsupportedVllmError         the installed vLLM CPU build is not one whose gaps with verl we bridge
@@ -41,15 +41,9 @@
     └── cpu_bench.train.sft_data.TrajectoryError (ValueError)     an SFT trajectory cannot be built faithfully
 
 Branches outside this module are declared beside the code that raises them (paths relative to ``verl_search``, or
-in the CPU test bench ``cpu_bench``, which is not in the wheel); a builtin in parentheses is a second base, kept so
-callers that catch it still do.
-
-Tool helpers raise ``SearchError``s; exactly one boundary (``SearchTool.execute`` and the native agent loop, through
-``run_search``) turns them into model-facing text plus metrics, so only the tool's own failures live under
-``SearchError``. Tooling errors (launch, data, eval, cpu, train) are not search failures, so a bug that raised one
-inside a search is reported as internal, never shown to the model as a search outcome; the command that raises them
-(``preprocess``, ``preflight``, ``report``, ``make train``) turns them into a one-line message and a non-zero exit.
-``kind`` is the stable label used in texts and counters.
+in ``cpu_bench``); a builtin in parentheses is a second base, kept so callers that catch it still do. ``run_search``
+is the one boundary that turns ``SearchError`` into model-facing text; a tooling error inside a search is reported as
+internal, and each command turns its own into one line and a non-zero exit. ``kind`` labels texts and counters.
 """
 
 from __future__ import annotations

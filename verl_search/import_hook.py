@@ -1,7 +1,5 @@
 """Run a function on a module right after it is imported (or now, if it already is), without importing it early.
 
-A shared leaf: the plugin registers ``search_r1_agent`` with it and the CPU backend its rollout and gap bridges.
-
 Invariant: the wrapped loader runs the module's real loader first; a callback that raises leaves the module imported
 and logs why; each finder handles one module name once, then removes itself.
 """

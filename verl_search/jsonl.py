@@ -1,8 +1,7 @@
 """Reading JSON-lines files: ``(line number, value)`` for each non-blank line, in file order, as they are read.
 
-Invariant: a line that is not JSON raises the caller's error type with ``<path>:<line>: not valid JSON (<reason>)``;
-what a value must hold, and whether an empty file is an error, is the caller's to say. A shared leaf: it imports
-nothing of ours.
+Invariant: a line that is not JSON raises the caller's error type naming the file and the line; what a value must
+hold is the caller's to say.
 """
 
 from __future__ import annotations
@@ -14,8 +13,8 @@ from typing import Any
 
 
 def read_jsonl(path: Path, error: type[Exception]) -> Iterator[tuple[int, Any]]:
-    """``(line number, value)`` of every non-blank line of ``path`` (lines count from 1); a line that is not JSON
-    raises ``error`` naming the file and the line. Opening ``path`` raises OSError as ``open`` does."""
+    """``(line number, value)`` of every non-blank line of ``path`` (from 1); a line that is not JSON raises
+    ``error``."""
     with Path(path).open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():

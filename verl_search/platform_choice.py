@@ -1,8 +1,6 @@
-"""Which verl platform this process was asked for: ``VERL_PLATFORM=cpu`` selects the CPU backend. The one reading of
-that variable, shared by the plugin entry point, the backend's registration and the launch check.
-
-Invariant: a shared leaf: it reads the environment only and imports nothing of ours, so the plugin can ask on every
-``import verl`` without loading the CPU backend.
+"""Which verl platform this process was asked for: ``VERL_PLATFORM=cpu`` selects the CPU backend (the one reading of
+that variable). Invariant: a shared leaf that reads the environment only, so the plugin can ask on every ``import
+verl`` without loading the CPU backend.
 """
 
 from __future__ import annotations
@@ -16,6 +14,6 @@ CPU = "cpu"
 
 
 def cpu_requested(env: Mapping[str, str] | None = None) -> bool:
-    """True when this process was asked to run verl on the CPU platform (case and surrounding blanks ignored).
-    ``env`` defaults to ``os.environ`` as it is at the call (a library may have replaced the object since import)."""
+    """True when this process was asked to run verl on the CPU platform (case and blanks ignored); ``env`` defaults
+    to ``os.environ`` as it is at the call."""
     return (os.environ if env is None else env).get(VARIABLE, "").strip().lower() == CPU

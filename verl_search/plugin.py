@@ -2,14 +2,13 @@
 ``search_*`` trainer modes (:mod:`verl_search.monitor.trainer`), the CPU backend (:mod:`verl_search.cpu.register`)
 only when ``VERL_PLATFORM=cpu``, and a bridge over a verl 0.9.1 bug on every platform.
 
-verl loads this module at the end of ``import verl`` in every process, Ray workers included, and silently skips a
-plugin that raises. Invariants: importing it is cheap (it imports nothing heavy: each registration happens when verl
-imports the module concerned, through a one-shot import hook) and it never raises (failures are logged).
+verl loads this module at the end of ``import verl`` in every process and silently skips a plugin that raises.
+Invariants: importing it is cheap (each registration waits, through a one-shot import hook, for verl to import the
+module concerned) and it never raises (failures are logged).
 
-The bug: ``PPOTrainerSeparateAsync._setup`` (``TRAINER=one_step_off|fully_async``) calls ``logger.info(...,
-flush=True)``, a keyword of ``print`` that ``logging`` refuses (``TypeError: Logger._log() got an unexpected keyword
-argument 'flush'``), so the trainer dies before its first step. The bridge gives that module a logger that drops
-``flush``, only on a verl whose source still has the bug (:func:`has_bug`, so a fixed verl is left alone).
+The bug: ``PPOTrainerSeparateAsync._setup`` passes ``print``'s ``flush=True`` to ``logger.info``, which ``logging``
+refuses, so that trainer dies before its first step; while verl's source has it (:func:`has_bug`), that module gets a
+logger that drops ``flush``.
 """
 
 from __future__ import annotations
@@ -73,8 +72,7 @@ def fix_separate_async(module: ModuleType) -> None:
 
 
 def install() -> None:
-    """Register now if verl's agent-loop and trainer modules are loaded, else when each is first imported.
-    Idempotent."""
+    """Register now if verl's modules are loaded, else when each is first imported (idempotent)."""
     after_import(REGISTRY_MODULE, register_agent_loop)
     after_import(TRAINER_MODULE, register_trainers)
     after_import(SEPARATE_ASYNC_MODULE, fix_separate_async)

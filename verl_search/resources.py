@@ -1,9 +1,8 @@
 """The repository's top-level files the package reads (the shipped tool YAMLs, the prompt templates), found by one
 locator that works from a checkout and from an installed wheel.
 
-Invariant: the top-level files are the source of truth. A checkout reads them in place; a wheel carries copies that
-``setup.py`` makes from them at build time under ``verl_search/_shipped/`` (the same relative paths), never edited by
-hand. Standard library only: ``setup.py`` reads :data:`SHIPPED` from this file.
+Invariant: the top-level files are the source of truth; a wheel carries copies ``setup.py`` makes under
+``verl_search/_shipped/``. Standard library only: ``setup.py`` reads :data:`SHIPPED` from this file.
 """
 
 from __future__ import annotations
@@ -22,9 +21,8 @@ _PACKAGE = Path(__file__).resolve().parent
 
 
 def shipped_file(name: str) -> Path:
-    """The path of the shipped file ``name`` (one of :data:`SHIPPED`): the checkout's top-level file (in the package's
-    parent folder), else the copy installed with the package; raises ``ResourceMissing`` naming where it looked when
-    neither exists."""
+    """The path of the shipped file ``name``: the checkout's top-level file, else the copy installed with the package
+    (``ResourceMissing`` naming where it looked when neither exists)."""
     if name not in SHIPPED:
         raise KeyError(f"{name!r} is not a shipped file ({', '.join(SHIPPED)})")
     places = [_PACKAGE.parent / name, _PACKAGE / SHIPPED_DIR / name]

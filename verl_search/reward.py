@@ -1,10 +1,9 @@
 """Search-R1 outcome reward for verl (``reward.custom_reward_function``): normalised match of the model's last answer.
 
-Invariants: pure and deterministic (no randomness, no printing); only the model's own text counts as an answer, a
-tag or a search: never retrieved documents (``<information>``, ``<tool_response>``) nor the messages the agent loop
-adds, which quote the protocol's tags (:mod:`verl_search.loop_messages`); every call returns the same keys.
-No ``from __future__ import annotations``: verl may load this file by path, outside ``sys.modules``, where pydantic
-could not resolve postponed annotations.
+Invariants: pure and deterministic; only the model's own text counts as an answer, a tag or a search: never retrieved
+documents nor the texts ``search_r1_agent`` adds (mask 0) outside ``<information>``, which are the messages below or a
+``final_turn_instruction`` it lists under ``LOOP_MESSAGES_KEY``; every call returns the same keys.
+No ``from __future__ import annotations``: verl may load this file by path, where pydantic could not resolve them.
 """
 
 import re
@@ -16,8 +15,20 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from verl_search.errors import ConfigError, validation_text
-from verl_search.loop_messages import DEFAULT_LOOP_MESSAGES, LOOP_MESSAGES_KEY
 
+#: Search-R1's fixed protocol text for a turn with neither a search nor an answer (search_r1/llm_agent/generation.py)
+INVALID_ACTION_MESSAGE = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and </search>. "
+    "If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n"
+)
+#: added before the last turn unless the agent-loop YAML sets ``final_turn_instruction``
+FINAL_TURN_INSTRUCTION = (
+    "\nI have used all my searches. I must now give the final answer between <answer> and </answer>.\n"
+)
+#: the trajectory's ``extra_fields`` key (the reward's ``extra_info``) listing the messages the loop added
+LOOP_MESSAGES_KEY = "loop_messages"
+#: what the loop says with no agent-loop YAML: the reward removes these even when ``extra_info`` lists nothing
+DEFAULT_LOOP_MESSAGES = (INVALID_ACTION_MESSAGE, FINAL_TURN_INSTRUCTION)
 #: keyword arguments verl's reward managers add on their own; they carry nothing for this reward
 _FRAMEWORK_KWARGS = frozenset({"reward_router_address", "reward_model_tokenizer"})
 
@@ -42,32 +53,19 @@ class RewardOptions(BaseModel):
         ge=0.0,
         lt=1.0,
         description="Earned by a well-formed response whose answer is wrong or missing; a correct answer in an "
-        "ill-formed response loses it (as in Search-R1's structured reward).",
+        "ill-formed response loses it (Search-R1's structured reward).",
     )
     final_format_score: float = Field(
         default=0.0, ge=0.0, lt=1.0, description="Earned by an ill-formed response that does give a (wrong) answer."
     )
     retrieval_score: float = Field(
-        default=0.0,
-        ge=0.0,
-        lt=1.0,
-        description="Added to structure_format_score when a gold answer appears in the retrieved text of a well-formed "
-        "response whose answer is wrong.",
+        default=0.0, ge=0.0, lt=1.0, description="Added when gold was retrieved but the well-formed answer is wrong."
     )
     no_search_penalty: float = Field(
-        default=0.0,
-        ge=0.0,
-        lt=1.0,
-        description="Subtracted (floor 0) from the score of a response in which the model never searched "
-        "(torchtitan's no_search_penalty): for a warm start that answers from memory and never learns to search. "
-        "Leave it 0 when questions can be answered without search.",
+        default=0.0, ge=0.0, lt=1.0, description="Subtracted (floor 0) from a response that never searched."
     )
-    strict_single_answer: bool = Field(
-        default=False, description="Score 0 when the model writes more than one <answer> block."
-    )
-    max_answer_tags: int = Field(
-        default=10, ge=1, description="More <answer> or </answer> tags than this scale a correct answer's score."
-    )
+    strict_single_answer: bool = Field(default=False, description="Score 0 when the model writes several <answer>s.")
+    max_answer_tags: int = Field(default=10, ge=1, description="More <answer> tags than this scale the score down.")
     tag_spam_factor: float = Field(
         default=0.25, ge=0.0, le=1.0, description="Factor applied to the score when max_answer_tags is exceeded."
     )
@@ -148,10 +146,8 @@ def _well_formed(own_text: str, answer_count: int) -> bool:
 
 
 def model_text(solution_str: str, loop_messages: tuple[str, ...] = DEFAULT_LOOP_MESSAGES) -> str:
-    """The model's own writing in a decoded response: retrieved blocks and the loop's messages become a newline.
-
-    A message cut off by the response length (the response ends inside it) goes too, once the cut part quotes a tag.
-    """
+    """The model's own writing: retrieved blocks and the loop's messages (also one cut off by the response length,
+    once the cut part quotes a tag) become a newline."""
     text = _RETRIEVED.sub("\n", solution_str)
     messages = [m for m in loop_messages if m]
     for message in messages:
@@ -185,12 +181,9 @@ def compute_score(
 ) -> dict[str, float]:
     """Score one response (verl's custom reward signature); ``kwargs`` are :class:`RewardOptions` fields.
 
-    Only the model's own text is read (:func:`model_text`; a custom ``final_turn_instruction`` arrives in
-    ``extra_info["loop_messages"]``); its final answer is the last ``<answer>...</answer>`` it wrote, scored by
-    ``metric`` and the format rules below. Returns ``score`` plus keys verl logs (unlike tool metrics): the final
-    answer's ``em``/``subem``/``f1``, ``answered``, ``num_searches`` (``<search>`` and ``<tool_call>`` blocks the model
-    wrote), ``failed_searches``, ``gold_in_results``, and the agent loop's ``search_latency_s``/``search_cached`` from
-    ``extra_info`` (0.0 when absent).
+    The final answer is the last ``<answer>`` of the model's own text (:func:`model_text`), scored by ``metric`` and
+    the format rules. Returns ``score``, its ``em``/``subem``/``f1``, ``answered``, ``num_searches``,
+    ``failed_searches``, ``gold_in_results`` and the loop's ``search_latency_s``/``search_cached`` (0.0 when absent).
     """
     options = _options(kwargs)
     if not isinstance(solution_str, str):
@@ -208,7 +201,7 @@ def compute_score(
     base = value * options.tag_spam_factor if tag_spam else value
     if options.strict_single_answer and len(answers) > 1:
         score = 0.0
-    elif _well_formed(own_text, len(answers)):  # tags balanced and unnested, one answer block, nothing after it
+    elif _well_formed(own_text, len(answers)):
         bonus = options.retrieval_score if gold_retrieved else 0.0
         score = max(base, options.structure_format_score + bonus)
     elif base > 0:
@@ -223,11 +216,8 @@ def compute_score(
         **metrics,
         "answered": float(answered),
         "num_searches": float(searches),
-        # both loops show a failed search as "[search failed: <kind>] ..." (verl_search.tool.search_tool.failure_text)
         "failed_searches": float(sum(text.count("[search failed:") for text in retrieved)),
-        # a gold answer appears (normalised) in the retrieved text: retrieval worked, whatever the model answered
         "gold_in_results": float(gold_retrieved),
-        # recorded by the agent loops in extra_fields (0.0 when absent, so every sample has the same keys)
         "search_latency_s": _stat(extra_info, "search_latency_s"),
         "search_cached": _stat(extra_info, "search_cached"),
     }
@@ -242,8 +232,7 @@ def _stat(extra_info: Any, key: str) -> float:
 
 
 def gold_in_text(retrieved: list[str], golds: tuple[str, ...] | list[str]) -> bool:
-    """Whether a gold answer occurs, as whole words and normalised as EM normalises, in any retrieved text (the one
-    definition of "gold in results": the reward's key and bonus, and the evaluation report)."""
+    """Whether a gold answer occurs, as whole words normalised as EM normalises, in any retrieved text."""
     normalized = [g for g in (normalize_answer(str(gold)) for gold in golds) if g]
     padded = [f" {normalize_answer(t)} " for t in retrieved]
     return any(f" {gold} " in text for text in padded for gold in normalized)

@@ -13,8 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_search.eval.validation_dump import SourceLookup, read_dump
-from verl_search.report import build_report, gold_retrieved
+from verl_search.report import SourceLookup, build_report, gold_retrieved, read_dump
 from verl_search.reward import gold_answers
 
 _RESULT_BLOCK = re.compile(r"<information>|<tool_response>")

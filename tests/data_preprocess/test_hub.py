@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from verl_search.data.errors import SourceUnavailable
-from verl_search.data.sources import download_split
+from verl_search.data.pipeline import download_split
 
 
 def test_cli_downloads_from_the_hub_and_matches_local_input(fake_hub, search_r1_dir, tmp_path, repo_root, run_cli):

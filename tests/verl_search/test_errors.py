@@ -42,7 +42,7 @@ def test_the_walk_finds_the_branches_declared_outside_errors_py():
         "cpu_bench.train.processes.StageError",
         "cpu_bench.train.sft_data.TrajectoryError",
         "cpu_bench.train.run_settings.SettingsMismatch",
-        "verl_search.eval.validation_dump.DumpError",
+        "verl_search.report.DumpError",
         "verl_search.data.errors.PreprocessError",
     } <= set(DEFINED)
 
@@ -70,7 +70,7 @@ def test_only_the_tools_failures_are_search_errors(name):
         ("cpu_bench.train.processes.StageError", RuntimeError),
         ("cpu_bench.train.sft_data.TrajectoryError", ValueError),
         ("cpu_bench.train.run_settings.SettingsMismatch", ValueError),
-        ("verl_search.eval.validation_dump.DumpError", ValueError),
+        ("verl_search.report.DumpError", ValueError),
         ("verl_search.data.errors.PreprocessError", ValueError),
         ("verl_search.errors.CpuRolloutConfigError", ValueError),
     ],

@@ -1,4 +1,4 @@
-"""The one JSON-lines reader behind the preprocessing input (``data.sources``) and the validation dumps (``eval``):
+"""The one JSON-lines reader behind the preprocessing input (``data.pipeline``) and the validation dumps (``report``):
 line numbers count blank lines, and a bad line raises the caller's own error naming the file and the line."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from verl_search.data.errors import InputSchemaError
-from verl_search.data.sources import read_jsonl_rows
-from verl_search.eval.validation_dump import DumpError, read_dump
+from verl_search.data.pipeline import read_jsonl_rows
 from verl_search.jsonl import read_jsonl
+from verl_search.report import DumpError, read_dump
 
 
 def test_values_come_with_their_line_numbers_and_blank_lines_are_skipped(tmp_path):

@@ -1,13 +1,10 @@
-"""The ``zmq`` checkpoint engine: hands the trainer's weights to standalone rollout replicas over ZeroMQ, for trainers
-whose rollout runs in other processes (verl's ``separate_async`` V1 mode: ``TRAINER=one_step_off|fully_async``) on a
-machine without NCCL. verl's own engines (nccl, nixl, hccl, mooncake) all need an accelerator library.
+"""The ``zmq`` checkpoint engine: hands the trainer's weights to standalone rollout replicas over ZeroMQ (verl's
+``separate_async`` mode on a machine without NCCL; verl's own engines all need an accelerator library).
 
-Registered in verl's ``CheckpointEngineRegistry`` under ``zmq`` when this module is imported: name it in
-``actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module`` and verl imports it in every worker before it
-builds the engine. One sync, as verl's ``CheckpointEngineManager`` drives it: every worker ``prepare``s (the trainer's
-rank 0 binds a ROUTER socket), ``build_topology`` hands its address to all, receivers connect and say hello in
-``init_process_group``, then the trainer ranks ``send_weights`` (all iterate the generator: FSDP gathers are
-collective) while each receiver iterates ``receive_weights``; ``finalize`` closes the sockets.
+Registered in verl's ``CheckpointEngineRegistry`` when imported (name this module in
+``actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module``). One sync: the trainer's rank 0 binds a ROUTER
+socket, receivers connect and say hello, every trainer rank iterates the weights (FSDP gathers are collective) while
+rank 0 sends them in buckets and each receiver yields them; ``finalize`` closes the sockets.
 
 Invariant: every receiver gets every tensor exactly once, in the trainer's order, as a CPU tensor; a sender or
 receiver that waits past ``timeout_s`` raises :class:`WeightSyncTimeout` naming what it waited for.
@@ -59,7 +56,6 @@ class ZmqCheckpointEngine(CheckpointEngine):
         self._receivers = 0
         self._role = "idle"
 
-    # ---- topology ----------------------------------------------------------------------------------------------
     def prepare(self) -> dict[str, Any]:
         """The sender binds its socket and returns its address; every other worker returns no address."""
         if not self.is_master:
@@ -78,18 +74,11 @@ class ZmqCheckpointEngine(CheckpointEngine):
         addresses = [m["address"] for m in metadata[:actor_wg_world_size] if m and m.get("address")]
         if len(addresses) != 1:
             raise CpuBackendError(f"the {BACKEND} checkpoint engine needs one sender, found {len(addresses)}")
-        address = addresses[0]
-        actor = {
-            "role": ["sender"] * actor_wg_world_size,
-            "address": [address] * actor_wg_world_size,
-            "receivers": [rollout_world_size] * actor_wg_world_size,
-        }
-        rollout = {
-            "role": ["receiver"] * rollout_world_size,
-            "address": [address] * rollout_world_size,
-            "receivers": [rollout_world_size] * rollout_world_size,
-        }
-        return actor, rollout
+
+        def side(role: str, size: int) -> dict[str, list[Any]]:
+            return {"role": [role] * size, "address": addresses * size, "receivers": [rollout_world_size] * size}
+
+        return side("sender", actor_wg_world_size), side("receiver", rollout_world_size)
 
     def init_process_group(self, role: str, address: str, receivers: int) -> None:
         self._role = role
@@ -109,7 +98,6 @@ class ZmqCheckpointEngine(CheckpointEngine):
         self._socket = self._context = None
         self._role = "idle"
 
-    # ---- transfer ----------------------------------------------------------------------------------------------
     def _poll(self, what: str) -> None:
         if not self._socket.poll(int(self.timeout_s * 1000), zmq.POLLIN):
             raise WeightSyncTimeout(f"{BACKEND} weight sync: no {what} within {self.timeout_s:g} s")

@@ -40,10 +40,8 @@ class CpuRolloutOptions(BaseModel):
     )
     opening_policy: dict[str, Any] | None = Field(
         None,
-        description="FOR TESTS: a CpuRolloutServer subclass each replica runs instead, one that forces the opening of "
-        "some outputs and records the server's events so CI can exercise the tool path with a random tiny model: "
-        "{path: its dotted path, its settings...} (it reads them from these options), or the path alone; unset (the "
-        "default) runs the plain server",
+        description="FOR TESTS: a CpuRolloutServer subclass each replica runs instead (it forces openings and records "
+        "events): {path: its dotted path, its settings...}, or the path alone; unset runs the plain server",
     )
 
     @field_validator("opening_policy", mode="before")

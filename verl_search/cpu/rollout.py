@@ -1,7 +1,6 @@
 """The ``hf_cpu`` rollout backend for verl: a :class:`RolloutReplica` that starts one CPU rollout server per replica,
-and the in-worker adapter (verl's ``BaseRollout``) that forwards the actor's weights to it each step: in the trainer's
-workers (hybrid replicas, checkpoint engine ``naive``), or in a standalone replica's worker, which receives them from a
-checkpoint engine (``zmq``, :mod:`verl_search.cpu.checkpoint_engine`) for ``separate_async``.
+and the in-worker adapter (verl's ``BaseRollout``) that forwards the actor's weights to it each step (from the
+trainer's workers, or from a checkpoint engine in a standalone replica's worker).
 
 Invariant: every trainer rank consumes the weight generator (FSDP gathers are collective), and only each replica's
 rank 0 sends the gathered tensors to its server.
@@ -108,8 +107,6 @@ class CpuServerAdapter(BaseRollout):
         from verl.workers.rollout.utils import ensure_async_iterator
 
         tensors: dict[str, torch.Tensor] = {}
-        # every rank iterates: the FSDP gathers behind the generator are collective; a standalone replica's checkpoint
-        # engine (verl_search.cpu.checkpoint_engine) yields asynchronously
         async for name, tensor in ensure_async_iterator(weights):
             full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
             tensors[name] = full.detach().to("cpu", copy=True)

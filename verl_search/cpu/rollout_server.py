@@ -2,8 +2,8 @@
 transformers copy of the policy, batching requests that arrive together, and takes the actor's weights each step.
 
 Invariant: generation and weight updates never overlap (one lock); every request gets a result or its exception;
-``abort_all_requests`` ends every unfinished request as ``aborted`` with the tokens it has (partial rollout: verl's
-``FullyAsyncLLMServerClient`` resends it with those tokens appended) and holds new ones until ``resume_generation``.
+``abort_all_requests`` ends every unfinished request as ``aborted`` with the tokens it has (verl resends it with them)
+and holds new ones until ``resume_generation``.
 """
 
 from __future__ import annotations
@@ -163,21 +163,11 @@ class CpuRolloutServer:
             self.global_steps = global_steps
         return {"seconds": time.perf_counter() - start}
 
-    # Memory management and control calls verl makes on every server: nothing to free or pause on a CPU.
-    async def sleep(self) -> None:
+    async def _nothing(self, *args: Any, **kwargs: Any) -> None:
         return None
 
-    async def wake_up(self) -> None:
-        return None
-
-    async def clear_kv_cache(self) -> None:
-        return None
-
-    async def release_kv_cache(self) -> None:
-        return None
-
-    async def resume_kv_cache(self) -> None:
-        return None
+    # the memory and profiling calls verl makes on every server: nothing to free, pause or profile on a CPU
+    sleep = wake_up = clear_kv_cache = release_kv_cache = resume_kv_cache = start_profile = stop_profile = _nothing
 
     async def abort_all_requests(self, reject_request: bool = False) -> dict:
         """Pause: the running batch ends at its next token as ``aborted``, queued requests end at once (no tokens),
@@ -200,9 +190,3 @@ class CpuRolloutServer:
         self._abort.clear()
         self._reject = False
         self._open.set()
-
-    async def start_profile(self, **kwargs: Any) -> None:
-        return None
-
-    async def stop_profile(self) -> None:
-        return None

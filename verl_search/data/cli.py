@@ -13,8 +13,13 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from verl_search.data.errors import PreprocessError
-from verl_search.data.pipeline import DEFAULT_LOCAL_DIR, VAL_SUBSET_NAME, PreprocessConfig, run_preprocess
-from verl_search.data.sources import DEFAULT_HF_REPO_ID
+from verl_search.data.pipeline import (
+    DEFAULT_HF_REPO_ID,
+    DEFAULT_LOCAL_DIR,
+    VAL_SUBSET_NAME,
+    PreprocessConfig,
+    run_preprocess,
+)
 from verl_search.data.templates import find_template_file, load_templates
 from verl_search.errors import validation_text
 
@@ -81,18 +86,12 @@ def _val_per_source(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace, config_dirs: Sequence[Path]) -> PreprocessConfig:
+    same = ("template", "input_dir", "input_jsonl", "hf_repo_id", "hf_revision", "data_source", "local_dir", "seed")
     return PreprocessConfig(
         template_file=find_template_file(args.config, config_dirs),
-        template=args.template,
-        input_dir=args.input_dir,
-        input_jsonl=args.input_jsonl,
-        hf_repo_id=args.hf_repo_id,
-        hf_revision=args.hf_revision,
-        data_source=args.data_source,
         splits=tuple(args.splits) if args.splits else None,
-        local_dir=args.local_dir,
         val_per_source=_val_per_source(args),
-        seed=args.seed,
+        **{name: getattr(args, name) for name in same},
     )
 
 

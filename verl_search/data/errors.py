@@ -1,11 +1,5 @@
-"""Failures of the preprocessing pipeline; each message names the file, column, row or key at fault.
-
-    PreprocessError(VerlSearchError, ValueError)
-    ├── TemplateError      prompt.yaml is unreadable or a template is invalid / unknown
-    ├── InputSchemaError   an input file lacks a column, or a row has an empty/ill-typed field
-    └── SourceUnavailable  an input file or hub download cannot be obtained (missing, offline, not found)
-
-The CLI is the one boundary that turns these into a one-line message and a non-zero exit code.
+"""Failures of the preprocessing pipeline (drawn in :mod:`verl_search.errors`' tree); each message names the file,
+column, row or key at fault, and the CLI turns them into one line and a non-zero exit.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""The preprocessing run: read inputs, validate every row, build verl rows, write all outputs at once.
+"""The preprocessing run: read inputs (Search-R1 parquet splits, local or from the Hugging Face hub, or FlashRAG-style
+jsonl), validate every row, build verl rows, write all outputs at once.
 
 Invariants: outputs are written only after every input row of every split validated, and either every file appears or
-none does (temporaries first, then all renamed; a killed run's are removed by the next); rows keep input order and
-the files carry no timestamps or pandas metadata, so the same inputs and config give byte-identical files. The
-validation subset depends only on (seed, source, row id), so the subset for N rows is inside the one for M > N.
+none does; the same inputs and config give byte-identical files; the validation subset depends only on (seed, source,
+row id), so the subset for N rows is inside the one for M > N.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from verl_search.data.schema import (
     parse_record,
     recover_row,
 )
-from verl_search.data.sources import DEFAULT_HF_REPO_ID, download_split, read_jsonl_rows, read_parquet_rows
 from verl_search.data.templates import load_templates
+from verl_search.jsonl import read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,64 @@ T = TypeVar("T")
 Split = Literal["train", "test"]
 VAL_SUBSET_NAME = "val_subset.parquet"
 DEFAULT_LOCAL_DIR = "~/data/searchR1_processed_direct"
+DEFAULT_HF_REPO_ID = "PeterJinGo/nq_hotpotqa_train"
+
+
+def read_parquet_rows(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
+    """Column names and rows of a parquet file (list columns come back as numpy arrays, as pandas gives them)."""
+    import pandas as pd
+    import pyarrow as pa
+
+    if not path.is_file():
+        raise SourceUnavailable(f"input file not found: {path}")
+    try:
+        frame = pd.read_parquet(path)
+    except (OSError, pa.ArrowException) as e:
+        raise SourceUnavailable(f"cannot read parquet file {path}: {e}") from e
+    return list(frame.columns), frame.to_dict(orient="records")
+
+
+def read_jsonl_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for every non-blank line; a bad line raises InputSchemaError naming it."""
+    if not path.is_file():
+        raise SourceUnavailable(f"input file not found: {path}")
+    rows = []
+    for number, obj in read_jsonl(path, InputSchemaError):
+        if not isinstance(obj, dict):
+            raise InputSchemaError(f"{path}:{number}: expected a JSON object, got {type(obj).__name__}")
+        rows.append((number, obj))
+    if not rows:
+        raise InputSchemaError(f"{path}: no rows")
+    return rows
+
+
+def download_split(
+    repo_id: str, split: str, *, revision: str | None = None, cache_dir: Path | None = None, endpoint: str | None = None
+) -> Path:
+    """Local path of ``{split}.parquet`` from the hub dataset repo (cached by huggingface_hub; resumes downloads)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
+
+    filename = f"{split}.parquet"
+    try:
+        local = hf_hub_download(
+            repo_id=repo_id,
+            filename=filename,
+            repo_type="dataset",
+            revision=revision,
+            cache_dir=cache_dir,
+            endpoint=endpoint,
+        )
+    except LocalEntryNotFoundError as e:  # subclasses EntryNotFoundError: must come first
+        raise SourceUnavailable(
+            f"cannot download {filename} from hub dataset {repo_id} (offline, no cached copy); pass --input_dir"
+        ) from e
+    except EntryNotFoundError as e:
+        raise SourceUnavailable(f"hub dataset {repo_id} has no file {filename}") from e
+    except (HfHubHTTPError, OSError) as e:
+        raise SourceUnavailable(f"cannot download {filename} from hub dataset {repo_id}: {e}") from e
+    logger.info("using %s", local)
+    return Path(local)
 
 
 class PreprocessConfig(BaseModel):
@@ -51,9 +109,7 @@ class PreprocessConfig(BaseModel):
     template_file: Path = Field(description="prompt.yaml with the named templates.")
     template: str | None = Field(default=None, description="Template name; None takes the file's default.")
     input_dir: Path | None = Field(
-        default=None,
-        description="Local dir with train.parquet and test.parquet (or validation.parquet), raw Search-R1 rows or rows "
-        "already in verl's format (verl ≤0.5, SkyRL).",
+        default=None, description="Local dir with train.parquet and test.parquet (or validation.parquet)."
     )
     input_jsonl: Path | None = Field(default=None, description="FlashRAG-style jsonl (question, golden_answers).")
     hf_repo_id: str = Field(
@@ -64,16 +120,11 @@ class PreprocessConfig(BaseModel):
         default=None, min_length=1, description="Data source of jsonl rows that carry none (e.g. nq, toy)."
     )
     splits: tuple[Split, ...] | None = Field(
-        default=None,
-        min_length=1,
-        description="Splits to write; default train+test for parquet/hub input, test for jsonl input "
-        "(a jsonl file's rows go to every split listed).",
+        default=None, min_length=1, description="Splits to write; default train+test, test for jsonl input."
     )
     local_dir: Path = Field(default=Path(DEFAULT_LOCAL_DIR), description="Output directory.")
     val_per_source: int = Field(
-        default=0,
-        ge=0,
-        description="Also write val_subset.parquet: at most this many test rows per data source; 0 writes none.",
+        default=0, ge=0, description="Test rows per data source in val_subset.parquet; 0 writes none."
     )
     seed: int = Field(default=0, description="Seed of the validation subset choice.")
 
@@ -113,8 +164,7 @@ class OutputFile(BaseModel):
 
 
 def _records_from_parquet(path: Path, progress: bool) -> list[QARecord]:
-    """Search-R1's raw rows, or rows already in verl's format (verl ≤0.5, SkyRL, ours): question and answers are
-    recovered from their prompt / extra_info / reward columns."""
+    """Search-R1's raw rows, or rows already in verl's format (their question and answers recovered)."""
     columns, raw_rows = read_parquet_rows(path)
     processed = is_processed(columns)
     if processed:
@@ -180,8 +230,7 @@ def _counts(rows: list[dict[str, Any]]) -> dict[str, int]:
 def stratified_subsample(
     items: Sequence[T], per_source: int, seed: int, source_of: Callable[[T], str], key_of: Callable[[T], str]
 ) -> list[T]:
-    """Keep at most ``per_source`` items of each source (all of a smaller source), in their original order: those
-    ranked first by a stable hash of (seed, source, key), independent of Python/numpy versions and input order."""
+    """At most ``per_source`` items of each source, in order: those first by a stable hash of (seed, source, key)."""
     if per_source < 1:
         raise ValueError(f"per_source must be >= 1, got {per_source}")
     by_source: dict[str, list[int]] = {}

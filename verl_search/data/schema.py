@@ -1,9 +1,5 @@
 """Input validation: raw rows (Search-R1 parquet or FlashRAG jsonl) -> QARecord, or an error naming file/row/column;
-and rows other projects already processed into verl's row format -> the raw fields.
-
-Processed shapes read: verl ≤0.5's ``preprocess_search_r1_dataset.py`` (``prompt``,
-``reward_model.ground_truth.target``, ``extra_info.question``) and SkyRL's ``searchr1_dataset.py`` (the same with
-``reward_spec``, plus ``env_class``); neither keeps ``question``/``golden_answers`` columns. Our own output reads back.
+and rows already in verl's row format (verl ≤0.5's, SkyRL's, ours) -> the raw fields.
 
 Invariant: every QARecord has a non-empty question, at least one non-empty gold answer and a data source.
 """
@@ -16,13 +12,11 @@ from typing import Any
 
 from verl_search.data.errors import InputSchemaError
 
-#: columns every Search-R1 parquet split must have (the others are optional here)
 REQUIRED_PARQUET_COLUMNS = ("question", "golden_answers", "data_source")
-#: keys every FlashRAG jsonl row must have (data_source may come from --data_source instead)
 REQUIRED_JSONL_KEYS = ("question", "golden_answers")
 SOURCE_PREFIX = "searchR1_"
 DEFAULT_ABILITY = "fact-reasoning"
-#: the columns that mark a file as already processed (a prompt plus one of the two reward columns)
+#: the columns that mark a file as already in verl's row format
 PROMPT_COLUMN = "prompt"
 REWARD_COLUMNS = ("reward_model", "reward_spec")
 #: where the prompt templates of Search-R1, verl and SkyRL put the question: after the last such marker

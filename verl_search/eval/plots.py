@@ -1,8 +1,6 @@
-"""Plots of a run's per-step metrics from verl's file logger (one JSON line per step): its search health
-(``plot_health``: the search/* metrics of verl_search.monitor), or any panels, as PNG files (matplotlib, no display).
-
-Invariant: every plotted number is read from the metrics file as logged; a panel whose metrics are absent says so
-instead of being left out, and every PNG is written atomically.
+"""Plots of a run's per-step metrics from verl's file logger: its search health (``plot_health``), or any panels, as
+PNG files. Invariant: every plotted number is read from the metrics file as logged; a panel whose metrics are absent
+says so; every PNG is written atomically.
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ class Panel:
     filename: str
 
 
-#: the run's health per training step: the search/* metrics of verl_search.monitor (trainer_mode search_*)
 HEALTH_PANELS = (
     Panel(
         "Searches per trajectory",
@@ -61,8 +58,7 @@ HEALTH_PANELS = (
 
 
 def read_metrics(*paths: Path) -> dict[int, dict[str, float]]:
-    """``{step: {key: value}}`` from verl file-logger JSONL files read in order (a later line for a step, in the same
-    file or a later one, updates an earlier one: a resumed run logs its steps again)."""
+    """``{step: {key: value}}`` from verl file-logger JSONL files read in order (a later line for a step wins)."""
     steps: dict[int, dict[str, float]] = {}
     for path in paths:
         for _, row in read_jsonl(path, ValueError):
@@ -72,8 +68,7 @@ def read_metrics(*paths: Path) -> dict[int, dict[str, float]]:
 
 
 def run_metrics_files(run_dir: Path) -> list[Path]:
-    """A run folder's per-step metrics, oldest launch first: the files earlier launches left in ``metrics/``, then
-    ``metrics.jsonl`` (the run scripts' layout)."""
+    """A run folder's per-step metrics, oldest launch first: ``metrics/*.jsonl``, then ``metrics.jsonl``."""
     run_dir = Path(run_dir)
     earlier = sorted((run_dir / "metrics").glob("*.jsonl")) if (run_dir / "metrics").is_dir() else []
     current = run_dir / "metrics.jsonl"
@@ -81,8 +76,7 @@ def run_metrics_files(run_dir: Path) -> list[Path]:
 
 
 def series(steps: dict[int, dict[str, float]], pattern: str) -> dict[str, list[tuple[int, float]]]:
-    """Every metric matching ``pattern``, as ``{label: [(step, value), ...]}`` (the label names the training or
-    validation data source it belongs to)."""
+    """Every metric matching ``pattern``, as ``{label: [(step, value), ...]}``."""
     regex = re.compile(pattern)
     out: dict[str, list[tuple[int, float]]] = {}
     for step in sorted(steps):
@@ -127,8 +121,7 @@ def save_png(fig, path: Path) -> Path:
 def plot_panels(
     metrics: Path | Sequence[Path], out_dir: Path, panels: Sequence[Panel], overview: str, title: str = ""
 ) -> list[Path]:
-    """One PNG per panel (four at most) plus ``overview`` with all of them, from one metrics file or several read in
-    order; returns the paths written."""
+    """One PNG per panel (four at most) plus ``overview`` with all of them; returns the paths written."""
     import matplotlib
 
     matplotlib.use("Agg")

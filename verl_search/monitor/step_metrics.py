@@ -1,6 +1,5 @@
 """The search behaviour of one training step's rollouts as flat ``search/...`` metrics, from each trajectory's
-``extra_fields`` (the stats both agent loops record, plus the reward's extra keys under ``reward_extra_info``) and,
-where the trainer has them, its response length and its loop's timings (verl's ``AgentLoopMetrics``).
+``extra_fields`` (the loops' stats and the reward's keys) and, where the trainer has them, its length and timings.
 
 Invariant: pure and total: any trajectory may lack any key (a row of another loop, a padding row, a reward without
 our keys) and is then left out of that metric only; an empty step gives an empty dict.
@@ -59,21 +58,16 @@ def search_step_metrics(
     max_result_chars: int | None = None,
     masked_tokens: Iterable[Any] | None = None,
 ) -> dict[str, float]:
-    """``search/*`` metrics of one step's trajectories (one ``extra_fields`` dict each).
-
-    ``response_lens`` (each trajectory's response tokens), ``timings`` (its loop's ``generate_sequences`` and
-    ``tool_calls`` seconds), ``max_result_chars`` (verl's ``multi_turn.max_tool_response_length``) and
-    ``masked_tokens`` (its response tokens kept out of the loss) are optional, aligned with ``extra_fields``: without
-    them the metrics that need them are left out.
-    """
+    """``search/*`` metrics of one step's trajectories (one ``extra_fields`` dict each); the optional columns,
+    aligned with it, are each one's response tokens, loop timings and loss-masked tokens, and verl's
+    ``max_tool_response_length``: without them the metrics that need them are left out."""
     given = list(extra_fields)
     columns = [[None] * len(given) if c is None else list(c) for c in (response_lens, timings, masked_tokens)]
     kept: list[Trajectory] = [t for t in zip(given, *columns, strict=True) if isinstance(t[0], Mapping)]
     rows = [t[0] for t in kept]
     rewards = [r.get("reward_extra_info") if isinstance(r.get("reward_extra_info"), Mapping) else {} for r in rows]
     out: dict[str, float] = {}
-    # calls the loop recorded; for a trajectory with none recorded (SearchTool records only when it is called), the
-    # search blocks the model wrote, as the reward counted them
+    # calls the loop recorded, else (SearchTool records only when called) the search blocks the reward counted
     calls = [
         c
         for row, reward in zip(rows, rewards, strict=True)
@@ -114,8 +108,7 @@ def search_step_metrics(
 
 
 def _reused(rows: list[Mapping[str, Any]]) -> dict[str, float]:
-    """Shares of the step's queries SearchTool answered without a request of their own: from its cache (which spans
-    steps) or by joining an identical call in flight (``joined``: twins asking at the same time, a GRPO group's)."""
+    """Shares of the step's queries answered from the cache, or by joining an identical call in flight."""
     counts = [
         (queries, cached, joined)
         for r in rows
@@ -137,9 +130,8 @@ def _list(value: Any) -> list:
 
 
 def _results_cut(kept: list[Trajectory], max_result_chars: int | None) -> dict[str, float]:
-    """Search results that reached the model incomplete: cut to ``max_result_chars`` or dropped whole by verl's
-    ``tool_agent`` (a result that does not fit ends the trajectory unseen: nothing follows where it was to go), or cut
-    at the response length by ``search_r1_agent`` (which says how many tokens)."""
+    """Search results that reached the model incomplete: cut to ``max_result_chars`` or dropped whole (placed at or past
+    the response's end) by verl's ``tool_agent``, or cut at the response length by ``search_r1_agent``."""
     results = cut = dropped = 0
     tokens_cut = 0.0
     seen = False
@@ -171,9 +163,8 @@ def _results_cut(kept: list[Trajectory], max_result_chars: int | None) -> dict[s
 
 
 def _unmasked_results(kept: list[Trajectory]) -> dict[str, float]:
-    """The share of trajectories shown search results that have no response token kept out of the loss: results
-    trained on as if the model had written them (0 unless an agent loop's mask is broken). A trajectory whose every
-    result was dropped unseen (placed at or past its response's end) was shown none."""
+    """The share of trajectories shown search results with no loss-masked response token: results trained on as if
+    the model had written them (0 unless a loop's mask is broken)."""
     shown = unmasked = 0
     for fields, response_len, _, masked_count in kept:
         count, length = _number(masked_count), _number(response_len)
@@ -188,8 +179,8 @@ def _unmasked_results(kept: list[Trajectory]) -> dict[str, float]:
 
 
 def _wait_share(fields: Mapping[str, Any], timing: Any) -> float | None:
-    """The share of a trajectory's time spent waiting on search: of its wall time where the loop measured it
-    (``search_r1_agent``), else of its loop's generation plus tool time (verl's ``tool_agent``)."""
+    """The share of a trajectory's time spent waiting on search: of its wall time where the loop measured it, else of
+    its generation plus tool time."""
     wall = _number(fields.get(ROLLOUT_WALL_S))
     if wall:
         return min(1.0, (_number(fields.get("search_latency_s")) or 0.0) / wall)

@@ -1,24 +1,29 @@
 """verl's own V1 trainers, logging the search behaviour of every training step: ``trainer.v1.trainer_mode=search_sync``
-(``search_colocate_async``, ``search_separate_async``) runs the trainer of mode ``sync`` (...) unchanged, adding the
-``search/*`` metrics of :mod:`verl_search.monitor.step_metrics` to the step's metrics before verl logs them to every
-configured logger (console, file, wandb, tensorboard, ...), and watching them for collapse
-(:mod:`verl_search.monitor.alarms`, set under ``+search_monitor.alarms``). Without it verl logs the reward's extra
-keys only at validation.
+(``search_colocate_async``, ``search_separate_async``) runs verl's trainer of that mode, adding the ``search/*``
+metrics (:mod:`~verl_search.monitor.step_metrics`) to each step's metrics and watching them for collapse
+(below); registered through verl's ``register_trainer`` by the plugin's import hook.
 
-Registered through verl's public ``register_trainer`` when ``verl.trainer.ppo.v1`` is imported (the plugin's import
-hook). Invariant: the trainer behaves as verl's of the same mode (the config's mode is set back to verl's own name
-before verl reads it, since verl compares it with ``"sync"``), with one deliberate difference: the synchronous
-trainer checks for its finished rollouts every :data:`SYNC_POLL_INTERVAL_S` instead of verl's fixed 2 s. The metrics
-never fail a step (a failure to read them is logged once and the step goes on without them).
+Collapse alarms (:class:`AlarmSettings`, under ``+search_monitor.alarms``): the model stops searching or searches every
+turn, stops answering, runs into the length cap, its reward falls from its best moving average, or searches fail.
+
+Invariants: the trainer behaves as verl's of the same mode (the config names verl's mode again before verl reads it),
+except that the synchronous one polls for finished rollouts every :data:`SYNC_POLL_INTERVAL_S`. The metrics never fail
+a step (a failure is logged once and the step goes on without them). An alarm warns once per episode (when it starts,
+again only after it has cleared); with ``stop_after`` N the run stops once any alarm has held N steps in a row (the
+defaults never stop); missing metrics are skipped.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from verl_search.monitor.alarms import AlarmSettings, CollapseWatcher
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from verl_search.monitor.step_metrics import search_step_metrics
 
 logger = logging.getLogger(__name__)
@@ -31,11 +36,9 @@ SEARCH_MODES = {
 }
 
 
-#: verl 0.9.1's ReplayBuffer sleeps this long between its checks for a finished batch (a constructor default that no
-#: config key reaches), so every synchronous step waited for its rollout in 2-second steps
+#: verl's ReplayBuffer polls for a finished batch this often (no config key reaches it); the synchronous trainer polls
+#: its in-memory counters at the second value instead, the asynchronous ones keep verl's (an idle threshold there too)
 VERL_POLL_INTERVAL_S = 2.0
-#: what the synchronous trainer polls at instead: each check reads in-memory counters, ten a second cost nothing; the
-#: asynchronous modes keep verl's value (colocate_async also reads it as its idle threshold)
 SYNC_POLL_INTERVAL_S = 0.1
 
 
@@ -76,9 +79,7 @@ class SearchMetricsMixin:
             self.total_training_steps = global_steps
 
     def _step_trajectories(self, batch) -> dict[str, Any]:  # noqa: ANN001
-        """The step's real (not padding) trajectories as :func:`search_step_metrics` reads them: each one's
-        ``extra_fields``, response length and loop timings from the TransferQueue batch, and verl's character limit
-        on tool results."""
+        """The arguments of :func:`search_step_metrics`: the step's real (not padding) trajectories."""
         import transfer_queue as tq
 
         data = tq.kv_batch_get(
@@ -102,16 +103,13 @@ class SearchMetricsMixin:
         }
 
 
-#: what the step's metrics read of each trajectory in verl's TransferQueue: its ``extra_fields`` and its loop's
-#: ``AgentLoopMetrics`` (stored as ``metrics``)
+#: what the metrics read of each trajectory in verl's TransferQueue: ``extra_fields``, its loop's timings, its loss mask
 _STEP_FIELDS = ["extra_fields", "metrics"]
-#: each trajectory's loss mask over its response (1: a token the model wrote and is trained on)
 _MASK_FIELD = "response_mask"
 
 
 def masked_token_counts(masks: Any, response_lens: list[Any]) -> list[int | None]:
-    """Per trajectory, its response tokens kept out of the loss (mask 0) within its response length: ``masks`` is
-    the TransferQueue's response masks, nested (one row per trajectory) or padded."""
+    """Per trajectory, its response tokens kept out of the loss (mask 0); ``masks`` nested or padded."""
     rows = masks.unbind(0) if getattr(masks, "is_nested", False) else list(masks)
     counts: list[int | None] = []
     for row, length in zip(rows, response_lens, strict=True):
@@ -151,3 +149,123 @@ def register_search_trainers(v1: ModuleType) -> None:
             {"__module__": __name__, "__doc__": f"verl's {base.__name__} with per-step search metrics."},
         )
         v1.register_trainer(name)(cls)
+
+
+class AlarmSettings(BaseModel):
+    """``+search_monitor.alarms.<field>=...`` in verl's config (all optional)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(default=True, description="Watch the step metrics at all.")
+    min_searches: float = Field(
+        default=0.05, ge=0, description="Alarm when searches per trajectory fall to this (the model stopped searching)."
+    )
+    max_searches: float | None = Field(
+        default=None, ge=0, description="Alarm when searches per trajectory reach this (e.g. max turns - 1); None: off."
+    )
+    min_answered: float = Field(
+        default=0.05, ge=0, le=1, description="Alarm when the share of trajectories that answer falls to this."
+    )
+    max_clip_ratio: float = Field(
+        default=0.9, ge=0, le=1, description="Alarm when this share of responses reaches the response-length cap."
+    )
+    reward_drop: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Alarm when the reward's moving average falls this fraction below its best.",
+    )
+    reward_window: int = Field(default=5, ge=1, description="Steps in the reward's moving average.")
+    max_failed_share: float = Field(
+        default=0.2, ge=0, le=1, description="Alarm when this share of search calls fails (timeouts, 429, errors)."
+    )
+    warmup_steps: int = Field(
+        default=3, ge=0, description="Steps before the alarms on searching and answering arm (a warm start may vary)."
+    )
+    stop_after: int = Field(
+        default=0, ge=0, description="Stop the run after this many steps in a row in alarm (0: warn only, never stop)."
+    )
+
+    @model_validator(mode="after")
+    def _bounds_in_order(self) -> AlarmSettings:
+        if self.max_searches is not None and self.max_searches <= self.min_searches:
+            raise ValueError("max_searches must be above min_searches")
+        return self
+
+
+@dataclass(frozen=True)
+class Alarm:
+    """One condition that started at ``step``; ``message`` names it and its numbers."""
+
+    name: str
+    step: int
+    message: str
+
+
+class CollapseWatcher:
+    """Feed it each step's metrics (``observe``); it warns once per episode and says when to stop."""
+
+    def __init__(self, settings: AlarmSettings | None = None) -> None:
+        self.settings = settings or AlarmSettings()
+        self._active: set[str] = set()
+        self._rewards: deque[float] = deque(maxlen=self.settings.reward_window)
+        self._best_reward_avg: float | None = None
+        self._steps_seen = 0
+        self.alarmed_steps = 0  # consecutive steps with at least one condition
+        self.history: list[Alarm] = []
+
+    @property
+    def should_stop(self) -> bool:
+        return self.settings.stop_after > 0 and self.alarmed_steps >= self.settings.stop_after
+
+    def _conditions(self, m: Mapping[str, float]) -> dict[str, str]:
+        s = self.settings
+        found: dict[str, str] = {}
+        armed = self._steps_seen > s.warmup_steps
+
+        def get(key: str) -> float | None:
+            value = m.get(key)
+            return float(value) if isinstance(value, (int, float)) else None
+
+        searches = get("search/calls_per_traj/mean")
+        if armed and searches is not None and searches <= s.min_searches:
+            found["no_search"] = f"searches per trajectory fell to {searches:.3f} (<= {s.min_searches})"
+        if searches is not None and s.max_searches is not None and searches >= s.max_searches:
+            found["search_every_turn"] = f"searches per trajectory reached {searches:.2f} (>= {s.max_searches})"
+        answered = get("search/answered_share")
+        if armed and answered is not None and answered <= s.min_answered:
+            found["no_answer"] = f"only {answered:.1%} of trajectories answer (<= {s.min_answered:.0%})"
+        clipped = get("response_length/clip_ratio")
+        if clipped is not None and clipped >= s.max_clip_ratio:
+            found["length_cap"] = f"{clipped:.0%} of responses hit the length cap (>= {s.max_clip_ratio:.0%})"
+        failed = get("search/failed_share")
+        if failed is not None and failed > s.max_failed_share:
+            found["search_failures"] = f"{failed:.0%} of search calls failed (> {s.max_failed_share:.0%})"
+        reward = get("critic/score/mean")
+        if reward is not None:
+            self._rewards.append(reward)
+            if len(self._rewards) == self._rewards.maxlen:
+                avg = sum(self._rewards) / len(self._rewards)
+                best = self._best_reward_avg = max(avg, self._best_reward_avg or avg)
+                if best > 0 and avg <= best * (1 - s.reward_drop):
+                    found["reward_drop"] = (
+                        f"reward's {s.reward_window}-step average {avg:.3f} is {1 - avg / best:.0%} below its best "
+                        f"{best:.3f} (alarm at {s.reward_drop:.0%})"
+                    )
+        return found
+
+    def observe(self, step: int, metrics: Mapping[str, float]) -> list[Alarm]:
+        """The alarms that start at this step (each logged once as a warning)."""
+        if not self.settings.enabled:
+            return []
+        self._steps_seen += 1
+        found = self._conditions(metrics)
+        started = [Alarm(name, step, message) for name, message in found.items() if name not in self._active]
+        for name in self._active - found.keys():
+            logger.warning("search monitor: step %d: %s cleared", step, name)
+        self._active = set(found)
+        self.alarmed_steps = self.alarmed_steps + 1 if found else 0
+        for alarm in started:
+            logger.warning("search monitor: step %d: %s: %s", step, alarm.name, alarm.message)
+        self.history += started
+        return started

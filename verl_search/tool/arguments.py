@@ -36,8 +36,7 @@ def _describe(value: Any) -> str:
 
 
 def _preview(value: Any) -> str:
-    """The start of ``value`` as JSON; a value nested beyond the recursion limit (which neither ``json`` nor ``repr``
-    can walk) is named, not shown."""
+    """The start of ``value`` as JSON; a value nested too deeply for ``json`` and ``repr`` is named, not shown."""
     try:
         try:
             text = json.dumps(value, ensure_ascii=False)
@@ -55,17 +54,11 @@ def extract_queries(parameters: Any) -> list[str]:
     elif isinstance(parameters, list):
         raw = parameters
     elif isinstance(parameters, dict):
-        if "query_list" in parameters:
-            raw = parameters["query_list"]
-            if isinstance(raw, str):
-                raw = [raw]
-        elif "query" in parameters:
-            raw = parameters["query"]
-            if isinstance(raw, str):
-                raw = [raw]
-        else:
+        key = next((k for k in ("query_list", "query") if k in parameters), None)
+        if key is None:
             keys = ", ".join(sorted(map(str, parameters))) or "none"
             raise InvalidArguments(f"missing 'query_list' (got keys: {keys}); {EXPECTED}")
+        raw = [parameters[key]] if isinstance(parameters[key], str) else parameters[key]
     else:
         raise InvalidArguments(f"arguments must be an object, got {_describe(parameters)}; {EXPECTED}")
 
@@ -94,8 +87,7 @@ class Queries:
 
 
 def drop_surrogates(query: str) -> tuple[str, int]:
-    """``query`` as text UTF-8 can encode: surrogate pairs joined into their character, lone UTF-16 surrogates
-    (legal in JSON as ``"\\ud800"``, which a model can emit, but not text) removed; also how many were removed."""
+    """``query`` as text UTF-8 can encode (surrogate pairs joined, lone ones removed) and how many were removed."""
     if not _SURROGATE.search(query):
         return query, 0
     query = query.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")  # joins the pairs

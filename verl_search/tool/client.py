@@ -1,6 +1,5 @@
 """RetrievalClient: one shared aiohttp session per process and event loop, with deadline, retries, pool, rate limit,
-endpoint balancing, an LRU result cache bounded in entries and bytes, coalescing of identical in-flight queries, and
-both wire forms of /retrieve (``wire.py``), detected per endpoint.
+endpoint balancing, an LRU result cache, coalescing of identical in-flight queries, and both wire forms of /retrieve.
 
 Invariants: no call outlives its deadline; only timeouts, connection errors, 429 and 503 are retried; every failure
 is a typed :class:`RetrievalError`; a shared in-flight query is never cancelled because one of its waiters gave up.
@@ -12,7 +11,9 @@ import asyncio
 import json
 import logging
 import random
+import sys
 import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,14 +30,64 @@ from verl_search.errors import (
     ServiceUnavailable,
 )
 from verl_search.protocol import Document
-from verl_search.tool.cache import CacheKey, LRUCache
 from verl_search.tool.config import SearchToolConfig
-from verl_search.tool.endpoints import Endpoint, EndpointSet, ejection_seconds
-from verl_search.tool.limits import TokenBucket, WorkerPool
+from verl_search.tool.limits import Endpoint, EndpointSet, TokenBucket, WorkerPool, ejection_seconds
 from verl_search.tool.stats import STATS, SearchStats
 from verl_search.tool.wire import FORM_NAMES, batch_body, error_reply, parse_hits, parse_single, single_body
 
 logger = logging.getLogger(__name__)
+
+CacheKey = tuple[str, int]
+
+#: estimated bytes of the Python objects around one cache entry / one document, beyond their strings' characters
+_ENTRY_OVERHEAD = 200
+_DOC_OVERHEAD = 400
+
+
+def entry_bytes(key: CacheKey, docs: list[Document]) -> int:
+    """An estimate of the memory one entry holds: its strings' sizes plus a fixed overhead per object."""
+    total = _ENTRY_OVERHEAD + sys.getsizeof(key[0])
+    for doc in docs:
+        total += _DOC_OVERHEAD + sys.getsizeof(doc.id) + sys.getsizeof(doc.contents)
+        for value in (doc.model_extra or {}).values():
+            total += sys.getsizeof(value) if isinstance(value, str) else 64
+    return total
+
+
+class LRUCache:
+    """The per-process result cache, (query, topk) → documents: never more than ``size`` entries nor ``max_bytes`` of
+    estimated memory (a larger entry is not stored; either bound at 0 turns it off); least recently used out first."""
+
+    def __init__(self, size: int, max_bytes: int | None = None) -> None:
+        self.size = size
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._data: OrderedDict[CacheKey, tuple[list[Document], int]] = OrderedDict()
+
+    def get(self, key: CacheKey) -> list[Document] | None:
+        item = self._data.get(key)
+        if item is None:
+            return None
+        self._data.move_to_end(key)
+        return item[0]
+
+    def put(self, key: CacheKey, value: list[Document]) -> None:
+        if self.size <= 0 or self.max_bytes == 0:
+            return
+        cost = entry_bytes(key, value)
+        if self.max_bytes is not None and cost > self.max_bytes:
+            return
+        old = self._data.pop(key, None)
+        if old is not None:
+            self.bytes -= old[1]
+        self._data[key] = (value, cost)
+        self.bytes += cost
+        while len(self._data) > self.size or (self.max_bytes is not None and self.bytes > self.max_bytes):
+            _, (_, evicted) = self._data.popitem(last=False)
+            self.bytes -= evicted
+
+    def __len__(self) -> int:
+        return len(self._data)
 
 
 class RetrievalClient:
@@ -71,7 +122,7 @@ class RetrievalClient:
 
     @classmethod
     async def close_all(cls) -> None:
-        """Close every client of the running loop (tests and orderly shutdown)."""
+        """Close every client of the running loop."""
         for client in list(cls._instances.pop(asyncio.get_running_loop(), {}).values()):
             await client.close()
 
@@ -89,15 +140,10 @@ class RetrievalClient:
         if self._session is not None and not self._session.closed:
             await self._session.close()
 
-    # ------------------------------------------------------------------ public API
     async def search(
         self, queries: Sequence[str], topk: int, *, deadline: float
     ) -> tuple[list[list[Document]], int, int]:
-        """Hits for each query (already normalised by the caller), how many came from the cache, and how many joined
-        an identical call in flight (a twin asking at the same time).
-
-        ``deadline`` is in this loop's clock (``loop.time()``).
-        """
+        """Hits per (normalised) query, how many came from the cache and how many joined a call in flight."""
         keys = [(q, topk) for q in queries]
         results: dict[CacheKey, list[Document]] = {}
         waits: dict[CacheKey, asyncio.Future[list[Document]]] = {}
@@ -117,9 +163,7 @@ class RetrievalClient:
             coalesced = sum(1 for k in keys if k in waits)
             self.stats.add(cache_hits=hits, coalesced=coalesced)
 
-        if owned:
-            # Fetched in this task (no extra tasks on the hot path): _request itself never runs past the deadline,
-            # and _fetch resolves every owned future, also for twins that joined meanwhile.
+        if owned:  # fetched in this task; _fetch resolves every owned future, also for twins that joined meanwhile
             await self._fetch(owned, topk, deadline)
             for key, fut in owned.items():
                 results[key] = fut.result()
@@ -133,7 +177,6 @@ class RetrievalClient:
             results.update(zip(waits, values, strict=True))
         return [results[k] for k in keys], hits, coalesced
 
-    # ------------------------------------------------------------------ internals
     def _deadline_error(self, cause: Exception | None = None) -> DeadlineExceeded:
         detail = f" ({cause})" if cause is not None else ""
         return DeadlineExceeded(f"no answer within the {self.config.timeout:g} s deadline{detail}")
@@ -198,7 +241,6 @@ class RetrievalClient:
     ) -> list[list[Document]]:
         """One attempt in the endpoint's wire form; in ``auto`` mode an endpoint of unknown form that rejects the
         batch form with a 4xx gets the single-query form once, and keeps it if that works."""
-        # the configured form, else the one the endpoint was found to speak (None: not known yet)
         wire = endpoint.wire if self.config.request_format == "auto" else self.config.request_format
         if wire == "skyrl":
             return await self._post_each(endpoint, queries, topk, deadline)

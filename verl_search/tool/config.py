@@ -19,7 +19,7 @@ DEFAULT_URL = "http://127.0.0.1:8000/retrieve"
 
 #: keys of verl ≤0.5's search tool config that mean nothing here: accepted, with one warning per key and process
 DEPRECATED_KEYS: dict[str, str] = {
-    "enable_global_rate_limit": "verl ≤0.5's cluster-wide Ray rate limiter; rate_limit is a token bucket per process",
+    "enable_global_rate_limit": "verl ≤0.5's cluster-wide Ray rate limiter; rate_limit is a token bucket per process"
 }
 _warned: set[str] = set()
 
@@ -46,29 +46,21 @@ class SearchToolConfig(BaseModel):
         "With several, calls go to the endpoint with the fewest requests in flight and fail over.",
     )
     topk: int = Field(default=3, ge=1, le=100, description="Passages returned per query.")
-    num_workers: int = Field(
-        default=120, ge=1, le=100_000, description="Max concurrent HTTP requests per process (worker pool)."
-    )
+    num_workers: int = Field(default=120, ge=1, le=100_000, description="Max concurrent HTTP requests per process.")
     rate_limit: float | None = Field(
-        default=120.0,
-        ge=0,
-        description="Requests per second per process (token bucket, burst = rate_limit). null or 0 = unlimited.",
+        default=120.0, ge=0, description="Requests per second per process (token bucket); null or 0 = unlimited."
     )
     timeout: float = Field(
         default=30.0,
         gt=0,
         validation_alias=AliasChoices("timeout", "default_timeout"),
-        description="Overall deadline of one tool call in seconds, queueing and retries included. "
-        "'default_timeout' is accepted as an alias (older configs).",
+        description="Deadline of one tool call in seconds, queueing and retries included (alias: default_timeout).",
     )
     attempt_timeout: float = Field(
         default=10.0, gt=0, description="Deadline of one HTTP attempt in seconds (capped by what is left of timeout)."
     )
     max_attempts: int = Field(
-        default=3,
-        ge=1,
-        le=10,
-        description="HTTP attempts per call; retries only on timeouts, connection errors, 429, 503.",
+        default=3, ge=1, le=10, description="HTTP attempts per call; retried on timeouts, connection errors, 429, 503."
     )
     backoff_base: float = Field(
         default=0.1, ge=0, description="First retry waits up to this many seconds (full jitter), doubling each time."
@@ -76,16 +68,12 @@ class SearchToolConfig(BaseModel):
     backoff_max: float = Field(default=2.0, ge=0, description="Cap on a single backoff wait in seconds.")
     request_format: Literal["auto", "search_r1", "skyrl"] = Field(
         default="auto",
-        description="Wire form of /retrieve: 'search_r1' = one request per call with every query "
-        "({queries: [...]}, Search-R1, verl ≤0.5, ours); 'skyrl' = one request per query ({query: str}, SkyRL's "
-        "server); 'auto' = the batch form, switching an endpoint to the single-query form when it rejects the batch "
-        "form with a 4xx and answers the single-query form.",
+        description="Wire form of /retrieve: 'search_r1' = one request per call ({queries: [...]}); 'skyrl' = one "
+        "request per query ({query: str}); 'auto' = the batch form, switching an endpoint that rejects it with a 4xx "
+        "to the single-query form when that works.",
     )
     eject_seconds: float = Field(
-        default=1.0,
-        ge=0,
-        description="An endpoint that fails is skipped this long before it is re-probed; the wait doubles per failed "
-        "re-probe. The failures one outage causes (every request it cut off) count once.",
+        default=1.0, ge=0, description="A failing endpoint is skipped this long, doubling per failed re-probe."
     )
     eject_max_seconds: float = Field(default=10.0, ge=0, description="Cap on one ejection in seconds.")
     max_queries: int = Field(
@@ -98,10 +86,7 @@ class SearchToolConfig(BaseModel):
         default=100_000, ge=0, description="Entries of the per-process LRU cache of (query, topk) results; 0 = off."
     )
     cache_max_bytes: int = Field(
-        default=64 * 1024 * 1024,
-        ge=0,
-        description="Bytes (estimated: text plus per-object overhead) the per-process result cache may hold; the least "
-        "recently used entries are evicted first; 0 = off.",
+        default=64 * 1024 * 1024, ge=0, description="Estimated bytes the per-process result cache may hold; 0 = off."
     )
     max_result_chars: int = Field(
         default=6000, ge=100, description="Cap on the text returned to the model for one call (all queries)."
@@ -110,10 +95,7 @@ class SearchToolConfig(BaseModel):
         default=300.0, ge=0, description="Seconds between log lines with the per-process counters; 0 = never."
     )
     gc_freeze: bool = Field(
-        default=False,
-        description="Freeze the objects the rollout worker made before the tool (gc.freeze, once per process) so the "
-        "garbage collector stops walking them: +42% calls/s through the tool in a process that imported verl. "
-        "Process-wide, hence off unless asked for.",
+        default=False, description="gc.freeze() the rollout worker's start-up objects once (process-wide, so opt-in)."
     )
 
     @model_validator(mode="before")

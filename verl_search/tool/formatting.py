@@ -13,8 +13,7 @@ TRUNCATED = " ...(truncated)"
 
 
 def split_title(doc: Document) -> tuple[str, str]:
-    """wiki-18 ``contents`` is ``"Title"\\ntext``; a separate ``title`` field wins when present, and a first line of
-    ``contents`` that repeats it (quoted or not) is dropped, so the title shows once."""
+    """wiki-18 ``contents`` is ``"Title"\\ntext``; a ``title`` field wins, and a first line repeating it is dropped."""
     extra = doc.model_extra or {}
     title = extra.get("title")
     if isinstance(title, str) and title.strip():

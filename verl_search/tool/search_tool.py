@@ -7,6 +7,7 @@ a short labelled text (``[search failed: <kind>] ...`` / ``[search error: invali
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from dataclasses import dataclass, field
@@ -21,7 +22,6 @@ from verl_search.tool.arguments import extract_queries, fit_queries
 from verl_search.tool.client import RetrievalClient
 from verl_search.tool.config import SearchToolConfig
 from verl_search.tool.formatting import format_results
-from verl_search.tool.gc_freeze import freeze_startup_objects
 from verl_search.tool.stats import STATS
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,6 @@ _FAILURE_TEXT = {
     "budget": "The search budget of this run is spent.",
 }
 _AFTER_FAILURE = "This is a tool failure, not an empty result: retry later or answer with what you know."
-#: after a failure that searching again cannot change (the budget spent, a query missing from an offline replay)
 _AFTER_FINAL = "This is a tool failure, not an empty result: searching again will not help; answer with what you know."
 
 
@@ -48,10 +47,8 @@ class SearchOutcome:
     failure: str | None = None
     latency_s: float = 0.0
     num_queries: int = 0
-    #: queries answered without a request of their own: from the cache, or joined to an identical call in flight
-    cached: int = 0
-    #: of those, the ones that joined a call in flight (twins asking at the same time)
-    joined: int = 0
+    cached: int = 0  # queries answered from the cache or by joining an identical call in flight
+    joined: int = 0  # of those, the ones that joined a call in flight
     notes: list[str] = field(default_factory=list)
 
     def metrics(self) -> dict[str, Any]:
@@ -68,24 +65,16 @@ class SearchOutcome:
 
 #: per-trajectory search statistics both loops keep in verl's ``extra_fields`` (they reach the reward's extra_info)
 TRAJECTORY_STATS = ("search_calls", "search_failures", "search_latency_s", "search_cached", "invalid_actions")
-
-
-#: per-call detail kept beside TRAJECTORY_STATS for the per-step training metrics (verl_search.monitor): each call's
-#: latency, and failures counted by kind under ``search_failed_<kind>``
+#: per-call detail for the per-step training metrics (verl_search.monitor): latencies, queries, joined calls,
+#: failures by kind, the native loop's wall time, where each ``tool_agent`` result was to go (its response tokens)
+#: and its characters (verl cuts or silently drops a result that does not fit), results the native loop cut
 CALL_LATENCIES = "search_call_latencies"
-#: queries a trajectory's calls carried (``search_cached`` of them were answered without a request of their own) and,
-#: of those, the ones that joined an identical call in flight
 SEARCH_QUERIES = "search_queries"
 SEARCH_JOINED = "search_joined"
 FAILED_PREFIX = "search_failed_"
-#: seconds a trajectory took from its first token request to its end (recorded by the native loop)
 ROLLOUT_WALL_S = "rollout_wall_s"
-#: where each result was to go in a ``tool_agent`` trajectory (its response tokens when SearchTool was called) and the
-#: result's length in characters: verl's ToolAgentLoop cuts a result to ``max_tool_response_length`` characters and
-#: drops one that does not fit in ``response_length`` whole, ending the trajectory, and says neither
 RESULT_AT = "search_result_at"
 RESULT_CHARS = "search_result_chars"
-#: results the native loop cut at ``response_length`` and the tokens it cut from them
 RESULTS_CUT = "search_results_cut"
 RESULT_TOKENS_CUT = "search_result_tokens_cut"
 
@@ -129,7 +118,7 @@ def failure_text(error: SearchError, config: SearchToolConfig) -> str:
 
 async def run_search(config: SearchToolConfig, queries: Any) -> SearchOutcome:
     """Search ``queries`` (a list of strings, or anything the model sent) and return the text for the model."""
-    started = time.perf_counter()  # not loop.time(): under uvloop it moves in whole ms, and only between iterations
+    started = time.perf_counter()
     deadline = asyncio.get_running_loop().time() + config.timeout
     num_queries = len(queries) if isinstance(queries, list) else 0
     try:
@@ -160,42 +149,40 @@ async def run_search(config: SearchToolConfig, queries: Any) -> SearchOutcome:
     return outcome
 
 
+_frozen = False
+
+
+def freeze_startup_objects() -> bool:
+    """``gc.freeze()`` once per process (True when this call froze), so the collector stops walking the objects a
+    rollout worker made before it searched (torch, verl, ...); the ``gc_freeze`` key asks for it: it is process-wide,
+    and cyclic garbage among the frozen objects is never freed."""
+    global _frozen
+    if _frozen:
+        return False
+    _frozen = True
+    gc.collect()  # what is garbage now is freed first, not frozen forever
+    gc.freeze()
+    return True
+
+
 def default_tool_schema() -> OpenAIFunctionToolSchema:
     """The ``search`` function schema used when the YAML gives none (it matches tool_config/search_tool_config.yaml)."""
-    return OpenAIFunctionToolSchema.model_validate(
-        {
-            "type": "function",
-            "function": {
-                "name": "search",
-                "description": "Searches Wikipedia for relevant passages. Several queries can be sent at once.",
-                "parameters": {
-                    "type": "object",
-                    "properties": {
-                        "query_list": {
-                            "type": "array",
-                            "items": {"type": "string"},
-                            "description": "Search queries, one string each.",
-                        }
-                    },
-                    "required": ["query_list"],
-                },
-            },
-        }
-    )
+    query_list = {"type": "array", "items": {"type": "string"}, "description": "Search queries, one string each."}
+    function = {
+        "name": "search",
+        "description": "Searches Wikipedia for relevant passages. Several queries can be sent at once.",
+        "parameters": {"type": "object", "properties": {"query_list": query_list}, "required": ["query_list"]},
+    }
+    return OpenAIFunctionToolSchema.model_validate({"type": "function", "function": function})
 
 
 class SearchTool(BaseTool):
-    """verl tool ``search``: ``{"query_list": [...]}`` → Search-R1 formatted passages from the retrieval service.
-
-    Listed in a tool YAML as ``class_name: verl_search.SearchTool``. Construction only validates the config; the HTTP
-    session, limiter and pool are created lazily, once per process and event loop, on the first call.
-    """
+    """verl tool ``search`` (``class_name: verl_search.SearchTool``): ``{"query_list": [...]}`` → Search-R1 formatted
+    passages. Construction only validates the config; the HTTP client is made on the first call."""
 
     def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None = None) -> None:
         self.search_config = SearchToolConfig.from_dict(config)
-        # What verl 0.9.1's BaseTool.__init__ does, without its print of the schema as indented JSON on stdout (every
-        # process that builds the tool dumped it on the user's console); test_tool_init.py fails if BaseTool.__init__
-        # starts setting anything else.
+        # what verl's BaseTool.__init__ does, without its print of the schema on stdout
         self.config = config
         self.tool_schema = tool_schema or default_tool_schema()
         self.name = self.tool_schema.function.name

@@ -14,6 +14,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 _RING = 20_000
+_COUNTERS = ("calls", "queries", "requests", "retries", "cache_hits", "coalesced", "invalid_arguments")
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -34,13 +35,8 @@ class SearchStats:
 
     def reset(self) -> None:
         with self._lock:
-            self.calls = 0
-            self.queries = 0
-            self.requests = 0
-            self.retries = 0
-            self.cache_hits = 0
-            self.coalesced = 0
-            self.invalid_arguments = 0
+            for name in _COUNTERS:
+                setattr(self, name, 0)
             self.failures: Counter[str] = Counter()
             self._latencies: deque[float] = deque(maxlen=_RING)
             self._last_log = time.monotonic()
@@ -70,13 +66,7 @@ class SearchStats:
         with self._lock:
             lat = sorted(self._latencies)
             return {
-                "calls": self.calls,
-                "queries": self.queries,
-                "requests": self.requests,
-                "retries": self.retries,
-                "cache_hits": self.cache_hits,
-                "coalesced": self.coalesced,
-                "invalid_arguments": self.invalid_arguments,
+                **{name: getattr(self, name) for name in _COUNTERS},
                 "failures": dict(self.failures),
                 "failed_calls": sum(self.failures.values()),
                 "latency_p50_s": percentile(lat, 50),

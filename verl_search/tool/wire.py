@@ -1,13 +1,8 @@
-"""The request bodies the search client sends and the replies it reads, in both wire forms found in the wild.
+"""The request bodies the search client sends and the replies it reads, in both wire forms found in the wild:
+``search_r1`` (``{"queries": [...], ...}`` → one hit list per query) and ``skyrl`` (``{"query": q, ...}`` → one).
 
-- ``search_r1`` (Search-R1's reference server, verl ≤0.5's copy, ours): ``{"queries": [...], "topk": k,
-  "return_scores": true}`` → ``{"result": [[hit, ...] per query]}``.
-- ``skyrl`` (SkyRL's search server): one query per request, ``{"query": q, "topk": k, "return_scores": true}`` →
-  ``{"result": [[hit, ...]]}`` (a list holding one list).
-
-Invariant: every body asks for ``return_scores: true`` (the reference servers answer ``false`` with HTTP 500 or a
-misshaped 200), and a hit is accepted in either form (``{"document": {...}, "score": f}`` or the bare document);
-anything else raises :class:`BadResponse`.
+Invariant: every body asks for ``return_scores: true`` (the reference servers fail on ``false``), and a hit is
+accepted scored or bare; anything else raises :class:`BadResponse`.
 """
 
 from __future__ import annotations
@@ -37,8 +32,7 @@ def single_body(query: str, topk: int) -> dict[str, Any]:
 
 
 def parse_document(item: Any) -> Document:
-    """One hit, scored (``{"document": {...}, "score": f}``) or bare; ``contents`` is required, other keys
-    (``title``, ``url``, ...) pass through."""
+    """One hit, scored or bare; ``contents`` is required, other keys (``title``, ``url``, ...) pass through."""
     raw = item.get("document") if isinstance(item, dict) and isinstance(item.get("document"), dict) else item
     if not isinstance(raw, dict) or not isinstance(raw.get("contents"), str):
         raise BadResponse("a hit has no 'contents' string")
@@ -76,8 +70,7 @@ def parse_single(body: Any) -> list[Document]:
 
 
 def error_reply(raw: bytes) -> tuple[str | None, str]:
-    """A retrieval service's error answer: its ``error`` kind (None unless a JSON object names one) and a short
-    detail."""
+    """A retrieval service's error answer: its ``error`` kind (None unless a JSON object names one) and a detail."""
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from verl_search.monitor.alarms import AlarmSettings, CollapseWatcher
+from verl_search.monitor.trainer import AlarmSettings, CollapseWatcher
 
 
 def step(searches=1.5, answered=0.9, clipped=0.0, failed=0.0, reward=0.4) -> dict[str, float]:
@@ -38,7 +38,7 @@ def test_a_healthy_run_raises_nothing():
 
 def test_the_model_stops_searching_warns_once(caplog):
     stream = [step() for _ in range(6)] + [step(searches=0.0) for _ in range(10)]
-    with caplog.at_level(logging.WARNING, logger="verl_search.monitor.alarms"):
+    with caplog.at_level(logging.WARNING, logger="verl_search.monitor.trainer"):
         watcher, raised = run(stream)
     assert raised == [(7, "no_search")]
     assert [r.getMessage() for r in caplog.records] == [

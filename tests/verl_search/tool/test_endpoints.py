@@ -7,7 +7,7 @@ import asyncio
 from cpu_bench.background_server import free_port
 from cpu_bench.testing.stub_retriever import StubServer
 from verl_search import SearchTool
-from verl_search.tool.endpoints import EndpointSet
+from verl_search.tool.limits import EndpointSet
 
 
 def test_pick_prefers_fewest_in_flight_and_skips_ejected():
