@@ -85,8 +85,6 @@ def test_a_rebuild_is_compared_by_weights_and_held_out_score_then_shipped(tmp_pa
     config, root = quick_build
     comparison, _ = base_rebuild.rebuild(root / "build", root / "shipped", config)
     assert comparison.same_weights and comparison.matches and "bit for bit" in comparison.describe()
-    again, _ = base_rebuild.rebuild(tmp_path / "again", root / "shipped", quick_config(tmp_path / "again"))
-    assert again.same_weights  # a build from nothing on the same machine gives the same bits
     shipped_base.check_files(root / "shipped")
     run = tmp_path / "run"
     assert shipped_base.restore(quick_config(run), shipped_base.rows_for(config, run), run, root / "shipped")
@@ -99,7 +97,7 @@ def test_a_build_folder_made_by_other_code_is_built_again(tmp_path, quick_build)
     (build / "base_model" / "model.safetensors").write_bytes(b"not what this code builds")
     (build / "recipe.txt").write_text("an older recipe\n")
     comparison, _ = base_rebuild.rebuild(build, root / "shipped", quick_config(build))
-    assert comparison.same_weights
+    assert comparison.same_weights  # built again from nothing, on the same machine: the same bits
 
 
 def test_shipping_over_a_shipped_model_replaces_it(quick_build, quick_shipped):
