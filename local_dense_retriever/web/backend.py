@@ -19,10 +19,11 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from local_dense_retriever.config import ServerConfig
-from local_dense_retriever.errors import NotCached, QueryFailed, WebSetupError
+from local_dense_retriever.errors import QueryFailed
 from local_dense_retriever.web.access import WebPages
 from local_dense_retriever.web.cache import WebStore, normalize_query
 from local_dense_retriever.web.caller import LiveCaller
+from local_dense_retriever.web.errors import NotCached, WebSetupError
 from local_dense_retriever.web.fetch import FetchConfig, PageFetcher
 from local_dense_retriever.web.limits import Budget, TokenBucket
 from local_dense_retriever.web.providers import PROVIDERS, WebHit
