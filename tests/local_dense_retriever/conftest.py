@@ -129,7 +129,7 @@ def toy_dataset(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
-    from local_dense_retriever.encoder import bundled_minilm_path
+    from local_dense_retriever.toy.embedded_default import bundled_minilm_path
 
     return bundled_minilm_path()
 
