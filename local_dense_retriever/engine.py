@@ -23,8 +23,7 @@ from local_dense_retriever.cpu_time import StageClock
 from local_dense_retriever.errors import IndexLoadError
 from local_dense_retriever.index.base import DenseSearch, DocumentBackend, SearchBackend, VectorIndex
 from local_dense_retriever.load_progress import LoadProgress
-from local_dense_retriever.page_urls import CorpusPages, url_of
-from local_dense_retriever.pages import PageStore
+from local_dense_retriever.pages import CorpusPages, PageStore, url_of
 from local_dense_retriever.rerank import Reranker, load_reranker
 
 if TYPE_CHECKING:
@@ -45,7 +44,7 @@ class RetrievalEngine:
     corpus: CorpusStore | None  # None for a backend whose hits are documents (web)
     load_seconds: dict[str, float] = field(default_factory=dict)
     page_file: PageStore | None = None  # the pages of --pages_path
-    corpus_pages: CorpusPages | None = None  # pages joined from the corpus by url (page_urls)
+    corpus_pages: CorpusPages | None = None  # pages joined from the corpus by url (pages)
     reranker: Reranker | None = None  # the rerank stage (--reranker_model)
     clock: StageClock = field(default_factory=StageClock)  # CPU and wall time per stage, for /metrics
     duplicate_queries: int = field(default=0, init=False)  # copies of a text in a batch (/metrics)
@@ -88,7 +87,7 @@ class RetrievalEngine:
             with clock.stage("search"):
                 scores, ids = backend.search(queries, k)
         assert self.corpus is not None, "a row-id backend needs a corpus"
-        with clock.stage("lookup"):  # every hit gets its url (page_urls)
+        with clock.stage("lookup"):  # every hit gets its url (pages)
             docs = [[self.corpus.get(int(i)) for i in row] for row in ids]
             for doc in (d for row in docs for d in row):
                 doc["url"] = url_of(doc)
