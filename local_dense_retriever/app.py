@@ -20,8 +20,7 @@ from starlette.responses import Response
 from local_dense_retriever.batcher import Batcher, estimate_tokens
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.engine import RetrievalEngine
-from local_dense_retriever.gpu_memory import gpu_report
-from local_dense_retriever.memory import release_free_memory_every
+from local_dense_retriever.memory import gpu_report, release_free_memory_every
 from local_dense_retriever.metrics import Metrics
 from local_dense_retriever.middleware import GuardPostBodies, error_response, internal_error
 from local_dense_retriever.per_request import PerRequestRunner
