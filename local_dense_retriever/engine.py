@@ -19,10 +19,10 @@ import torch
 from local_dense_retriever.backend_rule import resolve_device
 from local_dense_retriever.config import ServerConfig, is_flat_ip
 from local_dense_retriever.corpus_store import CorpusStore
-from local_dense_retriever.cpu_time import StageClock
 from local_dense_retriever.errors import IndexLoadError
 from local_dense_retriever.index.base import DenseSearch, DocumentBackend, SearchBackend, VectorIndex
 from local_dense_retriever.load_progress import LoadProgress
+from local_dense_retriever.metrics import StageClock
 from local_dense_retriever.pages import CorpusPages, PageStore, url_of
 from local_dense_retriever.rerank import Reranker, load_reranker
 

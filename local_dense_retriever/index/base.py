@@ -4,13 +4,15 @@ ids are corpus rows; a row is shorter than ``k`` only when the index holds fewer
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
-from local_dense_retriever.cpu_time import StageClock
 from local_dense_retriever.errors import IndexLoadError
+
+if TYPE_CHECKING:
+    from local_dense_retriever.metrics import StageClock
 
 
 class VectorIndex(Protocol):
