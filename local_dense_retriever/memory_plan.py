@@ -1,6 +1,6 @@
 """The memory plan: what the server will hold on each device, logged as ``memory plan:`` lines before it loads.
 Invariant: ``plan_memory`` and ``plan_lines`` are arithmetic over any devices; ``plan_for`` alone reads the files and
-devices, and places the index with the loader's own rules (``index.placement``)."""
+devices, and places the index with the loader's own rules (``index.torch_flat.shard_bounds``)."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ class Share:
 
 def plan_memory(layout: IndexLayout, devices: Sequence[Device], encoder: EncoderSize | None = None) -> list[Share]:
     """Each device's share of the index (the loader's split), and the encoder on its device."""
-    from local_dense_retriever.index.placement import shard_bounds
+    from local_dense_retriever.index.torch_flat import shard_bounds
 
     shares = []
     for device, (lo, hi) in zip(devices, shard_bounds(layout.rows, len(devices)), strict=True):
@@ -197,8 +197,7 @@ def _encoder_size(config: ServerConfig, cpu: Device) -> EncoderSize:
 def _torch_layout(config: ServerConfig, path: Path) -> tuple[IndexLayout, list[torch.device]]:
     """The torch backend: the index's shape, precision and devices as ``TorchFlatIndex.from_file`` places them."""
     from local_dense_retriever.accel.rule import chosen_copy
-    from local_dense_retriever.index.placement import shard_devices
-    from local_dense_retriever.index.torch_flat import index_source
+    from local_dense_retriever.index.torch_flat import index_source, shard_devices
 
     device = resolve_device(config.device)
     dtype = index_dtype(config.index_dtype, device)
