@@ -5,7 +5,7 @@ FastAPI's ``/retrieve`` route only declares the endpoint in the OpenAPI schema; 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from starlette.responses import Response
@@ -14,18 +14,8 @@ from local_dense_retriever.errors import BatcherStopped, Overloaded, QueryFailed
 from local_dense_retriever.middleware import error_response, internal_error
 
 if TYPE_CHECKING:
-    from local_dense_retriever.batcher import Batcher
+    from local_dense_retriever.app import ServiceState
     from local_dense_retriever.config import ServerConfig
-    from local_dense_retriever.per_request import PerRequestRunner
-
-
-class Service(Protocol):
-    """What the endpoint reads of the service (``app.ServiceState``)."""
-
-    config: ServerConfig
-    runner: Batcher | PerRequestRunner | None
-    status: str
-    detail: str
 
 
 class RetrieveBody(BaseModel):
@@ -92,7 +82,7 @@ def parse_body(body: bytes) -> RetrieveBody:
 class RetrieveEndpoint:
     """POST /retrieve: ``serve`` answers a read body; ``respond`` turns a parsed one into the answer."""
 
-    def __init__(self, state: Service) -> None:
+    def __init__(self, state: ServiceState) -> None:
         self.state = state
 
     async def serve(self, scope: dict, body: bytes, send) -> None:
