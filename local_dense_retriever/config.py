@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from local_dense_retriever.web.settings import WebSettings
 
 Backend = Literal["auto", "torch", "faiss", "bm25", "web"]
 Pooling = Literal["auto", "mean", "cls"]
-WebProvider = Literal["serper", "serpapi", "brave"]
-WebCacheMode = Literal["live", "cache_first", "replay"]
 #: precision of the encoder and of the torch backend's vectors ('auto' resolves per device: ``backend_rule``)
 Precision = Literal["auto", "float32", "float16", "bfloat16"]
 #: the opt-in coarse pre-scan of a float32 flat index on the CPU (``local_dense_retriever.accel``)
@@ -51,8 +51,9 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "verl_search"
 
 
-class ServerConfig(BaseModel):
-    """Configuration of the local retrieval service. Unknown keys are rejected."""
+class ServerConfig(WebSettings):
+    """Configuration of the local retrieval service (the web backend's settings: ``WebSettings``). Unknown keys are
+    rejected."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
@@ -87,49 +88,6 @@ class ServerConfig(BaseModel):
     (ASearcher/RLinf server discovery)."""
     faiss_gpu_id: int | None = Field(default=None, ge=0)
     """Accepted for SkyRL's launch script; we use every visible GPU (pick them with CUDA_VISIBLE_DEVICES)."""
-
-    # the web backend (--backend web): a search provider's API behind /retrieve, with a durable cache and a budget
-    web_provider: WebProvider = "serper"
-    """--backend web: the search API called (serper, serpapi or brave)."""
-    web_base_url: str | None = None
-    """--backend web: the provider's endpoint URL; default its public one (point it at a local stub to test)."""
-    web_api_key_env: str | None = None
-    """--backend web: name of the environment variable holding the API key; default SERPER_API_KEY, SERPAPI_API_KEY or
-    BRAVE_API_KEY by provider. Replay mode needs no key."""
-    web_cache_mode: WebCacheMode = "cache_first"
-    """--backend web: 'cache_first' answers from the cache and calls the provider on a miss; 'live' always calls (and
-    records); 'replay' answers from the cache only, a miss failing as not_cached (no call is ever made)."""
-    web_cache_path: Path | None = None
-    """--backend web: SQLite file of the cached answers and the budget ledger; default cache_dir/web_search.sqlite3."""
-    web_budget_scope: str = Field(default="default", min_length=1, max_length=200)
-    """--backend web: name of the run whose live calls and spend the ledger counts; the count survives restarts, so a
-    restarted server continues its run's budget. A new name starts a new run."""
-    web_max_live_calls: int | None = Field(default=None, ge=0)
-    """--backend web: most live provider calls this run (budget scope) may make; then queries that miss the cache fail
-    as budget_exhausted. None: no ceiling."""
-    web_cost_per_call: float = Field(default=0.0, ge=0)
-    """--backend web: USD one live call costs, for the spend in /metrics and for web_max_spend."""
-    web_max_spend: float | None = Field(default=None, ge=0)
-    """--backend web: most USD this run (budget scope) may spend on live calls. None: no ceiling."""
-    web_qps: float = Field(default=5.0, gt=0)
-    """--backend web: most live calls per second, shared by every query of this server (a token bucket)."""
-    web_timeout_s: float = Field(default=10.0, gt=0)
-    """--backend web: deadline of one query's live call, retries included."""
-    web_max_attempts: int = Field(default=3, ge=1, le=10)
-    """--backend web: attempts per live call; 429, 5xx, timeouts and dropped connections are retried with exponential
-    backoff and jitter (at least the provider's Retry-After)."""
-    web_fetch_max_bytes: int = Field(default=2 << 20, ge=1024, le=64 << 20)
-    """--backend web, POST /access: most body bytes read per fetched page; a longer page is cut there and marked
-    truncated."""
-    web_fetch_timeout_s: float = Field(default=10.0, gt=0, le=300)
-    """--backend web, POST /access: deadline of one page fetch, name resolution and redirects included; past it the
-    url answers null."""
-    web_fetch_max_concurrency: int = Field(default=16, ge=1, le=1024)
-    """--backend web, POST /access: most pages fetched at once by the whole server (page fetches are not charged to the
-    search budget; this is their limit)."""
-    web_fetch_allow_loopback: bool = False
-    """--backend web, POST /access: also fetch pages from loopback addresses (127.0.0.0/8, ::1). For tests against a
-    local page server only: never on a server that models or users can reach."""
 
     @model_validator(mode="after")
     def _check_web(self) -> ServerConfig:

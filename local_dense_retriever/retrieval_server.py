@@ -41,7 +41,8 @@ def add_model_flags(p: argparse.ArgumentParser, model: type[BaseModel], aliases:
     extra: dict[str, list[str]] = {}
     for alias, target in (aliases or {}).items():
         extra.setdefault(target, []).extend(_spellings(alias))
-    for name, field in model.model_fields.items():
+    own_first = sorted(model.model_fields.items(), key=lambda item: item[0] not in model.__annotations__)
+    for name, field in own_first:  # a base model's fields (the web backend's) after the model's own
         default = field.get_default(call_default_factory=True)
         help_text = f"{field.description} (default: {default})".replace("%", "%%")  # argparse %-formats help
         flags = _spellings(name) + extra.get(name, [])

@@ -15,10 +15,10 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import SecretStr
 
-from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.errors import QueryFailed
 from local_dense_retriever.web.access import WebPages
 from local_dense_retriever.web.cache import WebStore, normalize_query
@@ -27,6 +27,9 @@ from local_dense_retriever.web.errors import NotCached, WebSetupError
 from local_dense_retriever.web.fetch import FetchConfig, PageFetcher
 from local_dense_retriever.web.limits import Budget, TokenBucket
 from local_dense_retriever.web.providers import PROVIDERS, WebHit
+
+if TYPE_CHECKING:
+    from local_dense_retriever.config import ServerConfig
 
 logger = logging.getLogger(__name__)
 
