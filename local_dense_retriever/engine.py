@@ -95,17 +95,17 @@ class RetrievalEngine:
 
     def gpus(self) -> list[int]:
         """The CUDA ordinals (in this process's numbering) of the GPUs holding the index or the encoder."""
-        devices = list(getattr(getattr(self.backend, "index", None), "devices", []))  # BM25 has neither
-        encoder_device = getattr(getattr(self.backend, "encoder", None), "device", None)
-        if encoder_device is not None:
-            devices.append(encoder_device)
+        devices = [*getattr(getattr(self.backend, "index", None), "devices", []), self._encoder_device()]
         # a bare 'cuda' is torch's current device, which the server never changes from 0
-        return sorted({d.index or 0 for d in devices if d.type == "cuda"})
+        return sorted({d.index or 0 for d in devices if d is not None and d.type == "cuda"})
+
+    def _encoder_device(self) -> torch.device | None:
+        return getattr(getattr(self.backend, "encoder", None), "device", None)  # BM25 and web have no encoder
 
     @property
     def encodes_on_gpu(self) -> bool:
         """Whether the query encoder runs on a GPU."""
-        device = getattr(getattr(self.backend, "encoder", None), "device", None)  # BM25 has no encoder
+        device = self._encoder_device()
         return device is not None and device.type == "cuda"
 
     def prefilter_crowded(self) -> int:
@@ -151,9 +151,8 @@ class RetrievalEngine:
         """What is served, naming files without their folders (this text is shown by /health)."""
         pages = f"; pages {self.page_file.path.name} ({len(self.page_file):,})" if self.page_file is not None else ""
         rerank = f"; {self.reranker.describe()}" if self.reranker is not None else ""
-        if self.corpus is None:
-            return f"{self.backend.describe()}{pages}{rerank}"
-        return f"{self.backend.describe()}; corpus {self.corpus.path.name} ({len(self.corpus):,} rows){pages}{rerank}"
+        corpus = f"; corpus {self.corpus.path.name} ({len(self.corpus):,} rows)" if self.corpus is not None else ""
+        return f"{self.backend.describe()}{corpus}{pages}{rerank}"
 
 
 @contextmanager
@@ -187,43 +186,42 @@ def load_flat_index(config: ServerConfig, source: Path | np.ndarray | VectorFile
                           cpu_scan=scan, **kw)  # fmt: skip
 
 
-def _load_web_engine(config: ServerConfig, timings: dict[str, float], *, progress: bool) -> RetrievalEngine:
-    """The engine of ``--backend web``: the provider behind its cache, no corpus; pages if a pages file is given."""
-    from local_dense_retriever.web.backend import WebSearch
-
-    with _stage(timings, "web backend", config.load_progress_s, f"{config.web_provider}, {config.web_cache_mode}"):
-        backend = WebSearch(config)
-    pages = _page_file(config, timings, progress=progress)
-    return _finish(RetrievalEngine(backend, None, load_seconds=timings, page_file=pages), config)
-
-
-def _page_file(config: ServerConfig, timings: dict[str, float], *, progress: bool) -> PageStore | None:
-    """The pages of ``--pages_path`` (POST /access), loaded as a timed stage; None without the flag."""
-    if config.pages_path is None:
-        return None
-    with _stage(timings, "pages", config.load_progress_s, Path(config.pages_path).name):
-        return PageStore(Path(config.pages_path), progress=progress)
-
-
-def _finish(engine: RetrievalEngine, config: ServerConfig) -> RetrievalEngine:
-    """Any backend's engine with the rerank stage the config asks for, announced as ready."""
-    if config.reranker_model is not None:
-        with _stage(engine.load_seconds, "reranker", config.load_progress_s, config.reranker_model):
-            engine.reranker = load_reranker(config)
-    logger.info("ready: %s (%.1f s total)", engine.describe(), sum(engine.load_seconds.values()))
-    return engine
-
-
 def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorIndex | None = None) -> RetrievalEngine:
-    """Load (the embedded default: build once) encoder, index and corpus; ``index`` replaces the file's index."""
-    from local_dense_retriever.encoder import encoder_for
-
+    """Load the web backend, or (the embedded default: built once) encoder, index and corpus; then the pages and the
+    rerank stage. ``index`` replaces the file's index."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     timings: dict[str, float] = {}
     every_s = config.load_progress_s
-    if config.resolved_backend() == "web":
-        return _load_web_engine(config, timings, progress=progress)
+    corpus: CorpusStore | None = None
+    if config.resolved_backend() == "web":  # the provider behind its cache, no corpus
+        from local_dense_retriever.web.backend import WebSearch
+
+        with _stage(timings, "web backend", every_s, f"{config.web_provider}, {config.web_cache_mode}"):
+            backend: SearchBackend | DocumentBackend = WebSearch(config)
+    else:
+        corpus, backend = _local_backend(config, timings, progress, index)
+    engine = RetrievalEngine(backend, corpus, load_seconds=timings)
+    if config.pages_path is not None:
+        with _stage(timings, "pages", every_s, Path(config.pages_path).name):
+            engine.page_file = PageStore(Path(config.pages_path), progress=progress)
+    if corpus is not None:
+        with _stage(timings, "page urls", every_s, unit="rows") as stage:
+            engine.corpus_pages = CorpusPages(corpus, progress=progress, load_progress=stage)
+    if config.reranker_model is not None:
+        with _stage(timings, "reranker", every_s, config.reranker_model):
+            engine.reranker = load_reranker(config)
+    logger.info("ready: %s (%.1f s total)", engine.describe(), sum(timings.values()))
+    return engine
+
+
+def _local_backend(
+    config: ServerConfig, timings: dict[str, float], progress: bool, index: VectorIndex | None
+) -> tuple[CorpusStore, SearchBackend]:
+    """The corpus and the bm25, torch or faiss backend over it."""
+    from local_dense_retriever.encoder import encoder_for
+
+    every_s = config.load_progress_s
     if config.embedded_default:
         from local_dense_retriever.toy.embedded_default import resolve_embedded_default
 
@@ -270,9 +268,4 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
 
                     index = FaissIndex(Path(config.index_path), gpu=config.faiss_gpu, progress=stage)
         backend = DenseSearch(encoder, index)
-    pages = _page_file(config, timings, progress=progress)
-    with _stage(timings, "page urls", every_s, unit="rows") as stage:
-        corpus_pages = CorpusPages(corpus, progress=progress, load_progress=stage)
-    return _finish(
-        RetrievalEngine(backend, corpus, load_seconds=timings, page_file=pages, corpus_pages=corpus_pages), config
-    )
+    return corpus, backend

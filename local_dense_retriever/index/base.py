@@ -16,16 +16,13 @@ if TYPE_CHECKING:
 
 
 class VectorIndex(Protocol):
-    """Inner-product search over passage vectors."""
+    """Inner-product search over passage vectors: ``queries`` (n, dim) float → (scores float32 (n, k), ids int64
+    (n, k))."""
 
     dim: int
 
     def __len__(self) -> int: ...
-
-    def search(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """``queries`` (n, dim) float → (scores float32 (n, k), ids int64 (n, k))."""
-        ...
-
+    def search(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]: ...
     def describe(self) -> str: ...
 
 
@@ -33,32 +30,24 @@ class SearchBackend(Protocol):
     """Texts in, (scores, ids) out; what the engine calls from its worker thread."""
 
     def __len__(self) -> int: ...
-
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]: ...
-
     def describe(self) -> str: ...
 
 
 @runtime_checkable
 class DocumentBackend(Protocol):
     """A backend whose hits are documents, not corpus rows (the web backend): per query its (document, score) pairs,
-    best first, or the ``QueryFailed`` that query met (its batch-mates are still answered)."""
+    best first, or the ``QueryFailed`` that query met (its batch-mates are still answered); ``pages``: for
+    ``POST /access``, the page of each url the local files lacked, or None; ``close``: release its connections and
+    files (idempotent)."""
 
     returns_documents: bool
 
     def __len__(self) -> int: ...
-
     def search(self, queries: list[str], k: int) -> list: ...
-
     def describe(self) -> str: ...
-
-    async def pages(self, urls: list[str]) -> list[dict | None]:
-        """``POST /access``: the page of each url the local files lacked, or None."""
-        ...
-
-    def close(self) -> None:
-        """Release its connections and files (idempotent)."""
-        ...
+    async def pages(self, urls: list[str]) -> list[dict | None]: ...
+    def close(self) -> None: ...
 
 
 class DenseSearch:

@@ -33,7 +33,6 @@ class ShardScan(Protocol):
     crowded_queries: int
 
     def topk(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]: ...
-
     def describe(self) -> str: ...
 
 
