@@ -129,10 +129,6 @@ class Batcher:
             return 0.0
         return max(0.0, now - self._last_progress)
 
-    def check_invariants(self) -> None:
-        """Raise ``QueueInvariantError`` if the queue's counts disagree with its contents (tests call this)."""
-        self._queue.check()
-
     def describe_state(self) -> dict:
         """The worker's state, for a watchdog's log line."""
         return {**self._queue.state(), "running": self.running, "resyncs": self._resyncs}

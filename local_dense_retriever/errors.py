@@ -49,7 +49,3 @@ class QueryFailed(RetrieverError, RuntimeError):
 
     status = 500
     kind = "internal_error"
-
-
-class QueueInvariantError(RetrieverError, AssertionError):
-    """The queue's counts disagree with its contents (a bug; ``FairQueue.check`` raises it)."""
