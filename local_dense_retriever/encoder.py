@@ -2,7 +2,8 @@
 
 Interface (:class:`Encoder`): ``dim``, ``device``, ``precision`` (a name) and ``encode(texts, *, is_query=True)``: one
 L2-normalised float32 row per text, in order, on ``device``; called from one thread at a time. Plain backend
-(:class:`HFEncoder`): ``AutoModel`` in ``backend_rule``'s precision, masked mean or CLS pooling, e5/bge prefixes.
+(:class:`HFEncoder`): ``AutoModel`` in ``config.encoder_dtype``'s precision, masked mean or CLS pooling, e5/bge
+prefixes.
 :func:`encoder_for` is the one place the server and the index builder make it, so both pool and prefix alike.
 """
 
@@ -14,8 +15,7 @@ from typing import Literal, Protocol
 
 import torch
 
-from local_dense_retriever.backend_rule import encoder_dtype, resolve_device
-from local_dense_retriever.config import ServerConfig
+from local_dense_retriever.config import ServerConfig, encoder_dtype, resolve_device
 from local_dense_retriever.errors import EncoderError
 from local_dense_retriever.memory import bound_kernel_caches
 

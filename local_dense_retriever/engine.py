@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from local_dense_retriever.backend_rule import resolve_device
-from local_dense_retriever.config import ServerConfig, is_flat_ip
+from local_dense_retriever.config import ServerConfig, is_flat_ip, resolve_device
 from local_dense_retriever.corpus_store import CorpusStore
 from local_dense_retriever.errors import IndexLoadError
 from local_dense_retriever.index.base import DenseSearch, DocumentBackend, SearchBackend, VectorIndex

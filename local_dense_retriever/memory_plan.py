@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from local_dense_retriever.backend_rule import encoder_dtype, index_dtype, resolve_device
-from local_dense_retriever.config import ServerConfig
+from local_dense_retriever.config import ServerConfig, encoder_dtype, index_dtype, resolve_device
 from local_dense_retriever.load_progress import format_bytes
 from local_dense_retriever.memory import physical_memory
 
@@ -187,7 +186,7 @@ def _cuda_devices(devices: Sequence[torch.device]) -> list[Device]:
 
 
 def _encoder_size(config: ServerConfig, cpu: Device) -> EncoderSize:
-    """The encoder's device, precision (``backend_rule``) and weights."""
+    """The encoder's device, precision (``config.encoder_dtype``) and weights."""
     device = resolve_device(config.device)
     dtype = str(encoder_dtype(config.requested_encoder_dtype(), device)).removeprefix("torch.")
     where = _cuda_devices([torch.device("cuda", device.index or 0)])[0] if device.type == "cuda" else cpu

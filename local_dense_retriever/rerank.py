@@ -17,8 +17,7 @@ from pathlib import Path
 
 import torch
 
-from local_dense_retriever.backend_rule import resolve_device
-from local_dense_retriever.config import ServerConfig
+from local_dense_retriever.config import ServerConfig, resolve_device
 from local_dense_retriever.errors import QueryFailed, RerankerError
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from local_dense_retriever.backend_rule import index_dtype
+from local_dense_retriever.config import index_dtype
 from local_dense_retriever.errors import IndexLoadError
 from local_dense_retriever.index.flat_file import STAGING_BYTES, VectorFile, read_flat_vectors, row_blocks, vector_file
 from local_dense_retriever.index.scan import CPU_CHUNK_ROWS, SCORE_BYTES, ExactScan, ScanWrapper, ShardScan

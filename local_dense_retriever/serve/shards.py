@@ -57,7 +57,7 @@ class ShardSearcher:
     """Rows [lo, hi) of the flat index of ``config.index_path``, searched with the torch backend."""
 
     def __init__(self, config: ServerConfig, shard: int, shards: int) -> None:
-        from local_dense_retriever.backend_rule import resolve_device
+        from local_dense_retriever.config import resolve_device
         from local_dense_retriever.engine import load_flat_index
         from local_dense_retriever.index.torch_flat import index_source
 
