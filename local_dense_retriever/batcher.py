@@ -38,11 +38,9 @@ MERGE_WAIT_SHARE = 0.05
 
 @dataclass(frozen=True)
 class WaitPlan:
-    """What the worker waits for before taking the next batch, all within ``max_wait_s``: ``size`` queries (the last
-    batch's, so closed-loop callers find one batch again), then ``merged`` (those plus the ones that arrived while it
-    ran, so callers split into cohorts merge again) until ``merge_until``. The merge wait is capped at
-    ``MERGE_WAIT_SHARE`` of the last batch's engine time, since open-loop callers do not come back. After a batch
-    that left a backlog nothing is waited for."""
+    """What the worker waits for before the next batch, within ``max_wait_s``: ``size`` queries (the last batch's:
+    closed-loop callers come back), then ``merged`` (plus those that arrived while it ran: cohorts merge again) until
+    ``merge_until`` (open-loop callers do not come back). After a batch that left a backlog, nothing."""
 
     size: int
     merged: int
@@ -191,24 +189,20 @@ class Batcher:
         return results
 
     async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: list[Slice]) -> None:
+        """One micro-batch; cancelled mid-batch (shutdown), its waiters are resolved by the worker's ``finally``."""
         size = sum(s.hi - s.lo for s in batch)
         try:
-            try:
-                results = await self._call(loop, batch)
-            except Exception as e:
-                if len(batch) == 1:
-                    logger.error("batch of %d queries failed: %s: %s", size, type(e).__name__, e)
-                    self._metrics.observe_batch(size, failed=True)
-                    self._fail(batch[0].req, e)
-                    return
-                logger.warning("batch of %d queries from %d requests failed (%s); retrying request by request",
-                               size, len(batch), type(e).__name__)  # fmt: skip
-                await self._isolate(loop, batch)
+            results = await self._call(loop, batch)
+        except Exception as e:
+            if len(batch) == 1:
+                logger.error("batch of %d queries failed: %s: %s", size, type(e).__name__, e)
+                self._metrics.observe_batch(size, failed=True)
+                self._fail(batch[0].req, e)
                 return
-        except BaseException:  # cancelled mid-batch (shutdown): still resolve every waiter, then propagate
-            for s in batch:
-                self._fail(s.req, BatcherStopped("the batching worker stopped mid-batch"))
-            raise
+            logger.warning("batch of %d queries from %d requests failed (%s); retrying request by request",
+                           size, len(batch), type(e).__name__)  # fmt: skip
+            await self._isolate(loop, batch)
+            return
         self._metrics.observe_batch(size)
         self._deliver(batch, results)
 

@@ -1,8 +1,6 @@
-"""ServerConfig: every retrieval-server setting with its default and meaning, declared once (CLI flags derive it); and
-the backend rule that resolves its ``auto`` device and precisions, read from the device (CUDA, or the CPU's flags),
-never timed. ``auto`` device: CUDA when torch sees a GPU, else the CPU. ``auto`` encoder: float16 on CUDA; on a CPU
-bfloat16 where its flags have ``avx512_bf16`` or ``amx_bf16``, else float32 (``--no_fp16``: float32; a named precision
-is kept). ``auto`` flat index (torch backend): float16 on CUDA, float32 on the CPU. torch is imported only there."""
+"""ServerConfig: every retrieval-server setting with its default and meaning, declared once (CLI flags derive it);
+and the backend rule that resolves its ``auto`` device and precisions from the device (CUDA, or the CPU's flags),
+never timed, as the fields' help says. torch is imported only inside the rule's functions."""
 
 from __future__ import annotations
 
@@ -284,10 +282,10 @@ def cpu_model() -> str:
 
 def native_bf16(flags: frozenset[str] | None = None) -> bool:
     """Whether the CPU with ``flags`` (this one's by default) has bf16 matmuls; torch's own check without cpuinfo."""
-    import torch
-
     if flags is not None or cpu_info():
         return bool((cpu_flags() if flags is None else flags) & set(BF16_FLAGS))
+    import torch
+
     checks = (getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
     return any(check is not None and check() for check in checks)
 
@@ -304,7 +302,8 @@ def resolve_device(device: str) -> torch.device:
 
 
 def encoder_dtype(requested: str, device: torch.device, flags: frozenset[str] | None = None) -> torch.dtype:
-    """The encoder's precision under the rule above (``flags``: the CPU's, this one's by default)."""
+    """The encoder's precision: float16 on CUDA; bfloat16 on a CPU with native bf16 (``flags``: this one's by default),
+    else float32; a named precision is kept."""
     import torch
 
     if requested == "auto":
@@ -317,7 +316,7 @@ def encoder_dtype(requested: str, device: torch.device, flags: frozenset[str] | 
 
 
 def index_dtype(requested: str, device: torch.device) -> str:
-    """A flat index's precision under the rule above."""
+    """A flat index's precision: float16 on CUDA, float32 on the CPU; a named precision is kept."""
     if requested == "auto":
         return "float16" if device.type == "cuda" else "float32"
     return requested

@@ -52,11 +52,9 @@ def add_model_flags(p: argparse.ArgumentParser, model: type[BaseModel], aliases:
             p.add_argument(*_spellings(f"no_{name}"), dest=name, action="store_const", const=False,
                            help=f"turn off --{name}")  # fmt: skip
             continue
-        args = [a for a in typing.get_args(ann) if a is not type(None)]
+        args = [a for a in typing.get_args(ann) if a is not type(None)]  # X | None -> X
         if typing.get_origin(ann) is typing.Literal:
             p.add_argument(*flags, dest=name, choices=list(typing.get_args(ann)), default=None, help=help_text)
-        elif ann is Path or Path in args:
-            p.add_argument(*flags, dest=name, type=Path, default=None, help=help_text)
         else:
             p.add_argument(*flags, dest=name, type=args[0] if args else ann, default=None, help=help_text)
 
