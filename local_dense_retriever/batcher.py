@@ -111,16 +111,6 @@ class Batcher:
         self._wake.set()
         return await future
 
-    @property
-    def queued(self) -> int:
-        """Queries waiting for a micro-batch."""
-        return self._queue.queued
-
-    @property
-    def waiting_requests(self) -> int:
-        """Requests held in the round-robin queue (bounded: dropped ones are compacted away)."""
-        return self._queue.waiting_requests
-
     def stalled_for(self, now: float) -> float:
         """Seconds without progress while queries wait (0 when idle or moving); read by the watchdog's thread."""
         if not self._queue.queued:

@@ -19,7 +19,7 @@ import torch
 from local_dense_retriever.config import ServerConfig, is_flat_ip, resolve_device
 from local_dense_retriever.corpus_store import CorpusStore
 from local_dense_retriever.errors import IndexLoadError
-from local_dense_retriever.index.base import DenseSearch, DocumentBackend, SearchBackend, VectorIndex
+from local_dense_retriever.index.base import DenseSearch, SearchBackend, VectorIndex
 from local_dense_retriever.load_progress import LoadProgress
 from local_dense_retriever.metrics import StageClock
 from local_dense_retriever.pages import CorpusPages, PageStore, url_of
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from local_dense_retriever.index.flat_file import VectorFile
+    from local_dense_retriever.web.backend import WebSearch
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +40,8 @@ Hit = tuple[dict, float]
 class RetrievalEngine:
     """What the server serves: a search backend over a corpus."""
 
-    backend: SearchBackend | DocumentBackend
-    corpus: CorpusStore | None  # None for a backend whose hits are documents (web)
+    backend: SearchBackend | WebSearch
+    corpus: CorpusStore | None  # None: a document backend (web), whose hits are documents, not corpus rows
     load_seconds: dict[str, float] = field(default_factory=dict)
     page_file: PageStore | None = None  # the pages of --pages_path
     corpus_pages: CorpusPages | None = None  # pages joined from the corpus by url (pages)
@@ -77,7 +78,7 @@ class RetrievalEngine:
         if not queries:
             return []
         clock, backend = self.clock, self.backend
-        if isinstance(backend, DocumentBackend):  # hits are documents already; a failed query is its QueryFailed
+        if self.corpus is None:  # hits are documents already; a failed query is its QueryFailed
             with clock.stage("search"):
                 return backend.search(queries, k)
         if isinstance(backend, DenseSearch):  # encoding and index search timed apart
@@ -85,7 +86,6 @@ class RetrievalEngine:
         else:
             with clock.stage("search"):
                 scores, ids = backend.search(queries, k)
-        assert self.corpus is not None, "a row-id backend needs a corpus"
         with clock.stage("lookup"):  # every hit gets its url (pages)
             docs = [[self.corpus.get(int(i)) for i in row] for row in ids]
             for doc in (d for row in docs for d in row):
@@ -119,7 +119,7 @@ class RetrievalEngine:
         if self.page_file is not None or self.corpus_pages is not None:  # file reads, off the loop
             found = await asyncio.to_thread(lambda: [self._local_page(url) for url in urls])
         missing = [i for i, page in enumerate(found) if page is None]
-        if missing and isinstance(self.backend, DocumentBackend):
+        if missing and self.corpus is None:  # a document backend (web) fetches the rest
             fetched = await self.backend.pages([urls[i] for i in missing])
             for i, page in zip(missing, fetched, strict=True):
                 found[i] = page
@@ -143,7 +143,7 @@ class RetrievalEngine:
 
     def close(self) -> None:
         """At shutdown: a document backend (web) closes its HTTP session and cache; local ones hold nothing open."""
-        if isinstance(self.backend, DocumentBackend):
+        if self.corpus is None:
             self.backend.close()
 
     def describe(self) -> str:
@@ -197,7 +197,7 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
         from local_dense_retriever.web.backend import WebSearch
 
         with _stage(timings, "web backend", every_s, f"{config.web_provider}, {config.web_cache_mode}"):
-            backend: SearchBackend | DocumentBackend = WebSearch(config)
+            backend: SearchBackend | WebSearch = WebSearch(config)
     else:
         corpus, backend = _local_backend(config, timings, progress, index)
     engine = RetrievalEngine(backend, corpus, load_seconds=timings)

@@ -154,11 +154,6 @@ class PageStore:
                 return page
         return None
 
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
 
 class CorpusPages:
     """url -> the page joined from the corpus rows of that url (see the module's rule)."""

@@ -4,7 +4,7 @@ ids are corpus rows; a row is shorter than ``k`` only when the index holds fewer
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -32,22 +32,6 @@ class SearchBackend(Protocol):
     def __len__(self) -> int: ...
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]: ...
     def describe(self) -> str: ...
-
-
-@runtime_checkable
-class DocumentBackend(Protocol):
-    """A backend whose hits are documents, not corpus rows (the web backend): per query its (document, score) pairs,
-    best first, or the ``QueryFailed`` that query met (its batch-mates are still answered); ``pages``: for
-    ``POST /access``, the page of each url the local files lacked, or None; ``close``: release its connections and
-    files (idempotent)."""
-
-    returns_documents: bool
-
-    def __len__(self) -> int: ...
-    def search(self, queries: list[str], k: int) -> list: ...
-    def describe(self) -> str: ...
-    async def pages(self, urls: list[str]) -> list[dict | None]: ...
-    def close(self) -> None: ...
 
 
 class DenseSearch:

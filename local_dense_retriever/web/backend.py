@@ -79,8 +79,6 @@ class WebSearch:
     """Search through the provider's API, behind the durable cache, the run's budget and the rate limit. ``search``
     is called from the engine's threads; the calls run on this backend's own event loop thread."""
 
-    returns_documents = True  # the engine serves its hits as they are, with no corpus lookup
-
     def __init__(self, config: ServerConfig) -> None:
         self.provider = PROVIDERS[config.web_provider]
         self.mode = config.web_cache_mode

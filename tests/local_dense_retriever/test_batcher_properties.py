@@ -98,7 +98,7 @@ class BatcherMachine(RuleBasedStateMachine):
     @invariant()
     def counts_agree_with_the_queue(self) -> None:
         check_queue(self.batcher)
-        assert self.metrics.snapshot()["queue_depth"] == self.batcher.queued
+        assert self.metrics.snapshot()["queue_depth"] == self.batcher._queue.queued
 
     @invariant()
     def resolved_callers_got_their_own_answer(self) -> None:
@@ -131,7 +131,7 @@ class BatcherMachine(RuleBasedStateMachine):
                         assert any(POISON in q for q in queries)
             self._run()
             check_queue(self.batcher)
-            assert self.batcher.queued == 0 and self.batcher.running
+            assert self.batcher._queue.queued == 0 and self.batcher.running
             assert self.batcher.stalled_for(self.loop.time()) == 0.0
         finally:
             self.loop.run_until_complete(self.batcher.stop())
@@ -153,7 +153,7 @@ async def test_a_request_cancelled_as_the_worker_wakes_is_dropped_and_the_worker
     await asyncio.sleep(0)  # queued; the worker is woken
     task.cancel()  # the future is done now; its done-callback runs only after the worker's next pass
     await asyncio.sleep(0.01)  # a spinning worker never gives the loop back: this would hang (pytest-timeout)
-    assert batcher.queued == 0 and batcher.waiting_requests == 0
+    assert batcher._queue.queued == 0 and batcher._queue.waiting_requests == 0
     assert (await batcher.submit(["next"], 1))[0][0][0]["id"] == "next-0"
     await batcher.stop()
 
