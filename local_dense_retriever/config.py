@@ -223,11 +223,6 @@ class ServerConfig(WebSettings):
         """encoder_dtype, with 'auto' turned into float32 by --no_fp16 (the device resolves the rest)."""
         return "float32" if self.encoder_dtype == "auto" and not self.fp16 else self.encoder_dtype
 
-    @property
-    def score_buffer_bytes(self) -> int:
-        """score_buffer_mb in bytes, as the torch backend takes it."""
-        return self.score_buffer_mb << 20
-
     def resolved_pooling(self) -> Literal["mean", "cls"]:
         if self.pooling != "auto":
             return self.pooling

@@ -122,9 +122,3 @@ class CorpusStore:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-    def __enter__(self) -> CorpusStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -1,11 +1,7 @@
-"""The encoder-backend interface and its plain backend, a Hugging Face model's own forward.
-
-Interface (:class:`Encoder`): ``dim``, ``device``, ``precision`` (a name) and ``encode(texts, *, is_query=True)``: one
-L2-normalised float32 row per text, in order, on ``device``; called from one thread at a time. Plain backend
-(:class:`HFEncoder`): ``AutoModel`` in ``config.encoder_dtype``'s precision, masked mean or CLS pooling, e5/bge
-prefixes.
-:func:`encoder_for` is the one place the server and the index builder make it, so both pool and prefix alike.
-"""
+"""The encoder-backend interface (:class:`Encoder`: one L2-normalised float32 row per text, in order, on its device;
+called from one thread at a time) and its plain backend (:class:`HFEncoder`: ``AutoModel`` in ``config.encoder_dtype``'s
+precision, masked mean or CLS pooling, e5/bge prefixes). :func:`encoder_for` is the one place the server and the index
+builder make it, so both pool and prefix alike."""
 
 from __future__ import annotations
 

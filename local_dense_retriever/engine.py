@@ -70,7 +70,7 @@ class RetrievalEngine:
         """``_search``'s hits, or with a rerank stage its candidates reordered by the reranker's score."""
         if self.reranker is None:
             return self._search(queries, k)
-        hits = self._search(queries, self.reranker.depth(k))
+        hits = self._search(queries, max(k, self.reranker.candidates))
         with self.clock.stage("rerank"):
             return self.reranker.rerank(queries, hits, k)
 
@@ -181,7 +181,7 @@ def load_flat_index(config: ServerConfig, source: Path | np.ndarray | VectorFile
     device = resolve_device(config.device)
     vectors = index_source(source, device, config.index_dtype) if isinstance(source, Path) else source
     scan = prescan_for(config.index_prefilter, device, config.index_dtype, tuple(vectors.shape))
-    return TorchFlatIndex(vectors, device=device, dtype=config.index_dtype, score_bytes=config.score_buffer_bytes,
+    return TorchFlatIndex(vectors, device=device, dtype=config.index_dtype, score_bytes=config.score_buffer_mb << 20,
                           cpu_scan=scan, **kw)  # fmt: skip
 
 

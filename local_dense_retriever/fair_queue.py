@@ -126,12 +126,10 @@ class FairQueue:
                 resolve(req)
         self._queued = self._dead = 0
 
-    def resync(self) -> int:
-        """Re-derive both counts from the deque (the batcher's last resort); the old ``queued``."""
-        old = self._queued
+    def resync(self) -> None:
+        """Re-derive both counts from the deque (the batcher's last resort)."""
         self._queued = sum(r.remaining for r in self._deque)
         self._dead = sum(1 for r in self._deque if not r.remaining)
-        return old
 
     def state(self) -> dict:
         """The counts and what the deque holds, for logs."""

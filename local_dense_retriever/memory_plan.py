@@ -205,7 +205,7 @@ def _torch_layout(config: ServerConfig, path: Path) -> tuple[IndexLayout, list[t
     devices = shard_devices(device)
     itemsize = ITEMSIZE[dtype]
     if device.type == "cuda":  # a step's score buffer: at most score_buffer_mb, less for small shards
-        scratch = min(config.score_buffer_bytes, config.max_batch_size * -(-rows // len(devices)) * itemsize)
+        scratch = min(config.score_buffer_mb << 20, config.max_batch_size * -(-rows // len(devices)) * itemsize)
         coarse = None
     else:  # CPU steps are small and their buffers are reused (index.scan.ScoreBuffers)
         scratch = 0
