@@ -123,10 +123,7 @@ class ServiceState:
             self.runner = PerRequestRunner(engine.search, threads=threads, max_queue=c.max_queue, metrics=self.metrics)
             logger.info("per-request mode: %d thread%s", threads, "" if threads == 1 else "s")
         self.runner.start()
-        self.metrics.cpu_seconds = engine.clock.snapshot
-        self.metrics.prefilter_crowded = engine.prefilter_crowded
-        self.metrics.duplicate_queries = lambda: engine.duplicate_queries
-        self.metrics.backend_stats = engine.backend_stats
+        self.metrics.engine = engine
         self.gpus = engine.gpus()
         self.engine = engine
         self.status, self.detail = "ready", engine.describe()
@@ -145,11 +142,6 @@ def health_report(state: ServiceState) -> dict:
         body["pages"] = len(state.engine.page_file) if state.engine.page_file is not None else None
         body["gpus"] = gpu_report(state.gpus)
     return body
-
-
-def replica_report(state: ServiceState) -> dict:
-    """What one server of a fleet tells the others: its /health body, whether it is healthy, its /metrics body."""
-    return {"health": health_report(state), "healthy": state.healthy, "metrics": state.metrics.snapshot()}
 
 
 def create_app(

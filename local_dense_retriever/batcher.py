@@ -3,9 +3,7 @@ worker thread. Invariants: every request is resolved, also when a batch raises, 
 at most ``max_queue`` queries wait (else ``Overloaded``); a failing batch is retried request by request, so only the
 culprit fails; a query the engine answers with its ``QueryFailed`` fails its own request only; queries of callers
 that went away are never computed; every pass of the worker takes a batch or awaits. ``PerRequestRunner``
-(``--no_batching``) is the reference batching is measured against: each request alone on a thread of a pool, as the
-public servers do; a request past ``max_queue`` queries in flight is refused before any work.
-"""
+(``--no_batching``), the reference batching is measured against, runs each request alone on a pool thread."""
 
 from __future__ import annotations
 
@@ -24,7 +22,6 @@ logger = logging.getLogger(__name__)
 
 #: the engine's search: (queries, k) -> per query, (document, score) pairs, best first
 SearchFn = Callable[[list[str], int], list[list[tuple[dict, float]]]]
-CostFn = Callable[[str], int]
 
 
 def estimate_tokens(text: str, *, cap: int) -> int:
@@ -59,7 +56,7 @@ class Batcher:
         max_queue: int,
         metrics: Metrics,
         max_batch_tokens: int | None = None,
-        cost: CostFn | None = None,
+        cost: Callable[[str], int] | None = None,
     ) -> None:
         self._search = search
         self.max_batch_size = max_batch_size
@@ -246,7 +243,8 @@ class Batcher:
 
 
 class PerRequestRunner:
-    """Each request encodes and searches on its own in a thread pool (no batching)."""
+    """Each request encodes and searches on its own in a thread pool, as the public servers do; past ``max_queue``
+    queries in flight a request is refused before any work."""
 
     running = True
 

@@ -11,10 +11,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from local_dense_retriever.memory import heap_stats
+
+if TYPE_CHECKING:
+    from local_dense_retriever.engine import RetrievalEngine
 
 STAGES = ("encode", "search", "lookup", "rerank")
 
@@ -87,10 +91,7 @@ class Metrics:
         self.failed_batches = 0
         self._latencies: collections.deque[float] = collections.deque(maxlen=window)
         self.queue_depth: Callable[[], int] = lambda: 0
-        self.cpu_seconds: Callable[[], dict] | None = None  # the engine's StageClock, once one is loaded
-        self.prefilter_crowded: Callable[[], int] = lambda: 0  # the pre-scan's crowded queries (accel.prescan)
-        self.duplicate_queries: Callable[[], int] = lambda: 0  # texts repeated in a batch, searched once
-        self.backend_stats: Callable[[], dict | None] = lambda: None  # the web backend's cache and budget block
+        self.engine: RetrievalEngine | None = None  # once loaded: its stage clock and counters are reported
 
     def observe_request(self, status: int, latency_s: float, n_queries: int, error: str | None = None) -> None:
         self.requests += 1
@@ -108,6 +109,7 @@ class Metrics:
             self.failed_batches += 1
 
     def snapshot(self) -> dict:
+        engine = self.engine
         lat = np.asarray(self._latencies, dtype=np.float64)
         pct = {f"p{p}": (float(np.percentile(lat, p)) * 1000 if lat.size else None) for p in (50, 90, 99)}
         return {
@@ -122,9 +124,9 @@ class Metrics:
             "mean_batch_size": self.batched_queries / self.batches if self.batches else None,
             "batch_size_histogram": {f"<={k}": v for k, v in sorted(self.batch_sizes.items())},
             "latency_ms": {**pct, "window": int(lat.size)},
-            "cpu_seconds": self.cpu_seconds() if self.cpu_seconds is not None else None,
-            "prefilter_crowded_queries_total": self.prefilter_crowded(),
-            "duplicate_queries_total": self.duplicate_queries(),
+            "cpu_seconds": engine.clock.snapshot() if engine else None,
+            "prefilter_crowded_queries_total": engine.prefilter_crowded() if engine else 0,  # accel.prescan
+            "duplicate_queries_total": engine.duplicate_queries if engine else 0,  # texts repeated in a batch
             "memory_bytes": heap_stats(),
-            **({"web": web} if (web := self.backend_stats()) is not None else {}),
+            **({"web": web} if engine and (web := engine.backend_stats()) is not None else {}),
         }

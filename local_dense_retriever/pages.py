@@ -1,12 +1,9 @@
 """Pages by url for ``POST /access``, and the url of every hit. ``PageStore``: the pages of a JSONL file (one object
-with a ``url`` per line). ``CorpusPages``: pages joined from the corpus rows, where a row's url is its ``url`` field,
-else the Wikipedia link of its title (its ``title`` field, else the first line of ``contents`` unquoted), and a url's
-page is its rows' texts in corpus order.
-
-Invariant: each url table (sorted url hashes with offsets or rows, beside its file, row 0 the file's size and count;
+with a ``url`` per line). ``CorpusPages``: pages joined from the corpus rows: a row's url is its ``url`` field, else
+the Wikipedia link of its title (its ``title`` field, else the first line of ``contents`` unquoted); a url's page is
+its rows' texts in corpus order. Invariant: each url table (sorted url hashes with offsets or rows, beside its file;
 ``corpus_store.saved_table``) matches its file, else it is rebuilt; a lookup compares each candidate's url, so a hash
-collision never mixes pages. Files are read with ``os.pread``, never held in memory.
-"""
+collision never mixes pages."""
 
 from __future__ import annotations
 
