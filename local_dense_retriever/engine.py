@@ -104,8 +104,7 @@ class RetrievalEngine:
     @property
     def encodes_on_gpu(self) -> bool:
         """Whether the query encoder runs on a GPU."""
-        device = self._encoder_device()
-        return device is not None and device.type == "cuda"
+        return getattr(self._encoder_device(), "type", None) == "cuda"
 
     def prefilter_crowded(self) -> int:
         """Queries the pre-scan found crowded (``accel.prescan``); 0 without one."""

@@ -50,11 +50,6 @@ class FairQueue:
         """Queries waiting to be handed to a micro-batch."""
         return self._queued
 
-    @property
-    def waiting_requests(self) -> int:
-        """Requests held in the deque, dropped ones included until compaction (bounded: see ``discard``)."""
-        return len(self._deque)
-
     def push(self, req: Request) -> None:
         if req.in_queue or not req.remaining:
             raise ValueError("a request is queued once, with queries left")

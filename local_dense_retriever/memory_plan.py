@@ -219,17 +219,15 @@ def _faiss_layout(config: ServerConfig, path: Path) -> tuple[IndexLayout, list[t
     from local_dense_retriever.index.faiss_index import GPU_SCRATCH_BYTES
     from local_dense_retriever.index.flat_file import is_flat_file, read_flat_header
 
-    size = path.stat().st_size
-    header = read_flat_header(path) if is_flat_file(path) else None
+    header = read_flat_header(path) if is_flat_file(path) else None  # any other kind: held as stored
     rows, dim = (header.ntotal, header.dim) if header is not None else (0, 0)
+    dtype, itemsize = ("float16", 2) if config.faiss_gpu else ("float32", 4)
+    held = (dtype, rows * dim * itemsize) if header is not None else ("its stored form", path.stat().st_size)
     if not config.faiss_gpu:
-        dtype = "float32" if header is not None else "its stored form"
-        return IndexLayout(rows, dim, dtype, rows * dim * 4 if header is not None else size), [torch.device("cpu")]
+        return IndexLayout(rows, dim, *held), [torch.device("cpu")]
     devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
-    held = (rows * dim * 2, "float16") if header is not None else (size, "its stored form")
-    layout = IndexLayout(rows, dim, held[1], held[0], scratch_bytes=GPU_SCRATCH_BYTES,
-                         scratch_name="faiss temporary memory")  # fmt: skip
-    return layout, devices
+    scratch = {"scratch_bytes": GPU_SCRATCH_BYTES, "scratch_name": "faiss temporary memory"}
+    return IndexLayout(rows, dim, *held, **scratch), devices
 
 
 def plan_for(config: ServerConfig, backend: str) -> list[str]:

@@ -153,7 +153,7 @@ async def test_a_request_cancelled_as_the_worker_wakes_is_dropped_and_the_worker
     await asyncio.sleep(0)  # queued; the worker is woken
     task.cancel()  # the future is done now; its done-callback runs only after the worker's next pass
     await asyncio.sleep(0.01)  # a spinning worker never gives the loop back: this would hang (pytest-timeout)
-    assert batcher._queue.queued == 0 and batcher._queue.waiting_requests == 0
+    assert batcher._queue.queued == 0 and not batcher._queue._deque
     assert (await batcher.submit(["next"], 1))[0][0][0]["id"] == "next-0"
     await batcher.stop()
 
