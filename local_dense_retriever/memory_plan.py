@@ -1,6 +1,6 @@
 """The memory plan: what the server will hold on each device, logged as ``memory plan:`` lines before it loads.
 Invariant: ``plan_memory`` and ``plan_lines`` are arithmetic over any devices; ``plan_for`` alone reads the files and
-devices, and places the index with the loader's own rules (``index.placement``)."""
+devices, and places the index with the loader's own rules (``index.torch_flat.shard_bounds``)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from local_dense_retriever.backend_rule import encoder_dtype, index_dtype, resolve_device
-from local_dense_retriever.config import ServerConfig
+from local_dense_retriever.config import ServerConfig, encoder_dtype, index_dtype, resolve_device
 from local_dense_retriever.load_progress import format_bytes
 from local_dense_retriever.memory import physical_memory
 
@@ -78,7 +77,7 @@ class Share:
 
 def plan_memory(layout: IndexLayout, devices: Sequence[Device], encoder: EncoderSize | None = None) -> list[Share]:
     """Each device's share of the index (the loader's split), and the encoder on its device."""
-    from local_dense_retriever.index.placement import shard_bounds
+    from local_dense_retriever.index.torch_flat import shard_bounds
 
     shares = []
     for device, (lo, hi) in zip(devices, shard_bounds(layout.rows, len(devices)), strict=True):
@@ -187,7 +186,7 @@ def _cuda_devices(devices: Sequence[torch.device]) -> list[Device]:
 
 
 def _encoder_size(config: ServerConfig, cpu: Device) -> EncoderSize:
-    """The encoder's device, precision (``backend_rule``) and weights."""
+    """The encoder's device, precision (``config.encoder_dtype``) and weights."""
     device = resolve_device(config.device)
     dtype = str(encoder_dtype(config.requested_encoder_dtype(), device)).removeprefix("torch.")
     where = _cuda_devices([torch.device("cuda", device.index or 0)])[0] if device.type == "cuda" else cpu
@@ -197,8 +196,7 @@ def _encoder_size(config: ServerConfig, cpu: Device) -> EncoderSize:
 def _torch_layout(config: ServerConfig, path: Path) -> tuple[IndexLayout, list[torch.device]]:
     """The torch backend: the index's shape, precision and devices as ``TorchFlatIndex.from_file`` places them."""
     from local_dense_retriever.accel.rule import chosen_copy
-    from local_dense_retriever.index.placement import shard_devices
-    from local_dense_retriever.index.torch_flat import index_source
+    from local_dense_retriever.index.torch_flat import index_source, shard_devices
 
     device = resolve_device(config.device)
     dtype = index_dtype(config.index_dtype, device)
@@ -207,7 +205,7 @@ def _torch_layout(config: ServerConfig, path: Path) -> tuple[IndexLayout, list[t
     devices = shard_devices(device)
     itemsize = ITEMSIZE[dtype]
     if device.type == "cuda":  # a step's score buffer: at most score_buffer_mb, less for small shards
-        scratch = min(config.score_buffer_bytes, config.max_batch_size * -(-rows // len(devices)) * itemsize)
+        scratch = min(config.score_buffer_mb << 20, config.max_batch_size * -(-rows // len(devices)) * itemsize)
         coarse = None
     else:  # CPU steps are small and their buffers are reused (index.scan.ScoreBuffers)
         scratch = 0
@@ -221,17 +219,15 @@ def _faiss_layout(config: ServerConfig, path: Path) -> tuple[IndexLayout, list[t
     from local_dense_retriever.index.faiss_index import GPU_SCRATCH_BYTES
     from local_dense_retriever.index.flat_file import is_flat_file, read_flat_header
 
-    size = path.stat().st_size
-    header = read_flat_header(path) if is_flat_file(path) else None
+    header = read_flat_header(path) if is_flat_file(path) else None  # any other kind: held as stored
     rows, dim = (header.ntotal, header.dim) if header is not None else (0, 0)
+    dtype, itemsize = ("float16", 2) if config.faiss_gpu else ("float32", 4)
+    held = (dtype, rows * dim * itemsize) if header is not None else ("its stored form", path.stat().st_size)
     if not config.faiss_gpu:
-        dtype = "float32" if header is not None else "its stored form"
-        return IndexLayout(rows, dim, dtype, rows * dim * 4 if header is not None else size), [torch.device("cpu")]
+        return IndexLayout(rows, dim, *held), [torch.device("cpu")]
     devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
-    held = (rows * dim * 2, "float16") if header is not None else (size, "its stored form")
-    layout = IndexLayout(rows, dim, held[1], held[0], scratch_bytes=GPU_SCRATCH_BYTES,
-                         scratch_name="faiss temporary memory")  # fmt: skip
-    return layout, devices
+    scratch = {"scratch_bytes": GPU_SCRATCH_BYTES, "scratch_name": "faiss temporary memory"}
+    return IndexLayout(rows, dim, *held, **scratch), devices
 
 
 def plan_for(config: ServerConfig, backend: str) -> list[str]:

@@ -1,15 +1,79 @@
-"""Server counters for GET /metrics. Invariant: updated only from the event-loop thread (no locks); latency percentiles
-cover the most recent ``window`` requests."""
+"""Server counters for GET /metrics, and where its CPU time goes (``cpu_seconds``): the engine's stages against the
+whole process. Invariants: ``Metrics`` is updated only from the event-loop thread (no locks); latency percentiles
+cover the most recent ``window`` requests. A stage's time is its thread's; native threads (OpenMP workers) run no
+Python, so theirs is compute (``native_threads``); the rest is the service's own overhead. Cumulative since start-up."""
 
 from __future__ import annotations
 
 import collections
+import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from local_dense_retriever.memory import heap_stats
+
+if TYPE_CHECKING:
+    from local_dense_retriever.engine import RetrievalEngine
+
+STAGES = ("encode", "search", "lookup", "rerank")
+
+
+class StageClock:
+    """Cumulative CPU and wall seconds per engine stage, from every thread that runs the engine."""
+
+    def __init__(self) -> None:
+        self.cpu = dict.fromkeys(STAGES, 0.0)
+        self.wall = dict.fromkeys(STAGES, 0.0)
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        c0, w0 = time.thread_time(), time.perf_counter()
+        try:
+            yield
+        finally:
+            cpu, wall = time.thread_time() - c0, time.perf_counter() - w0
+            with self._lock:
+                self.cpu[name] += cpu
+                self.wall[name] += wall
+
+    def snapshot(self) -> dict:
+        """``{process, native_threads, encode, search, lookup, rerank}`` CPU seconds and the stages' wall seconds."""
+        with self._lock:
+            cpu, wall = dict(self.cpu), dict(self.wall)
+        return {
+            "process": time.process_time(),
+            "native_threads": native_threads_cpu(),
+            **cpu,
+            "wall": wall,
+        }
+
+
+def native_threads_cpu() -> float | None:
+    """CPU seconds of this process's threads that run no Python; None where ``/proc`` has no per-thread times."""
+    python = {t.native_id for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tids:
+        if int(tid) in python:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # the thread ended between the listing and the read
+            continue
+        fields = stat[stat.rindex(b")") + 2 :].split()  # after "pid (comm) ": field 3 onwards
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14 and 15)
+    return total
 
 
 class Metrics:
@@ -27,10 +91,7 @@ class Metrics:
         self.failed_batches = 0
         self._latencies: collections.deque[float] = collections.deque(maxlen=window)
         self.queue_depth: Callable[[], int] = lambda: 0
-        self.cpu_seconds: Callable[[], dict] | None = None  # the engine's (cpu_time), once one is loaded
-        self.prefilter_crowded: Callable[[], int] = lambda: 0  # the pre-scan's crowded queries (accel.prescan)
-        self.duplicate_queries: Callable[[], int] = lambda: 0  # texts repeated in a batch, searched once
-        self.backend_stats: Callable[[], dict | None] = lambda: None  # the web backend's cache and budget block
+        self.engine: RetrievalEngine | None = None  # once loaded: its stage clock and counters are reported
 
     def observe_request(self, status: int, latency_s: float, n_queries: int, error: str | None = None) -> None:
         self.requests += 1
@@ -48,6 +109,7 @@ class Metrics:
             self.failed_batches += 1
 
     def snapshot(self) -> dict:
+        engine = self.engine
         lat = np.asarray(self._latencies, dtype=np.float64)
         pct = {f"p{p}": (float(np.percentile(lat, p)) * 1000 if lat.size else None) for p in (50, 90, 99)}
         return {
@@ -62,9 +124,9 @@ class Metrics:
             "mean_batch_size": self.batched_queries / self.batches if self.batches else None,
             "batch_size_histogram": {f"<={k}": v for k, v in sorted(self.batch_sizes.items())},
             "latency_ms": {**pct, "window": int(lat.size)},
-            "cpu_seconds": self.cpu_seconds() if self.cpu_seconds is not None else None,
-            "prefilter_crowded_queries_total": self.prefilter_crowded(),
-            "duplicate_queries_total": self.duplicate_queries(),
+            "cpu_seconds": engine.clock.snapshot() if engine else None,
+            "prefilter_crowded_queries_total": engine.prefilter_crowded() if engine else 0,  # accel.prescan
+            "duplicate_queries_total": engine.duplicate_queries if engine else 0,  # texts repeated in a batch
             "memory_bytes": heap_stats(),
-            **({"web": web} if (web := self.backend_stats()) is not None else {}),
+            **({"web": web} if engine and (web := engine.backend_stats()) is not None else {}),
         }

@@ -1,10 +1,8 @@
 """ASGI middleware of the POST endpoints: body size limit (413), body read deadline (408), dropping the work of
-clients that disconnect, and /metrics accounting.
-
+clients that disconnect, /metrics accounting; and uvicorn's protocol with JSON 400s and a header deadline (408).
 Invariants: a body is read in full before the app runs, within ``body_timeout_s``; when the client goes away before
 its answer is sent, the app's handling of that request is cancelled (its queued queries are dropped, never computed);
-every /retrieve call is counted once in the metrics.
-"""
+every /retrieve call is counted once in the metrics."""
 
 from __future__ import annotations
 
@@ -79,16 +77,13 @@ Lane = Callable[[dict, bytes, Callable[[dict], Awaitable[None]]], Awaitable[None
 
 
 class GuardPostBodies:
-    """Wraps the app for POST requests to ``paths``; a path with a lane is answered by it instead of the app."""
+    """Wraps the app: a POST request to a path of ``lanes`` is read, then answered by that lane, not the app."""
 
-    def __init__(
-        self, app, state, paths: tuple[str, ...] = ("/retrieve", "/access"), lanes: dict[str, Lane] | None = None
-    ) -> None:
-        self.app, self.state, self.paths = app, state, paths
-        self.lanes = lanes or {}
+    def __init__(self, app, state, lanes: dict[str, Lane]) -> None:
+        self.app, self.state, self.lanes = app, state, lanes
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["path"] not in self.paths or scope["method"] != "POST":
+        if scope["type"] != "http" or scope["path"] not in self.lanes or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
         config = self.state.config
@@ -120,7 +115,7 @@ class GuardPostBodies:
                     response.headers["Connection"] = "close"
                 await response(scope, receive, send_status)
                 return
-            await self._run_until_disconnect(scope, body, receive, send_status)
+            await until_disconnect(self.lanes[scope["path"]](scope, body, send_status), receive)
             if not started:
                 status = CLIENT_CLOSED
         finally:
@@ -128,27 +123,6 @@ class GuardPostBodies:
                 st = scope["state"]
                 error = st.get("error") or ("client_disconnected" if status == CLIENT_CLOSED else None)
                 self.state.metrics.observe_request(status, time.perf_counter() - t0, st.get("n_queries", 0), error)
-
-    async def _run_until_disconnect(self, scope, body: bytes, receive, send) -> None:
-        """Run the lane or the app on ``body``; cancel it if the client disconnects before it has answered."""
-        lane = self.lanes.get(scope["path"])
-        if lane is not None:  # a lane reads the body as JSON itself
-            await until_disconnect(lane(scope, body, send), receive)
-            return
-        # the app parses the body as JSON whatever content-type the client sent (a broken body is a JSON 400)
-        scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
-        scope["headers"].append((b"content-type", b"application/json"))
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await asyncio.Future()  # the body is all there is: the app waits here until it is cancelled
-            raise AssertionError("unreachable")
-
-        await until_disconnect(self.app(scope, replay, send), receive)
 
 
 async def until_disconnect(work: Awaitable[Any], receive) -> Any:

@@ -1,11 +1,8 @@
 """The rerank stage: a cross-encoder rescores each query's first ``candidates`` hits of any backend and the top k by
 its score are answered, with that score. Invariant: one call scores every (query, passage) pair of the micro-batch
-together, in passes of at most ``batch_size`` pairs; equal scores keep the retriever's order.
-
-Cross-encoder convention (``AutoModelForSequenceClassification`` + ``AutoTokenizer`` from one folder): one output
-logit is the score; two, the second (positive) class's logit; more is refused at start-up, since a label set is not a
-relevance score. A folder whose classification head is missing (an encoder's weights) is refused too.
-"""
+together, in passes of at most ``batch_size`` pairs; equal scores keep the retriever's order. The cross-encoder
+(``AutoModelForSequenceClassification`` + ``AutoTokenizer``, one folder) scores by its one output logit, or the second
+(positive) class's of two; more labels, or a missing classification head (an encoder's weights), are refused."""
 
 from __future__ import annotations
 
@@ -17,8 +14,7 @@ from pathlib import Path
 
 import torch
 
-from local_dense_retriever.backend_rule import resolve_device
-from local_dense_retriever.config import ServerConfig
+from local_dense_retriever.config import ServerConfig, resolve_device
 from local_dense_retriever.errors import QueryFailed, RerankerError
 
 logger = logging.getLogger(__name__)
@@ -79,10 +75,6 @@ class Reranker:
     score: PairScorer
     candidates: int
     name: str = "scorer"
-
-    def depth(self, k: int) -> int:
-        """Hits to search per query when ``k`` are asked for."""
-        return max(k, self.candidates)
 
     def rerank(self, queries: list[str], hits: list[list[Hit] | QueryFailed], k: int) -> list[list[Hit] | QueryFailed]:
         """Each query's hits rescored by ``score`` (all pairs in one call), the best ``k`` first; a query that failed

@@ -41,7 +41,8 @@ def add_model_flags(p: argparse.ArgumentParser, model: type[BaseModel], aliases:
     extra: dict[str, list[str]] = {}
     for alias, target in (aliases or {}).items():
         extra.setdefault(target, []).extend(_spellings(alias))
-    for name, field in model.model_fields.items():
+    own_first = sorted(model.model_fields.items(), key=lambda item: item[0] not in model.__annotations__)
+    for name, field in own_first:  # a base model's fields (the web backend's) after the model's own
         default = field.get_default(call_default_factory=True)
         help_text = f"{field.description} (default: {default})".replace("%", "%%")  # argparse %-formats help
         flags = _spellings(name) + extra.get(name, [])
@@ -51,11 +52,9 @@ def add_model_flags(p: argparse.ArgumentParser, model: type[BaseModel], aliases:
             p.add_argument(*_spellings(f"no_{name}"), dest=name, action="store_const", const=False,
                            help=f"turn off --{name}")  # fmt: skip
             continue
-        args = [a for a in typing.get_args(ann) if a is not type(None)]
+        args = [a for a in typing.get_args(ann) if a is not type(None)]  # X | None -> X
         if typing.get_origin(ann) is typing.Literal:
             p.add_argument(*flags, dest=name, choices=list(typing.get_args(ann)), default=None, help=help_text)
-        elif ann is Path or Path in args:
-            p.add_argument(*flags, dest=name, type=Path, default=None, help=help_text)
         else:
             p.add_argument(*flags, dest=name, type=args[0] if args else ann, default=None, help=help_text)
 

@@ -1,11 +1,11 @@
-"""POST /retrieve as a plain ASGI endpoint, the one path every search takes: one ``json.loads``, one validation, two
-ASGI messages, no routing or middleware stack (FastAPI's machinery was most of the server's own CPU per query).
-FastAPI's ``/retrieve`` route only declares the endpoint in the OpenAPI schema; both answer through ``respond``."""
+"""The POST endpoints as plain ASGI lanes (``JsonLane``), POST /retrieve the one path every search takes: one
+``json.loads``, one validation, two ASGI messages, no routing or middleware stack. FastAPI's routes only declare the
+endpoints in the OpenAPI schema; both answer through ``respond``."""
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from starlette.responses import Response
@@ -14,18 +14,8 @@ from local_dense_retriever.errors import BatcherStopped, Overloaded, QueryFailed
 from local_dense_retriever.middleware import error_response, internal_error
 
 if TYPE_CHECKING:
-    from local_dense_retriever.batcher import Batcher
+    from local_dense_retriever.app import ServiceState
     from local_dense_retriever.config import ServerConfig
-    from local_dense_retriever.per_request import PerRequestRunner
-
-
-class Service(Protocol):
-    """What the endpoint reads of the service (``app.ServiceState``)."""
-
-    config: ServerConfig
-    runner: Batcher | PerRequestRunner | None
-    status: str
-    detail: str
 
 
 class RetrieveBody(BaseModel):
@@ -74,33 +64,39 @@ def refuse(labels: dict, status: int, kind: str, detail: str) -> Response:
     return error_response(status, kind, detail)
 
 
-def parse_body(body: bytes) -> RetrieveBody:
-    """``body`` as a RetrieveBody, read as FastAPI reads a JSON body; raises ValidationError."""
+def parse_body(body: bytes, model: type[BaseModel]) -> BaseModel:
+    """``body`` as a ``model``, read as FastAPI reads a JSON body; raises ValidationError."""
     if not body:
         raise ValidationError.from_exception_data(
-            "RetrieveBody", [{"type": "missing", "loc": ("body",), "input": None}]
+            model.__name__, [{"type": "missing", "loc": ("body",), "input": None}]
         )
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested past the parser's depth
         raise ValidationError.from_exception_data(
-            "RetrieveBody", [{"type": "json_invalid", "loc": ("body",), "input": None, "ctx": {"error": str(e)}}]
+            model.__name__, [{"type": "json_invalid", "loc": ("body",), "input": None, "ctx": {"error": str(e)}}]
         ) from None
-    return RetrieveBody.model_validate(data, from_attributes=True)  # as FastAPI validates a body (same messages)
+    return model.model_validate(data, from_attributes=True)  # as FastAPI validates a body (same messages)
 
 
-class RetrieveEndpoint:
-    """POST /retrieve: ``serve`` answers a read body; ``respond`` turns a parsed one into the answer."""
+class JsonLane:
+    """A POST endpoint: ``serve`` answers a read body (``middleware.Lane``); ``respond`` turns one parsed as
+    ``model`` into the answer."""
 
-    def __init__(self, state: Service) -> None:
+    model: type[BaseModel]
+
+    def __init__(self, state: ServiceState) -> None:
         self.state = state
+
+    async def respond(self, req, labels: dict) -> Response:
+        raise NotImplementedError
 
     async def serve(self, scope: dict, body: bytes, send) -> None:
         """Answer the request of ``scope`` with ``body`` on ``send``; nothing escapes (an unexpected error is a 500)."""
         labels = scope.setdefault("state", {})
         try:
             try:
-                req = parse_body(body)
+                req = parse_body(body, self.model)
             except ValidationError as e:
                 response = invalid_body_response(e.errors(include_url=False), labels)
             else:
@@ -111,6 +107,12 @@ class RetrieveEndpoint:
         await send({"type": "http.response.start", "status": response.status_code, "headers": response.raw_headers})
         await send({"type": "http.response.body", "body": response.body})
 
+
+class RetrieveEndpoint(JsonLane):
+    """POST /retrieve."""
+
+    model = RetrieveBody
+
     async def respond(self, req: RetrieveBody, labels: dict) -> Response:
         """The answer to a parsed body (also the FastAPI route's)."""
         state, config = self.state, self.state.config
@@ -120,7 +122,7 @@ class RetrieveEndpoint:
         if problem is not None:
             return refuse(labels, 422, "invalid_request", problem)
         if not queries:
-            return _json({"result": []})
+            return json_ok({"result": []})
         if state.runner is None:
             return refuse(labels, 503, "not_ready", f"server is {state.status}: {state.detail}")
         try:
@@ -140,10 +142,10 @@ class RetrieveEndpoint:
             result = [[{"document": doc, "score": score} for doc, score in per_query] for per_query in hits]
         else:
             result = [[doc for doc, _ in per_query] for per_query in hits]
-        return _json({"result": result})
+        return json_ok({"result": result})
 
 
-def _json(payload: dict) -> Response:
+def json_ok(payload: dict) -> Response:
     """A 200 JSON answer, rendered as Starlette's JSONResponse renders it (same bytes)."""
     body = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
     return Response(body, media_type="application/json")

@@ -34,13 +34,9 @@ class Watchdog:
         period_s: float | None = None,
         exit: Callable[[int], None] = os._exit,
     ) -> None:
-        self._stalled_for = stalled_for
-        self._describe = describe
-        self.stall_s = stall_s
-        self.loop_block_s = loop_block_s
-        self.exit_grace_s = exit_grace_s
+        self._stalled_for, self._describe, self._exit = stalled_for, describe, exit
+        self.stall_s, self.loop_block_s, self.exit_grace_s = stall_s, loop_block_s, exit_grace_s
         self.period_s = period_s if period_s is not None else min(0.25, loop_block_s / 4, stall_s / 4)
-        self._exit = exit
         self._beat = time.monotonic()
         self._loop_thread: int | None = None
         self._heartbeat: asyncio.Task | None = None

@@ -44,7 +44,7 @@ def _built_on(seconds: float) -> dict[str, Any]:
     import torch
     import transformers
 
-    from local_dense_retriever.backend_rule import cpu_model
+    from local_dense_retriever.config import cpu_model
 
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     return {"cpu": cpu_model(), "float_path": float_path(), "torch": torch.__version__,
@@ -57,7 +57,7 @@ def float_path() -> str:
     Zen 4 (AVX-512) both "AMD EPYC"."""
     import torch
 
-    from local_dense_retriever.backend_rule import cpu_model
+    from local_dense_retriever.config import cpu_model
 
     path = f"{cpu_model()}, ATen {torch.backends.cpu.get_cpu_capability()}"
     mkl = os.environ.get("MKL_ENABLE_INSTRUCTIONS")

@@ -16,7 +16,7 @@ import torch
 
 from local_dense_retriever.accel.coarse_copy import Bf16Copy, CoarseCopy, Int8Copy
 from local_dense_retriever.accel.prescan import Prescan
-from local_dense_retriever.backend_rule import BF16_FLAGS, cpu_flags, index_dtype
+from local_dense_retriever.config import BF16_FLAGS, cpu_flags, index_dtype
 from local_dense_retriever.errors import IndexLoadError
 from local_dense_retriever.index.flat_file import STAGING_BYTES
 from local_dense_retriever.index.scan import ScanWrapper

@@ -14,10 +14,22 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from local_dense_retriever.errors import DownloadError, SizeMismatch, SourceUnreachable  # noqa: F401 (SizeMismatch: its users import it from here)
+from local_dense_retriever.errors import RetrieverError
 from verl_search.atomic import atomic_path
 
 logger = logging.getLogger(__name__)
+
+
+class DownloadError(RetrieverError, RuntimeError):
+    """A download could not be completed; the message is one line that says why and what to do."""
+
+
+class SourceUnreachable(DownloadError):
+    """The source cannot be reached at all (no network, HF_HUB_OFFLINE, a closed mirror endpoint)."""
+
+
+class SizeMismatch(DownloadError):
+    """A file's size differs from what the source declares (a truncated or corrupt transfer)."""
 
 
 class FileSource(Protocol):

@@ -4,26 +4,25 @@ ids are corpus rows; a row is shorter than ``k`` only when the index holds fewer
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
-from local_dense_retriever.cpu_time import StageClock
 from local_dense_retriever.errors import IndexLoadError
+
+if TYPE_CHECKING:
+    from local_dense_retriever.metrics import StageClock
 
 
 class VectorIndex(Protocol):
-    """Inner-product search over passage vectors."""
+    """Inner-product search over passage vectors: ``queries`` (n, dim) float → (scores float32 (n, k), ids int64
+    (n, k))."""
 
     dim: int
 
     def __len__(self) -> int: ...
-
-    def search(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """``queries`` (n, dim) float → (scores float32 (n, k), ids int64 (n, k))."""
-        ...
-
+    def search(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]: ...
     def describe(self) -> str: ...
 
 
@@ -31,32 +30,8 @@ class SearchBackend(Protocol):
     """Texts in, (scores, ids) out; what the engine calls from its worker thread."""
 
     def __len__(self) -> int: ...
-
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]: ...
-
     def describe(self) -> str: ...
-
-
-@runtime_checkable
-class DocumentBackend(Protocol):
-    """A backend whose hits are documents, not corpus rows (the web backend): per query its (document, score) pairs,
-    best first, or the ``QueryFailed`` that query met (its batch-mates are still answered)."""
-
-    returns_documents: bool
-
-    def __len__(self) -> int: ...
-
-    def search(self, queries: list[str], k: int) -> list: ...
-
-    def describe(self) -> str: ...
-
-    async def pages(self, urls: list[str]) -> list[dict | None]:
-        """``POST /access``: the page of each url the local files lacked, or None."""
-        ...
-
-    def close(self) -> None:
-        """Release its connections and files (idempotent)."""
-        ...
 
 
 class DenseSearch:

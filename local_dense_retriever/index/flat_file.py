@@ -116,10 +116,6 @@ class VectorFile:
     def shape(self) -> tuple[int, int]:
         return self.rows, self.dim
 
-    def window(self, lo: int, hi: int) -> VectorFile:
-        """Rows ``[lo, hi)`` as a file of their own."""
-        return VectorFile(self.path, self.offset + lo * self.dim * 4, hi - lo, self.dim)
-
     def steps(
         self,
         lo: int,

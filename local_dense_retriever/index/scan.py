@@ -1,10 +1,7 @@
-"""The index-scan interface, how one shard of a flat index is searched, and :class:`ExactScan`, the plain scan.
-
-Interface (:class:`ShardScan`): ``topk(queries, k) -> (scores, ids)``, float32 and int64 CPU tensors ``(n, k)`` (ids
-are rows of the shard, best first, equal scores by lower id); ``describe()``; ``crowded_queries``, the queries that
-needed more than the scan's usual work. :data:`ScanWrapper` builds another scan of a CPU shard around its exact one
-(``accel``). Invariant: every scan returns what :class:`ExactScan` returns, up to float rounding.
-"""
+"""The index-scan interface (:class:`ShardScan`: ``topk(queries, k)`` -> float32 scores and int64 shard rows, CPU
+tensors ``(n, k)``, best first, equal scores by lower id; ``crowded_queries``, those that needed more than its usual
+work) and :class:`ExactScan`, the plain scan; :data:`ScanWrapper` builds another around a CPU shard's exact one
+(``accel``). Invariant: every scan returns what :class:`ExactScan` returns, up to float rounding."""
 
 from __future__ import annotations
 
@@ -33,7 +30,6 @@ class ShardScan(Protocol):
     crowded_queries: int
 
     def topk(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]: ...
-
     def describe(self) -> str: ...
 
 

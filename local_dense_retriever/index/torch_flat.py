@@ -1,6 +1,7 @@
 """TorchFlatIndex: exact inner product as matmul + top-k, on the CPU or sharded over every visible GPU, each shard
-searched by a scan (``index.scan``; on the CPU optionally the pre-scan of ``accel``). Invariant: faiss IndexFlatIP's
-answers up to float rounding; equal scores in id order, whatever the chunking."""
+searched by a scan (``index.scan``; on the CPU optionally the pre-scan of ``accel``). Invariants: faiss IndexFlatIP's
+answers up to float rounding; equal scores in id order, whatever the chunking; the loader and the memory plan place
+rows with ``shard_devices`` and ``shard_bounds`` alone, so the plan logged is the split made."""
 
 from __future__ import annotations
 
@@ -10,16 +11,28 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from local_dense_retriever.backend_rule import index_dtype
+from local_dense_retriever.config import index_dtype
 from local_dense_retriever.errors import IndexLoadError
 from local_dense_retriever.index.flat_file import STAGING_BYTES, VectorFile, read_flat_vectors, row_blocks, vector_file
-from local_dense_retriever.index.placement import shard_bounds, shard_devices
 from local_dense_retriever.index.scan import CPU_CHUNK_ROWS, SCORE_BYTES, ExactScan, ScanWrapper, ShardScan
 from local_dense_retriever.index.topk import merge_topk
 from local_dense_retriever.load_progress import LoadProgress
 from local_dense_retriever.memory import release_mapped_pages
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def shard_devices(device: torch.device) -> list[torch.device]:
+    """Every visible GPU (CUDA_VISIBLE_DEVICES) for any CUDA ``device``, else the one CPU."""
+    if device.type == "cuda":
+        return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    return [device]
+
+
+def shard_bounds(rows: int, parts: int) -> list[tuple[int, int]]:
+    """Row ranges ``[lo, hi)`` of ``parts`` contiguous shards of ``rows`` rows, as even as whole rows allow."""
+    bounds = np.linspace(0, rows, parts + 1).astype(np.int64)
+    return [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def index_source(path: Path, device: torch.device, dtype: str = "auto") -> np.ndarray | VectorFile:

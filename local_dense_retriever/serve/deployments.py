@@ -15,7 +15,7 @@ import logging
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from local_dense_retriever.app import create_app, replica_report
+from local_dense_retriever.app import ServiceState, create_app, health_report
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.engine import load_engine
 from local_dense_retriever.serve.asgi_call import ForwardedRequest, ForwardedResponse, call_asgi
@@ -26,6 +26,11 @@ from local_dense_retriever.serve.options import ServeOptions
 from local_dense_retriever.serve.shards import ShardedIndex, ShardSearcher, check_shardable
 
 logger = logging.getLogger(__name__)
+
+
+def replica_report(state: ServiceState) -> dict:
+    """What one server of a fleet tells the others: its /health body, whether it is healthy, its /metrics body."""
+    return {"health": health_report(state), "healthy": state.healthy, "metrics": state.metrics.snapshot()}
 
 
 async def _load(config: ServerConfig, shards: list[DeploymentHandle] | None):

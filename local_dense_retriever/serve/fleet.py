@@ -147,8 +147,8 @@ def start_fleet(config: ServerConfig, options: ServeOptions, *, progress: bool =
     """Deploy the retriever as ``options`` say and return its one URL once it answers."""
     serve = import_serve()
     connect(options.address)
-    from local_dense_retriever.engine import resolve_embedded_default
     from local_dense_retriever.serve.deployments import build_application
+    from local_dense_retriever.toy.embedded_default import resolve_embedded_default
 
     # resolved once here, so replicas read the same files instead of each building the embedded default
     config = resolve_embedded_default(config, progress=progress)

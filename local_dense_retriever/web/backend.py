@@ -15,17 +15,21 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import SecretStr
 
-from local_dense_retriever.config import ServerConfig
-from local_dense_retriever.errors import NotCached, QueryFailed, WebSetupError
+from local_dense_retriever.errors import QueryFailed
 from local_dense_retriever.web.access import WebPages
 from local_dense_retriever.web.cache import WebStore, normalize_query
 from local_dense_retriever.web.caller import LiveCaller
+from local_dense_retriever.web.errors import NotCached, WebSetupError
 from local_dense_retriever.web.fetch import FetchConfig, PageFetcher
 from local_dense_retriever.web.limits import Budget, TokenBucket
 from local_dense_retriever.web.providers import PROVIDERS, WebHit
+
+if TYPE_CHECKING:
+    from local_dense_retriever.config import ServerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +78,6 @@ def page_fetcher(config: ServerConfig) -> PageFetcher | None:
 class WebSearch:
     """Search through the provider's API, behind the durable cache, the run's budget and the rate limit. ``search``
     is called from the engine's threads; the calls run on this backend's own event loop thread."""
-
-    returns_documents = True  # the engine serves its hits as they are, with no corpus lookup
 
     def __init__(self, config: ServerConfig) -> None:
         self.provider = PROVIDERS[config.web_provider]

@@ -20,7 +20,7 @@ import time
 import unicodedata
 from pathlib import Path
 
-from local_dense_retriever.errors import WebSetupError
+from local_dense_retriever.web.errors import WebSetupError
 from local_dense_retriever.web.providers import WebHit
 
 _SCHEMA = """

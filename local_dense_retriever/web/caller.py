@@ -12,7 +12,7 @@ import logging
 import aiohttp
 from pydantic import SecretStr
 
-from local_dense_retriever.errors import UpstreamError
+from local_dense_retriever.web.errors import UpstreamError
 from local_dense_retriever.web.limits import Budget, TokenBucket, backoff_delay
 from local_dense_retriever.web.providers import Provider, ProviderFailure, WebHit
 

@@ -14,8 +14,8 @@ import random
 import time
 from collections.abc import Callable
 
-from local_dense_retriever.errors import BudgetExhausted, RateLimited
 from local_dense_retriever.web.cache import WebStore
+from local_dense_retriever.web.errors import BudgetExhausted, RateLimited
 
 #: doublings of the backoff counted up to this exponent (2 ** 16 times the base is past any cap)
 _MAX_DOUBLINGS = 16

@@ -84,7 +84,7 @@ def hash_engine(corpus_path: Path):
     from local_dense_retriever.engine import RetrievalEngine
     from local_dense_retriever.index.base import DenseSearch
     from local_dense_retriever.index.torch_flat import TorchFlatIndex
-    from local_dense_retriever.page_urls import CorpusPages
+    from local_dense_retriever.pages import CorpusPages
 
     corpus = CorpusStore(corpus_path, progress=False)
     enc = HashEncoder()
@@ -129,7 +129,7 @@ def toy_dataset(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
-    from local_dense_retriever.encoder import bundled_minilm_path
+    from local_dense_retriever.toy.embedded_default import bundled_minilm_path
 
     return bundled_minilm_path()
 

@@ -42,7 +42,7 @@ def test_retrieve_plain_documents(server):
     assert result[0][0] == {
         "id": "17",
         "contents": '"Doc 17"\nThe heron number item17 lives here.',
-        "url": "https://en.wikipedia.org/wiki/Doc_17",  # derived from the title (page_urls)
+        "url": "https://en.wikipedia.org/wiki/Doc_17",  # derived from the title (pages)
     }
     assert result[1][0]["id"] == "3"
     RetrieveResponse.model_validate(r.json())

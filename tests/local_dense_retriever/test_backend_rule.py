@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from local_dense_retriever.backend_rule import (
+from local_dense_retriever.config import (
+    ServerConfig,
     cpu_flags,
     cpu_model,
     encoder_dtype,
@@ -14,7 +15,6 @@ from local_dense_retriever.backend_rule import (
     native_bf16,
     resolve_device,
 )
-from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.errors import EncoderError
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")

@@ -17,6 +17,16 @@ from local_dense_retriever.metrics import Metrics
 POISON = "boom"
 
 
+def check_queue(batcher: Batcher) -> None:
+    """FairQueue's invariant, read through its internals: ``queued`` and the dead count are what the deque holds,
+    each request in it once and marked so."""
+    queue = batcher._queue
+    held = list(queue._deque)
+    assert queue.queued == sum(r.remaining for r in held), queue.state()
+    assert queue._dead == sum(1 for r in held if not r.remaining), queue.state()
+    assert all(r.in_queue for r in held) and len(set(map(id, held))) == len(held)
+
+
 def search(queries: list[str], k: int):
     """Answers query q with hits (q, j); any batch holding a poisoned query fails as a whole."""
     if any(POISON in q for q in queries):
@@ -87,8 +97,8 @@ class BatcherMachine(RuleBasedStateMachine):
 
     @invariant()
     def counts_agree_with_the_queue(self) -> None:
-        self.batcher.check_invariants()
-        assert self.metrics.snapshot()["queue_depth"] == self.batcher.queued
+        check_queue(self.batcher)
+        assert self.metrics.snapshot()["queue_depth"] == self.batcher._queue.queued
 
     @invariant()
     def resolved_callers_got_their_own_answer(self) -> None:
@@ -120,8 +130,8 @@ class BatcherMachine(RuleBasedStateMachine):
                     if isinstance(task.exception(), RuntimeError):  # failed alone in a batch of its own
                         assert any(POISON in q for q in queries)
             self._run()
-            self.batcher.check_invariants()
-            assert self.batcher.queued == 0 and self.batcher.running
+            check_queue(self.batcher)
+            assert self.batcher._queue.queued == 0 and self.batcher.running
             assert self.batcher.stalled_for(self.loop.time()) == 0.0
         finally:
             self.loop.run_until_complete(self.batcher.stop())
@@ -143,7 +153,7 @@ async def test_a_request_cancelled_as_the_worker_wakes_is_dropped_and_the_worker
     await asyncio.sleep(0)  # queued; the worker is woken
     task.cancel()  # the future is done now; its done-callback runs only after the worker's next pass
     await asyncio.sleep(0.01)  # a spinning worker never gives the loop back: this would hang (pytest-timeout)
-    assert batcher.queued == 0 and batcher.waiting_requests == 0
+    assert batcher._queue.queued == 0 and not batcher._queue._deque
     assert (await batcher.submit(["next"], 1))[0][0][0]["id"] == "next-0"
     await batcher.stop()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from contextlib import closing
 
 import pytest
 
@@ -13,7 +14,7 @@ from local_dense_retriever.corpus_store import CorpusError, CorpusStore, offsets
 
 def test_random_access_returns_each_row(tmp_path, make_corpus):
     path = make_corpus(tmp_path / "c.jsonl", [f"text {i} ünïcode" for i in range(100)])
-    with CorpusStore(path, progress=False) as store:
+    with closing(CorpusStore(path, progress=False)) as store:
         assert len(store) == 100
         for row in (99, 0, 57, 1):
             assert store.get(row) == {"id": str(row), "contents": f'"Doc {row}"\ntext {row} ünïcode'}
@@ -27,7 +28,7 @@ def test_offsets_table_is_saved_and_reused(tmp_path, make_corpus):
     table = offsets_path_for(path)
     assert table.is_file()
     stamp = table.stat().st_mtime_ns
-    with CorpusStore(path, progress=False) as store:
+    with closing(CorpusStore(path, progress=False)) as store:
         assert store.get(2)["contents"].endswith("c")
     assert table.stat().st_mtime_ns == stamp  # reused, not rebuilt
 
@@ -36,7 +37,7 @@ def test_changed_corpus_rebuilds_the_table(tmp_path, make_corpus):
     path = make_corpus(tmp_path / "c.jsonl", ["a", "b"])
     CorpusStore(path, progress=False).close()
     make_corpus(path, ["first", "second", "third"])
-    with CorpusStore(path, progress=False) as store:
+    with closing(CorpusStore(path, progress=False)) as store:
         assert len(store) == 3
         assert store.get(2)["contents"].endswith("third")
 
@@ -44,24 +45,24 @@ def test_changed_corpus_rebuilds_the_table(tmp_path, make_corpus):
 def test_corrupt_table_is_rebuilt(tmp_path, make_corpus):
     path = make_corpus(tmp_path / "c.jsonl", ["a", "b"])
     offsets_path_for(path).write_bytes(b"garbage")
-    with CorpusStore(path, progress=False) as store:
+    with closing(CorpusStore(path, progress=False)) as store:
         assert store.get(1)["contents"].endswith("b")
 
 
 def test_last_line_without_newline_and_trailing_blank_lines(tmp_path):
     path = tmp_path / "c.jsonl"
     path.write_text('{"id": "0", "contents": "x"}\n{"id": "1", "contents": "y"}')
-    with CorpusStore(path, progress=False) as store:
+    with closing(CorpusStore(path, progress=False)) as store:
         assert len(store) == 2 and store.get(1)["contents"] == "y"
     path.write_text('{"id": "0", "contents": "x"}\n\n\n')
-    with CorpusStore(path, progress=False) as store:
+    with closing(CorpusStore(path, progress=False)) as store:
         assert len(store) == 1
 
 
 def test_missing_id_defaults_to_row_and_extra_keys_pass_through(tmp_path):
     path = tmp_path / "c.jsonl"
     path.write_text(json.dumps({"contents": "x", "title": "T"}) + "\n")
-    with CorpusStore(path, progress=False) as store:
+    with closing(CorpusStore(path, progress=False)) as store:
         assert store.get(0) == {"contents": "x", "title": "T", "id": "0"}
 
 
@@ -81,7 +82,7 @@ def test_missing_corpus(tmp_path):
 def test_malformed_row_names_the_row(tmp_path):
     path = tmp_path / "c.jsonl"
     path.write_text('{"id": "0", "contents": "x"}\nnot json\n{"id": "2"}\n')
-    with CorpusStore(path, progress=False) as store:
+    with closing(CorpusStore(path, progress=False)) as store:
         with pytest.raises(CorpusError, match="row 1 is not JSON"):
             store.get(1)
         with pytest.raises(CorpusError, match="row 2 has no 'contents'"):

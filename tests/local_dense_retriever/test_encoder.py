@@ -15,7 +15,7 @@ def memory_stats_available() -> bool:
 
 
 def cpu_has_bf16() -> bool:
-    from local_dense_retriever.backend_rule import native_bf16
+    from local_dense_retriever.config import native_bf16
 
     return native_bf16()
 

@@ -20,7 +20,7 @@ pytestmark = [
 def _model_path() -> Path:
     if os.environ.get("VERL_SEARCH_TEST_MODEL"):
         return Path(os.environ["VERL_SEARCH_TEST_MODEL"])
-    from local_dense_retriever.encoder import bundled_minilm_path
+    from local_dense_retriever.toy.embedded_default import bundled_minilm_path
 
     return bundled_minilm_path()
 

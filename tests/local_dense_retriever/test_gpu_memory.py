@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from local_dense_retriever.gpu_memory import gpu_report, gpu_uuid
+from local_dense_retriever.memory import gpu_report, gpu_uuid
 from local_dense_retriever.serve.fleet_view import fleet_health
 
 H100 = 81_559 << 20

@@ -11,8 +11,7 @@ from local_dense_retriever.accel import prescan
 from local_dense_retriever.accel.coarse_copy import Bf16Copy, Int8Copy
 from local_dense_retriever.accel.prescan import Prescan, kept_rows
 from local_dense_retriever.accel.rule import COPIES, fast_here
-from local_dense_retriever.backend_rule import cpu_flags
-from local_dense_retriever.config import ServerConfig
+from local_dense_retriever.config import ServerConfig, cpu_flags
 from local_dense_retriever.index.torch_flat import TorchFlatIndex
 
 CPU = torch.device("cpu")

@@ -11,6 +11,7 @@ import torch
 from local_dense_retriever.errors import IndexLoadError
 from local_dense_retriever.index.flat_file import vector_file
 from local_dense_retriever.index.torch_flat import TorchFlatIndex, index_source
+from local_dense_retriever.serve.shards import window as shard_window
 
 CPU = torch.device("cpu")
 
@@ -53,7 +54,7 @@ def test_every_step_reuses_one_staging_buffer_of_bounded_size(files):
 
 def test_a_window_streams_only_its_rows(files):
     vectors, faiss_path, _ = files
-    window = vector_file(faiss_path).window(1_000, 2_500)
+    window = shard_window(vector_file(faiss_path), 1_000, 2_500)
     index = TorchFlatIndex(window, device=CPU, dtype="bfloat16", staging_bytes=4096)
     assert len(index) == 1_500
     assert torch.equal(index.scan.rows, torch.from_numpy(vectors[1_000:2_500]).to(torch.bfloat16))

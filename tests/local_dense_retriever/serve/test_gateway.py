@@ -16,9 +16,10 @@ pytest.importorskip("ray")
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError  # noqa: E402
 
 from cpu_bench.background_server import BackgroundServer  # noqa: E402
-from local_dense_retriever.app import create_app, replica_report  # noqa: E402
+from local_dense_retriever.app import create_app  # noqa: E402
 from local_dense_retriever.config import ServerConfig  # noqa: E402
 from local_dense_retriever.serve.asgi_call import call_asgi  # noqa: E402
+from local_dense_retriever.serve.deployments import replica_report  # noqa: E402
 from local_dense_retriever.serve.fleet_view import FleetViewApp  # noqa: E402
 from local_dense_retriever.serve.gateway import GatewayApp, replica_died  # noqa: E402
 

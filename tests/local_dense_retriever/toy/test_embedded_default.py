@@ -61,9 +61,15 @@ def test_the_shipped_index_is_what_this_code_and_model_encode(tmp_path):
     import torch
 
     from local_dense_retriever.corpus_store import CorpusStore
-    from local_dense_retriever.encoder import HFEncoder, bundled_minilm_path
+    from local_dense_retriever.encoder import HFEncoder
     from local_dense_retriever.toy.corpus import generate_toy_dataset
-    from local_dense_retriever.toy.embedded_default import MINILM_NAME, SHIPPED_SOURCE, SHIPPED_VECTORS, shipped_source
+    from local_dense_retriever.toy.embedded_default import (
+        MINILM_NAME,
+        SHIPPED_SOURCE,
+        SHIPPED_VECTORS,
+        bundled_minilm_path,
+        shipped_source,
+    )
 
     config = ServerConfig()
     dataset = generate_toy_dataset(tmp_path / "toy", config.toy_passages, seed=0)
@@ -85,8 +91,12 @@ def test_the_shipped_index_is_what_this_code_and_model_encode(tmp_path):
 def test_a_first_start_copies_the_shipped_index_and_another_corpus_is_encoded(tmp_path, caplog):
     import logging
 
-    from local_dense_retriever.encoder import bundled_minilm_path
-    from local_dense_retriever.toy.embedded_default import SHIPPED_VECTORS, _copy_shipped, shipped_source
+    from local_dense_retriever.toy.embedded_default import (
+        SHIPPED_VECTORS,
+        _copy_shipped,
+        bundled_minilm_path,
+        shipped_source,
+    )
 
     caplog.set_level(logging.INFO, logger="local_dense_retriever")
     paths = prepare_embedded_default(ServerConfig(cache_dir=tmp_path), progress=False)

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from local_dense_retriever.errors import BudgetExhausted, RateLimited
+from local_dense_retriever.web.errors import BudgetExhausted, RateLimited
 from local_dense_retriever.web.limits import TokenBucket, backoff_delay
 
 

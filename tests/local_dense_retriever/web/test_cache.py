@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from local_dense_retriever.errors import NotCached, UpstreamError
 from local_dense_retriever.web.cache import WebStore, normalize_query
+from local_dense_retriever.web.errors import NotCached, UpstreamError
 from local_dense_retriever.web.providers import WebHit
 
 REPO = Path(__file__).resolve().parents[3]

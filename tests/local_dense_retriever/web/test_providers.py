@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from local_dense_retriever.errors import UpstreamError
+from local_dense_retriever.web.errors import UpstreamError
 
 ALL = pytest.mark.parametrize("provider", ["serper", "serpapi", "brave"], indirect=True)
 

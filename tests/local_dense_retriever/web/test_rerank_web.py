@@ -11,7 +11,7 @@ import httpx
 import pytest
 import torch
 
-from local_dense_retriever.errors import NotCached
+from local_dense_retriever.web.errors import NotCached
 
 CANDIDATES = 8
 RECORDED = "marie curie"

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from local_dense_retriever.batcher import Batcher
-from local_dense_retriever.errors import BudgetExhausted
 from local_dense_retriever.metrics import Metrics
+from local_dense_retriever.web.errors import BudgetExhausted
 
 
 def test_retrieve_answers_in_the_search_r1_wire_format(provider, web_server):

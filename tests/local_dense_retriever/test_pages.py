@@ -13,7 +13,7 @@ from cpu_bench.background_server import BackgroundServer
 from local_dense_retriever.app import create_app
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.corpus_store import CorpusStore
-from local_dense_retriever.page_urls import CorpusPages, table_path_for, text_of, title_of, url_of
+from local_dense_retriever.pages import CorpusPages, table_path_for, text_of, title_of, url_of
 
 WIKI = "https://en.wikipedia.org/wiki/"
 ROWS = [

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from local_dense_retriever.cpu_time import StageClock, native_threads_cpu
+from local_dense_retriever.metrics import StageClock, native_threads_cpu
 
 
 def test_a_stage_counts_the_cpu_it_burns_and_not_the_time_it_sleeps():
