@@ -1,6 +1,6 @@
 """The knobs both training scripts share (declared once, with their meaning), the overrides every script composes from
 them (data, search tool and loop, engine and attention), and the CLI each script calls; each script's module
-(:mod:`~verl_search.launch.cpu_run`, :mod:`~verl_search.launch.gpu_run`, :mod:`~verl_search.launch.eval_run`) adds
+(:mod:`~verl_search.launch.gpu_run`, :mod:`~verl_search.launch.eval_run`, and the CPU run's in ``cpu_bench``) adds
 its own knobs and defaults.
 
 Invariant: a knob's environment variable is its field name in capitals; unset or empty variables keep the default
