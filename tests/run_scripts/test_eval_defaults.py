@@ -1,6 +1,6 @@
 """eval_search.sh's data: the validation subset by default, the full test set on request with its expected time, and
-a missing subset explained before the preflight's "no such file" (the real script, DRY_RUN=1, its preflight run in
-this process)."""
+a missing subset explained before the preflight's "no such file" (the real script, DRY_RUN=1; past the default case
+its preflight runs in this process)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,14 @@ def composed(result) -> str:
     return result.stdout.split("command:", 1)[1]
 
 
-def test_the_default_is_the_validation_subset(checked_run, small_env, data_dir, tmp_path):
-    result = checked_run(EVAL, **small_env(tmp_path / "eval"))
+def test_the_default_is_the_validation_subset(run_script, small_env, data_dir, tmp_path):
+    """The evaluation as a GPU user dry-runs it, the preflight included (the other cases run it in this process)."""
+    result = run_script(EVAL, **small_env(tmp_path / "eval"))
     command = composed(result)
     assert f"data.val_files={data_dir}/val_subset.parquet" in command
     assert "test.parquet" not in command
     assert "full test set" not in result.stdout + result.stderr
+    assert "preflight: passed" in result.stderr and "DRY_RUN=1: checks passed; not launching" in result.stdout
 
 
 def test_full_test_evaluates_test_parquet_and_says_how_long_a_pass_takes(checked_run, small_env, data_dir, tmp_path):
