@@ -18,7 +18,7 @@
 #
 # DEVICE=cuda (default) or cpu. On a CPU the evaluation is run_tiny_search_cpu.sh in validation-only mode: verl's CPU
 # trainer with that script's knobs and defaults (MAX_RESPONSE_LENGTH, N_RANKS, ...; see
-# verl_search/launch/cpu_run.py), ROLLOUT=vllm or hf_cpu, and TRAIN_BATCH_SIZE rows read for the idle train loader.
+# cpu_bench/cpu_run_knobs.py), ROLLOUT=vllm or hf_cpu, and TRAIN_BATCH_SIZE rows read for the idle train loader.
 set -euo pipefail
 
 # shellcheck source=run_scripts/common.sh

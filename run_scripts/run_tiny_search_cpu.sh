@@ -22,9 +22,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # AGENT_CHECK, PROJECT_NAME, EXPERIMENT_NAME, RUN_DIR, AGENT_LOOP_CONFIG, REWARD_FN_PATH, TRAIN_BATCH_SIZE,
 # PPO_MINI_BATCH_SIZE, ROLLOUT_N, LR, KL_COEF, MAX_PROMPT_LENGTH, MAX_RESPONSE_LENGTH, MAX_TOOL_RESPONSE_LENGTH,
 # MICRO_BATCH, TOTAL_EPOCHS, TOTAL_STEPS, SAVE_FREQ, TEST_FREQ, RESUME_MODE, LOGGER, RAY_NUM_CPUS, ROLLOUT=hf_cpu|vllm,
-# VLLM_KV_CACHE_BYTES, VLLM_BUCKET_MB) is declared once, with its default and meaning, in verl_search/launch/cpu_run.py
+# VLLM_KV_CACHE_BYTES, VLLM_BUCKET_MB) is declared once, with its default and meaning, in cpu_bench/cpu_run_knobs.py
 # (CpuRunKnobs), which also maps them to verl's overrides; make train uses the same mapping. Resolve them here:
-KNOBS="$("$PYTHON" -m verl_search.launch.cpu_run -- "$@")" || vs_die "fix the knob named above"
+KNOBS="$("$PYTHON" -m cpu_bench.cpu_run_knobs -- "$@")" || vs_die "fix the knob named above"
 eval "$KNOBS"
 
 # The CPU platform (verl_search.cpu, registered by our verl.plugins entry point), and FSDP engines

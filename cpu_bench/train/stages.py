@@ -1,6 +1,6 @@
 """The training stages of ``make train``, each a verl command run in its own process group: SFT with verl's SFT
 trainer on the CPU backend (then its HF checkpoint exported as a model folder), and GRPO or evaluation-only runs of
-``python -m verl.trainer.main_ppo`` with the overrides :mod:`verl_search.launch.cpu_run` composes (the mapping
+``python -m verl.trainer.main_ppo`` with the overrides :mod:`cpu_bench.cpu_run_knobs` composes (the mapping
 ``run_scripts/run_tiny_search_cpu.sh`` uses too).
 
 Invariant: each is a :class:`~cpu_bench.train.stage.Stage`: a finished stage is reused by the next run with the same
@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cpu_bench.cpu_run_knobs import CpuRunKnobs, run_overrides
 from cpu_bench.train.config import TrainConfig
 from cpu_bench.train.live_metrics import MetricsTail
 from cpu_bench.train.processes import StageError, run_stage
 from cpu_bench.train.stage import Stage, legacy_seconds
 from verl_search.atomic import atomic_path
-from verl_search.launch.cpu_run import CpuRunKnobs, run_overrides
 
 logger = logging.getLogger(__name__)
 

@@ -1,19 +1,26 @@
 """Fixtures for the launch-script tests: a real /retrieve server on 127.0.0.1, small data in the verl-search schema,
-and a runner for the real scripts in a subprocess."""
+a runner for the real scripts in a subprocess, and a cheaper dry run that leaves the script's preflight to this
+process (verl is imported and its config composed once per test process, not once per test)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from cpu_bench.background_server import free_port
 from cpu_bench.testing.stub_retriever import StubServer
+from verl_search.launch import preflight
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "run_scripts"
@@ -127,3 +134,61 @@ def small_env(data_dir, retriever_url) -> Callable[[Path], dict[str, str]]:
         }
 
     return env
+
+
+def printed_overrides(stdout: str) -> list[str]:
+    """The overrides of the ``command:`` a script printed (shell-quoted, one per line), as the shell reads them."""
+    command = stdout.split("command:\n", 1)[1].split("DRY_RUN=1")[0]
+    words = shlex.split(command.replace("\\\n", " "))
+    return words[words.index("verl.trainer.main_ppo") + 1 :]
+
+
+@dataclass(frozen=True)
+class CheckedRun:
+    """A script's dry run with its preflight skipped, then that preflight run here on the command the script printed.
+
+    ``returncode`` is the script's when it stopped before printing a command, else the preflight's; ``stderr`` holds
+    the script's lines, then the preflight's; ``overrides`` are the printed command's."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    overrides: tuple[str, ...]
+
+    @property
+    def command(self) -> str:
+        return self.stdout.split("command:", 1)[1]
+
+
+@pytest.fixture(scope="session")
+def preflight_here() -> Callable[..., tuple[int, str]]:
+    """``python -m verl_search.launch.preflight --dry-run --agent AGENT -- OVERRIDES`` as the scripts call it, in this
+    process (AGENT: the overrides' default loop), with the environment a script gives it: no GPU selection, wandb off
+    unless ``env`` says otherwise. Returns its exit status and its output."""
+
+    def run(overrides: list[str], **env: str) -> tuple[int, str]:
+        values = dict(o.split("=", 1) for o in overrides if "=" in o)
+        argv = ["--dry-run", "--agent", values["actor_rollout_ref.rollout.agent.default_agent_loop"], "--", *overrides]
+        out = io.StringIO()
+        with mock.patch.dict(os.environ, {"WANDB_MODE": "disabled", **env}), contextlib.redirect_stderr(out):
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            code = preflight.main(argv)
+        return code, out.getvalue()
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def checked_run(run_script, preflight_here) -> Callable[..., CheckedRun]:
+    """``run_script(NAME, ..., DRY_RUN=1, SKIP_PREFLIGHT=1)``, then the preflight it skipped (``preflight_here``) on the
+    command it printed."""
+
+    def run(name: str, *args: str, **env: str) -> CheckedRun:
+        script = run_script(name, *args, **{**env, "DRY_RUN": "1", "SKIP_PREFLIGHT": "1"})
+        if script.returncode != 0:
+            return CheckedRun(script.returncode, script.stdout, script.stderr, ())
+        overrides = printed_overrides(script.stdout)
+        code, out = preflight_here(overrides)
+        return CheckedRun(code, script.stdout, script.stderr + out, tuple(overrides))
+
+    return run

@@ -1,4 +1,5 @@
-"""The real training and evaluation scripts, run with DRY_RUN=1 in a subprocess against a real local retriever."""
+"""The real training and evaluation scripts with DRY_RUN=1 against a real local retriever: the broken launch and the
+CPU evaluation run whole in a subprocess, the other cases leave the preflight to this process (``checked_run``)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ def error_lines(stderr: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def train_dry_run(run_script, small_env, tmp_path_factory):
+def train_dry_run(checked_run, small_env, tmp_path_factory):
     """One good dry run of the training script; the tool YAML's bytes are recorded before it."""
     run_dir = tmp_path_factory.mktemp("train-run")
     source_before = SOURCE_TOOL_YAML.read_bytes()
-    result = run_script(TRAIN, **small_env(run_dir))
+    result = checked_run(TRAIN, **small_env(run_dir))
     return result, run_dir, source_before
 
 
@@ -96,13 +97,13 @@ def test_train_rejects_an_unknown_agent_before_doing_anything(run_script, small_
     assert not (tmp_path / "run").exists()
 
 
-def test_eval_dry_run_loads_the_latest_checkpoint_greedily(run_script, small_env, data_dir, tmp_path):
+def test_eval_dry_run_loads_the_latest_checkpoint_greedily(checked_run, small_env, data_dir, tmp_path):
     checkpoints = tmp_path / "checkpoints"
     (checkpoints / "global_step_7" / "actor").mkdir(parents=True)
     (checkpoints / "latest_checkpointed_iteration.txt").write_text("7\n")
     env = small_env(tmp_path / "eval")
     env.update(CHECKPOINT=str(checkpoints), TRAIN_BATCH_SIZE="4")
-    result = run_script(EVAL, **env)
+    result = checked_run(EVAL, **env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"OK      checkpoint: starts from {checkpoints}/global_step_7" in result.stderr
     command = result.stdout.split("command:", 1)[1]

@@ -65,9 +65,9 @@ def test_port_zero_is_refused(run_script):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("servers", [1, 2])
-def test_embedded_retriever_serves_the_training_preflight(run_script, small_env, tmp_path, servers):
+def test_embedded_retriever_serves_the_training_preflight(run_script, checked_run, small_env, tmp_path, servers):
     """launch_retriever.sh → its RETRIEVER_URL (one URL, or a list with SERVERS=2) → the training script's DRY_RUN
-    passes against the real servers, every one of them probed."""
+    passes against the real servers, every one of them probed (its preflight run in this process)."""
     port = free_port_pair()
     env = {
         "EMBEDDED": "1",
@@ -86,7 +86,7 @@ def test_embedded_retriever_serves_the_training_preflight(run_script, small_env,
             assert requests.get(f"{url}/health", timeout=5).status_code == 200
         train_env = small_env(tmp_path / "run")
         train_env["RETRIEVER_URL"] = last.split("=", 1)[1]
-        train = run_script("run_qwen2.5-3b_instruct_search_multiturn.sh", **train_env)
+        train = checked_run("run_qwen2.5-3b_instruct_search_multiturn.sh", **train_env)
         assert train.returncode == 0, train.stdout + train.stderr
         for url in urls:
             assert f"OK      retriever: {url}/retrieve answered a probe" in train.stderr

@@ -1,5 +1,6 @@
-"""ROLLOUT=sglang|vllm in the real training script (DRY_RUN=1, a real local retriever): the engine override, the
-SGLang tokenizer setting the native loop needs, and the refusal of an unknown engine."""
+"""ROLLOUT=sglang|vllm in the real training script (DRY_RUN=1, a real local retriever, the preflight run in this
+process): the engine override, the SGLang tokenizer setting the native loop needs, and the refusal of an unknown
+engine."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ def command_of(result) -> str:
     return result.stdout.split("command:", 1)[1]
 
 
-def test_vllm_rollout_with_a_chosen_attention_passes_the_preflight(run_script, small_env, tmp_path):
-    result = run_script(TRAIN, ROLLOUT="vllm", ATTN_IMPLEMENTATION="eager", **small_env(tmp_path / "run"))
+def test_vllm_rollout_with_a_chosen_attention_passes_the_preflight(checked_run, small_env, tmp_path):
+    result = checked_run(TRAIN, ROLLOUT="vllm", ATTN_IMPLEMENTATION="eager", **small_env(tmp_path / "run"))
     command = command_of(result)
     assert "actor_rollout_ref.rollout.name=vllm" in command
     assert "actor_rollout_ref.rollout.name=sglang" not in command
@@ -23,10 +24,10 @@ def test_vllm_rollout_with_a_chosen_attention_passes_the_preflight(run_script, s
     assert "preflight: OK      stop strings:" in result.stderr
 
 
-def test_native_loop_on_sglang_loads_sglangs_tokenizer(run_script, small_env, native_data_dir, tmp_path):
+def test_native_loop_on_sglang_loads_sglangs_tokenizer(checked_run, small_env, native_data_dir, tmp_path):
     env = small_env(tmp_path / "run")
     env.update(DATA_DIR=str(native_data_dir), AGENT="search_r1_agent")
-    result = run_script(TRAIN, **env)
+    result = checked_run(TRAIN, **env)
     command = command_of(result)
     assert "actor_rollout_ref.rollout.name=sglang" in command
     assert "actor_rollout_ref.rollout.skip_tokenizer_init=False" in command

@@ -1,6 +1,7 @@
 """TRAINER=sync|one_step_off|fully_async|colocate_async on the real training script, with DRY_RUN=1 against a real
-local retriever: each mode composes with the installed verl and passes the preflight (a trainer-mode check included);
-an impossible setting stops the script in one line before any check or launch."""
+local retriever (the preflight run in this process): each mode composes with the installed verl and passes the
+preflight (a trainer-mode check included); an impossible setting stops the script in one line before any check or
+launch."""
 
 from __future__ import annotations
 
@@ -43,8 +44,8 @@ def command_overrides(stdout: str) -> dict[str, str]:
         ("colocate_async", {"trainer.v1.trainer_mode": "search_colocate_async"}),
     ],
 )
-def test_each_trainer_mode_composes_and_passes_the_preflight(run_script, small_env, tmp_path, trainer, expected):
-    result = run_script(TRAIN, TRAINER=trainer, **small_env(tmp_path / "run"))
+def test_each_trainer_mode_composes_and_passes_the_preflight(checked_run, small_env, tmp_path, trainer, expected):
+    result = checked_run(TRAIN, TRAINER=trainer, **small_env(tmp_path / "run"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "DRY_RUN=1: checks passed; not launching" in result.stdout
     assert "preflight: OK      trainer mode:" in result.stderr or "preflight: WARNING trainer mode:" in result.stderr
@@ -52,8 +53,8 @@ def test_each_trainer_mode_composes_and_passes_the_preflight(run_script, small_e
     assert {key: got.get(key) for key in expected} == expected
 
 
-def test_the_older_trainer_mode_knob_still_selects_the_mode(run_script, small_env, tmp_path):
-    result = run_script(TRAIN, TRAINER_MODE="colocate_async", **small_env(tmp_path / "run"))
+def test_the_older_trainer_mode_knob_still_selects_the_mode(checked_run, small_env, tmp_path):
+    result = checked_run(TRAIN, TRAINER_MODE="colocate_async", **small_env(tmp_path / "run"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert command_overrides(result.stdout)["trainer.v1.trainer_mode"] == "search_colocate_async"
 

@@ -1,6 +1,7 @@
 """The published recipe as a GPU user types it: its launch line passes the preflight (dry run), the run folder follows
 the experiment the line names, and every default is the published value or a row of the README's table of
-differences (tests/run_scripts/published_recipe.yaml holds the published values)."""
+differences (tests/run_scripts/published_recipe.yaml holds the published values). The published line runs whole; the
+other launches skip the script's preflight and run it in this process on the printed command (``checked``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -71,6 +73,20 @@ def printed_overrides(stdout: str) -> list[str]:
     return words[words.index("verl.trainer.main_ppo") + 1 :]
 
 
+@pytest.fixture
+def checked(preflight_here) -> Callable[..., tuple[subprocess.CompletedProcess, int, str]]:
+    """``launch`` with the preflight skipped, then that preflight in this process on the printed command: the script's
+    result, the preflight's exit status and its output (no preflight when the script itself failed: status None)."""
+
+    def run(home: Path, cwd: Path, *overrides: str, **env: str) -> tuple[subprocess.CompletedProcess, int | None, str]:
+        done = launch(home, cwd, *overrides, SKIP_PREFLIGHT="1", **env)
+        if done.returncode != 0:
+            return done, None, ""
+        return done, *preflight_here(printed_overrides(done.stdout), WANDB_MODE="offline")
+
+    return run
+
+
 @pytest.fixture(scope="module")
 def home(tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("home")
@@ -95,19 +111,19 @@ def test_the_published_launch_line_passes_the_preflight(published_launch):
     assert f"run folder: {cwd}/runs/{name} " in result.stdout
 
 
-def test_the_run_folder_and_checkpoints_follow_the_experiment_named_on_the_line(home, retriever_url, tmp_path):
+def test_the_run_folder_and_checkpoints_follow_the_experiment_named_on_the_line(home, retriever_url, tmp_path, checked):
     """Two launches of the published line, two experiment names: two checkpoint folders, two tool configs, two
     metrics files (verl would otherwise resume the first experiment's weights in the second)."""
     folders = []
     for stamp in ("2026-11-28-21-00", "2026-11-28-22-30"):
         name = EXPERIMENT.format(stamp)
-        done = launch(home, tmp_path, f"trainer.experiment_name={name}", RETRIEVER_URL=retriever_url)
-        assert done.returncode == 0, done.stdout + done.stderr
+        done, code, checks = checked(home, tmp_path, f"trainer.experiment_name={name}", RETRIEVER_URL=retriever_url)
+        assert code == 0, done.stdout + done.stderr + checks
         values = dict(o.split("=", 1) for o in printed_overrides(done.stdout) if "=" in o)
         final = {k: v for k, v in values.items() if k.startswith("trainer.")}
         assert final["trainer.default_local_dir"] == f"{tmp_path}/runs/{name}/checkpoints"
         assert final["trainer.validation_data_dir"] == f"{tmp_path}/runs/{name}/val_generations"
-        assert f"OK      checkpoint: {tmp_path}/runs/{name}/checkpoints: no checkpoint yet" in done.stderr
+        assert f"OK      checkpoint: {tmp_path}/runs/{name}/checkpoints: no checkpoint yet" in checks
         assert (tmp_path / "runs" / name / "search_tool_config.yaml").is_file()
         assert f"per-step metrics: {tmp_path}/runs/{name}/metrics.jsonl" not in done.stdout  # a dry run stops before
         folders.append(final["trainer.default_local_dir"])
@@ -200,7 +216,7 @@ def test_every_default_is_the_published_value_or_a_row_of_the_readme_table(home,
 
 
 def test_a_launch_records_its_experiment_and_another_one_in_the_same_folder_stops(
-    home, retriever_url, tmp_path, monkeypatch
+    home, retriever_url, tmp_path, monkeypatch, checked
 ):
     """A run folder fixed by RUN_DIR, shared by two experiments: the second stops before anything is allocated,
     naming both; the first resumes; RESUME_FROM starts from the first's weights on purpose."""
@@ -216,14 +232,14 @@ def test_a_launch_records_its_experiment_and_another_one_in_the_same_folder_stop
     (shared / "checkpoints" / "global_step_100" / "actor").mkdir(parents=True)
     (shared / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("100")
 
-    second = launch(home, tmp_path, "trainer.experiment_name=second", **env)
-    assert second.returncode == 1
-    assert "holds checkpoints of experiment 'first' (global_step_100)" in second.stderr
-    assert "as experiment 'second'" in second.stderr and "command:" not in second.stdout
+    _, code, second = checked(home, tmp_path, "trainer.experiment_name=second", **env)
+    assert code == 1
+    assert "holds checkpoints of experiment 'first' (global_step_100)" in second
+    assert "as experiment 'second'" in second
 
-    again = launch(home, tmp_path, "trainer.experiment_name=first", **env)
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert f"resumes experiment 'first' from {shared}/checkpoints/global_step_100" in again.stderr
+    _, code, again = checked(home, tmp_path, "trainer.experiment_name=first", **env)
+    assert code == 0, again
+    assert f"resumes experiment 'first' from {shared}/checkpoints/global_step_100" in again
 
     resume = {"RESUME_FROM": str(shared / "checkpoints"), "SKIP_PREFLIGHT": "1"}
     on_purpose = launch(home, tmp_path, "trainer.experiment_name=second", **resume, **env)
@@ -239,12 +255,12 @@ def test_resume_from_a_folder_without_a_checkpoint_is_a_knob_error(home, tmp_pat
     assert f"RESUME_FROM={tmp_path}: {tmp_path}: holds no verl checkpoint" in done.stderr
 
 
-def test_without_the_preprocessed_data_the_preflight_names_the_command_that_writes_it(retriever_url, tmp_path):
-    done = launch(tmp_path, tmp_path, RETRIEVER_URL=retriever_url)
-    assert done.returncode == 1
+def test_without_the_preprocessed_data_the_preflight_names_the_command_that_writes_it(retriever_url, tmp_path, checked):
+    _, code, checks = checked(tmp_path, tmp_path, RETRIEVER_URL=retriever_url)
+    assert code == 1
     folder = tmp_path / "data" / "searchR1_processed_direct"
     for name in ("train.parquet", "val_subset.parquet"):
         assert (
             f"{folder}/{name}: no such file (the preprocessing writes it: python data_preprocess/"
             f"preprocess_searchR1_dataset.py --config data_preprocess/prompt.yaml --local_dir {folder})"
-        ) in done.stderr
+        ) in checks

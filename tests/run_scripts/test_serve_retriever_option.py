@@ -1,14 +1,14 @@
 """RETRIEVER=serve in the training script: the Ray head and the Serve fleet commands, and verl joining that cluster
-(DRY_RUN=1: printed and checked by the preflight against verl's real config, nothing started)."""
+(DRY_RUN=1: printed and checked by the preflight, in this process, against verl's real config, nothing started)."""
 
 from __future__ import annotations
 
 TRAIN = "run_qwen2.5-3b_instruct_search_multiturn.sh"
 
 
-def test_serve_retriever_plan_and_verl_joins_the_cluster(run_script, small_env, tmp_path):
+def test_serve_retriever_plan_and_verl_joins_the_cluster(checked_run, small_env, tmp_path):
     env = {**small_env(tmp_path / "run"), "RETRIEVER": "serve", "RETRIEVER_REPLICAS": "2", "RETRIEVER_PORT": "8123"}
-    result = run_script(TRAIN, **env)
+    result = checked_run(TRAIN, **env)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "retriever: a Ray Serve fleet in the trainer's Ray cluster (auto):" in out
@@ -21,9 +21,9 @@ def test_serve_retriever_plan_and_verl_joins_the_cluster(run_script, small_env, 
     assert "preflight: passed" in result.stderr
 
 
-def test_an_existing_cluster_is_joined_not_started(run_script, small_env, tmp_path):
+def test_an_existing_cluster_is_joined_not_started(checked_run, small_env, tmp_path):
     env = {**small_env(tmp_path / "run"), "RETRIEVER": "serve", "RAY_ADDRESS": "10.0.0.1:6379"}
-    result = run_script(TRAIN, **env)
+    result = checked_run(TRAIN, **env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ray start" not in result.stdout
     assert "+ray_kwargs.ray_init.address=10.0.0.1:6379" in result.stdout

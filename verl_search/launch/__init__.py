@@ -1,5 +1,5 @@
 """Tooling the run scripts call before verl starts: each script's knobs and the overrides they mean (``run_knobs``,
-``cpu_run``, ``gpu_run``, ``eval_run``, ``trainer_mode``), the tool-YAML writer, and the preflight (``preflight``)
+``gpu_run``, ``eval_run``, ``trainer_mode``), the tool-YAML writer, and the preflight (``preflight``)
 with its checks (``checks``, ``runtime``, ``resources``, ``run_outputs``, ``trainer_mode_check``). Every check
 returns a one-line note when fine and raises a ``PreflightError`` (or ``PreflightWarning``) otherwise; none writes,
 downloads or starts anything.

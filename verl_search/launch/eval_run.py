@@ -1,14 +1,9 @@
 """The knobs of an evaluation with search (``run_scripts/eval_search.sh``: verl's validation-only mode, greedy, every
-generation dumped) and the verl overrides they mean, declared once here on the base the training scripts share.
+generation dumped) and the verl overrides they mean; the script evals ``python -m verl_search.launch.eval_run``.
 
-Invariant: what to evaluate is decided once, by :func:`resolve_checkpoint`: a verl checkpoint (``.../global_step_N``,
-or the folder with ``latest_checkpointed_iteration.txt``) resumes the actor on top of ``MODEL_PATH``; a Hugging Face
-model folder is the model. ``DEVICE=cuda`` gets the full override set here (FSDP with offload, the engine's memory
-share); ``DEVICE=cpu`` hands the run to ``run_tiny_search_cpu.sh`` (its knobs) and appends only the
-evaluation's overrides (:func:`validation_overrides`), which win because they come later.
-
-The script evals ``python -m verl_search.launch.eval_run`` (:func:`~verl_search.launch.run_knobs.knobs_main`), whose
-notes say what to expect of the evaluated data (the full test set's time per pass) or how to make a missing file.
+Invariant: what to evaluate is decided once, by :func:`resolve_checkpoint` (a verl checkpoint resumes the actor on top
+of ``MODEL_PATH``; a Hugging Face model folder is the model). ``DEVICE=cpu`` hands the run to
+``run_tiny_search_cpu.sh`` and appends only :func:`validation_overrides`, which win because they come later.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The knobs of the GPU recipe (``run_scripts/run_qwen2.5-3b_instruct_search_multiturn.sh``: GRPO on
-Qwen2.5-3B-Instruct with FSDP and SGLang or vLLM) and the verl overrides they mean, declared once here.
+Qwen2.5-3B-Instruct with FSDP and SGLang or vLLM) and the verl overrides they mean; the script evals
+``python -m verl_search.launch.gpu_run -- OVERRIDES``.
 
 Invariant: the defaults are the published recipe's wherever verl 0.9.1 accepts them (the README's table lists each
-difference and its reason, and a test compares the composed defaults with the recipe's values); the overrides are
-derived from validated knobs only. The script evals ``python -m verl_search.launch.gpu_run -- OVERRIDES``
-(:func:`~verl_search.launch.run_knobs.knobs_main`) and adds a Ray Serve retriever's overrides itself.
+difference); the overrides are derived from validated knobs only.
 """
 
 from __future__ import annotations

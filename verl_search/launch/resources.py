@@ -89,14 +89,8 @@ def check_tools_build(ctx: LaunchContext) -> str:
 
 
 def check_tool_response_length(ctx: LaunchContext) -> str:
-    """verl cuts tool text at ``multi_turn.max_tool_response_length`` chars (default 256); the search tool never
-    returns more than its own ``max_result_chars`` (sharing it out between queries, with a note), so that cap must fit.
-
-    A cap within verl's limit passes whatever ``topk`` is. A cap above it means verl cuts the text itself, by
-    ``tool_response_truncate_side`` (default: the middle), with no log (the search trainers count it in
-    ``search/results_cut_share``): an error when even one query's passages would be cut, else a warning (only
-    multi-query results are cut).
-    """
+    """The search tool's ``max_result_chars`` fits verl's ``multi_turn.max_tool_response_length``; above it verl cuts
+    the text itself, with no log: an error when even one query's passages would be cut, else a warning."""
     multi_turn = ctx.rollout.multi_turn
     limit = int(multi_turn.max_tool_response_length)
     key = "actor_rollout_ref.rollout.multi_turn.max_tool_response_length"

@@ -1,12 +1,8 @@
-"""The knobs both training scripts share (declared once, with their meaning), the overrides every script composes from
-them (data, search tool and loop, engine and attention), and the CLI each script calls; each script's module
-(:mod:`~verl_search.launch.cpu_run`, :mod:`~verl_search.launch.gpu_run`, :mod:`~verl_search.launch.eval_run`) adds
-its own knobs and defaults.
+"""The knobs every run script shares, the overrides they compose (data, search tool and loop, engine and attention),
+and the CLI each script evals (the knobs as shell variables, the overrides as one array, nothing exported).
 
 Invariant: a knob's environment variable is its field name in capitals; unset or empty variables keep the default
-(like the shell's ``${X:-default}``); a bad knob or trainer setting raises an error naming the variable before the
-script writes anything. The script evals the CLI's output (the knobs as shell variables, the overrides as one array)
-and exports none of it into verl's environment.
+(like ``${X:-default}``); a bad knob raises an error naming the variable before the script writes anything.
 """
 
 from __future__ import annotations
@@ -103,7 +99,7 @@ class RunKnobs(BaseModel):
 
     @model_validator(mode="after")
     def _derived_defaults(self) -> RunKnobs:
-        """The defaults that depend on other knobs, as the scripts have always derived them."""
+        """The defaults that depend on other knobs."""
         derived = {
             "train_data": self.train_data or f"{self.data_dir}/train.parquet",
             "val_data": self.val_data or f"{self.data_dir}/val_subset.parquet",

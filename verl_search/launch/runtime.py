@@ -1,11 +1,8 @@
-"""Launch checks of the software a run will execute: the rollout engine imports, its stop-string handling fits the
-agent loop, the actor's attention implementation is installed, torch / transformers / verl / the engine are the
-versions of the GPU lock, and the node's NVIDIA driver runs the installed torch's CUDA build (else the lock that fits
-it is named).
+"""Launch checks of the software a run will execute: the rollout engine, its stop strings, the actor's attention, the
+versions of the lock, and the NVIDIA driver against the installed torch's CUDA build.
 
-Invariant: the environment and the driver are only read, through ``ctx.environment``; a missing engine or attention
-kernel is an error for a real launch and a warning for a dry run (checked on a machine without GPUs), a version that
-differs from the lock is only ever a warning, and so is a driver that cannot be seen (a dry run on a login node).
+Invariant: the environment is only read, through ``ctx.environment``; a missing engine or attention kernel is an
+error for a real launch and a warning for a dry run; a version off the lock or an unseen driver is only a warning.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The one trainer knob of the run scripts, ``TRAINER=sync|one_step_off|fully_async|colocate_async``, its settings, and
-the verl overrides each choice means. Every mode runs through ``python -m verl.trainer.main_ppo`` on verl 0.9.1's V1
-trainer (``trainer.v1.trainer_mode``: ``sync``, ``separate_async`` for one_step_off and fully_async, which give the
-rollout its own pool of ``ROLLOUT_GPUS`` devices with ``hybrid_engine=False``, or ``colocate_async``), so the recipe,
-its preflight and its per-step search metrics are the same in each; run_scripts/README.md tables what each means.
+"""The trainer knob of the run scripts, ``TRAINER=sync|one_step_off|fully_async|colocate_async``, its settings, and
+the verl overrides each choice means: every mode is a ``trainer.v1.trainer_mode`` of verl 0.9.1's V1 trainer under
+``main_ppo`` (run_scripts/README.md tables them).
 
 Invariant: the settings are declared once (:class:`TrainerSettings`), a bad value is a :class:`TrainerModeError`
 naming the knob, and the overrides are derived from validated settings only.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_search.launch.cpu_run import CpuRunKnobs
+from cpu_bench.cpu_run_knobs import CpuRunKnobs
 from verl_search.launch.gpu_run import GpuRunError, GpuRunKnobs, gpu_overrides
 from verl_search.launch.run_knobs import RunKnobs
 

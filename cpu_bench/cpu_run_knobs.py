@@ -3,7 +3,7 @@ declared once here, read by the script from its environment and by ``make train`
 
 Invariant: the overrides are derived from validated knobs only (:func:`run_overrides`), so the script and
 ``make train`` give verl the same overrides for the same knobs. The script evals ``python -m
-verl_search.launch.cpu_run -- OVERRIDES`` (:func:`~verl_search.launch.run_knobs.knobs_main`).
+cpu_bench.cpu_run_knobs -- OVERRIDES`` (:func:`~verl_search.launch.run_knobs.knobs_main`).
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings_from_env(os.environ)
         return run_overrides(knobs, f"{knobs.run_dir}/{RUN_TOOL_YAML}", settings), [trainer_note(settings)]
 
-    prog, description = "python -m verl_search.launch.cpu_run", __doc__.split("\n")[0]
+    prog, description = "python -m cpu_bench.cpu_run_knobs", __doc__.split("\n")[0]
     return knobs_main(prog, description, CpuRunKnobs, compose, argv)
 
 

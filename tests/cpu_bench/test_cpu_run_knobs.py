@@ -1,4 +1,4 @@
-"""The CPU run's knobs are declared once (verl_search.launch.cpu_run) and mapped to verl overrides once: make train's
+"""The CPU run's knobs are declared once (cpu_bench.cpu_run_knobs) and mapped to verl overrides once: make train's
 GRPO settings become the overrides it launches main_ppo with, and run_tiny_search_cpu.sh gives verl the same
 overrides for the same knobs."""
 
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from cpu_bench.cpu_run_knobs import CpuRunError, CpuRunKnobs, cpu_overrides, run_overrides
 from cpu_bench.train.config import GRPOSettings, SearchSettings, TrainConfig
 from cpu_bench.train.stages import grpo_knobs, grpo_overrides
-from verl_search.launch.cpu_run import CpuRunError, CpuRunKnobs, cpu_overrides, run_overrides
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "run_scripts" / "run_tiny_search_cpu.sh"
 
 
