@@ -67,7 +67,10 @@ class AccessEndpoint(JsonLane):
 
     async def respond(self, req: AccessBody, labels: dict) -> Response:
         """The answer to a parsed body (also the FastAPI route's)."""
-        state, limit = self.state, self.state.config.max_queries_per_request
+        state, config = self.state, self.state.config
+        limit = config.max_queries_per_request
+        if config.backend == "web":  # each url may cost a fetch of up to --web_fetch_timeout_s
+            limit = min(limit, config.web_fetch_max_urls)
         if len(req.urls) > limit:
             return refuse(labels, 422, "invalid_request", f"{len(req.urls)} urls; the limit is {limit}")
         if state.engine is None:

@@ -55,6 +55,9 @@ class WebSettings(BaseModel):
     web_fetch_max_concurrency: int = Field(default=16, ge=1, le=1024)
     """--backend web, POST /access: most pages fetched at once by the whole server (page fetches are not charged to the
     search budget; this is their limit)."""
+    web_fetch_max_urls: int = Field(default=64, ge=1)
+    """--backend web, POST /access: most urls one request may ask for (each may need a fetch of up to
+    --web_fetch_timeout_s); a longer list is refused with 422 before anything is looked up or fetched."""
     web_fetch_allow_loopback: bool = False
     """--backend web, POST /access: also fetch pages from loopback addresses (127.0.0.0/8, ::1). For tests against a
     local page server only: never on a server that models or users can reach."""

@@ -30,7 +30,9 @@ class PageSite:
         self.together = 0
         self.closing = threading.Event()
         routes = [Route("/page/{name}", self.page), Route("/fail/{name}", self.fail), Route("/big", self.big),
-                  Route("/hang", self.hang), Route("/together/{name}", self.meet)]  # fmt: skip
+                  Route("/hang", self.hang), Route("/together/{name}", self.meet),
+                  Route("/watch", self.watch)]  # fmt: skip
+        self.hung_up = threading.Event()
         self.app = Starlette(routes=routes)
         self.url = ""
 
@@ -59,6 +61,16 @@ class PageSite:
             await asyncio.sleep(0.01)
         return Response("late", media_type="text/plain")
 
+    async def watch(self, request: Request) -> Response:
+        """Never answers; sets ``hung_up`` once the fetcher closes its connection."""
+        self._count(request)
+        while not self.closing.is_set():
+            if await request.is_disconnected():
+                self.hung_up.set()
+                break
+            await asyncio.sleep(0.01)
+        return Response("late", media_type="text/plain")
+
     async def meet(self, request: Request) -> Response:
         self._count(request)
         self.together += 1
@@ -83,6 +95,7 @@ def page_site():
 def site(page_site) -> PageSite:
     page_site.hits.clear()
     page_site.together = 0
+    page_site.hung_up.clear()
     return page_site
 
 
@@ -222,3 +235,24 @@ def test_bad_urls_answer_null_and_too_many_urls_are_refused(provider, web_server
     assert [page and page["title"] for page in answer.json()["result"]] == [None, None, "Page ok"]
     assert web_metrics(url)["page_fetch_failures_by_kind"] == {"bad_url": 2}
     assert httpx.post(f"{url}/access", json={"urls": "x"}).status_code == 422
+
+
+def test_a_web_server_refuses_more_urls_than_it_may_fetch_in_one_request(provider, web_server, site):
+    url, _ = web_server(web_fetch_allow_loopback=True, web_fetch_max_urls=2)
+    urls = [f"{site.url}/page/{name}" for name in ("a", "b", "c")]
+    refused = access(url, urls)
+    assert refused.status_code == 422 and refused.json() == {
+        "error": "invalid_request",
+        "detail": "3 urls; the limit is 2",
+    }
+    assert sum(site.hits.values()) == 0 and web_metrics(url)["page_lookups_total"] == 0  # nothing looked up or fetched
+    assert [page["title"] for page in access(url, urls[:2]).json()["result"]] == ["Page a", "Page b"]
+
+
+def test_a_client_that_hangs_up_stops_its_page_fetches(provider, web_server, site):
+    url, _ = web_server(web_fetch_allow_loopback=True, web_fetch_timeout_s=120)
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up long before the fetch's own deadline
+        httpx.post(f"{url}/access", json={"urls": [f"{site.url}/watch"]}, timeout=1)
+    assert site.hung_up.wait(60), "the page fetch went on after its client hung up"
+    assert site.hits["/watch"] == 1
+    assert httpx.get(f"{url}/health").status_code == 200
