@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
+from pydantic import SecretStr
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
@@ -33,7 +35,12 @@ def replica_report(state: ServiceState) -> dict:
     return {"health": health_report(state), "healthy": state.healthy, "metrics": state.metrics.snapshot()}
 
 
-async def _load(config: ServerConfig, shards: list[DeploymentHandle] | None):
+async def _load(config: ServerConfig, shards: list[DeploymentHandle] | None, web_key: SecretStr | None):
+    if web_key is not None:  # the launcher's web API key: a replica on another node lacks the launcher's environment
+        from local_dense_retriever.web.backend import api_key_env
+
+        os.environ[api_key_env(config)] = web_key.get_secret_value()
+
     def load():
         index = ShardedIndex(shards) if shards else None
         return load_engine(config, progress=False, index=index)
@@ -46,10 +53,10 @@ class Retriever:
     (``forward``), and it posts its /health and /metrics to the board. It runs the app's lifespan itself (an
     application has one ingress: the gateway)."""
 
-    async def __init__(self, config: ServerConfig, shards: list[DeploymentHandle] | None,
-                       board: DeploymentHandle) -> None:  # fmt: skip
+    async def __init__(self, config: ServerConfig, shards: list[DeploymentHandle] | None, board: DeploymentHandle,
+                       web_key: SecretStr | None = None) -> None:  # fmt: skip
         self.config = config
-        self.engine = await _load(config, shards)
+        self.engine = await _load(config, shards, web_key)
         self._service = create_app(config, engine=self.engine)
         self._lifespan = self._service.router.lifespan_context(self._service)
         await self._lifespan.__aenter__()
@@ -88,10 +95,10 @@ class IngressRetriever(Retriever):
     """A replica that takes HTTP itself (``gateway_replicas=0``, the default): Serve runs its app and the app's
     lifespan; /health and /metrics answer for the fleet (from the board and this replica's own live report)."""
 
-    async def __init__(self, config: ServerConfig, shards: list[DeploymentHandle] | None,
-                       board: DeploymentHandle) -> None:  # fmt: skip
+    async def __init__(self, config: ServerConfig, shards: list[DeploymentHandle] | None, board: DeploymentHandle,
+                       web_key: SecretStr | None = None) -> None:  # fmt: skip
         self.config = config
-        self.engine = await _load(config, shards)
+        self.engine = await _load(config, shards, web_key)
         self._board = board
         self._post_reports(board)
 
@@ -127,8 +134,9 @@ class Shard(ShardSearcher):
     """One shard of the flat index as a Serve deployment (methods are called through handles, not HTTP)."""
 
 
-def build_application(config: ServerConfig, options: ServeOptions):
-    """The Serve application for ``config`` (paths already resolved: the embedded default prepared) and ``options``."""
+def build_application(config: ServerConfig, options: ServeOptions, web_key: SecretStr | None = None):
+    """The Serve application for ``config`` (paths already resolved: the embedded default prepared) and ``options``;
+    ``web_key`` is the web backend's API key read by the launcher, handed to every replica."""
     per_replica = {
         "ray_actor_options": options.actor_options(),
         "max_ongoing_requests": options.max_ongoing_requests,
@@ -156,8 +164,8 @@ def build_application(config: ServerConfig, options: ServeOptions):
         .bind()
     )
     if options.gateway_replicas == 0:  # the replicas take HTTP themselves
-        return serve.deployment(IngressRetriever).options(**replica_options).bind(config, shards, board)
-    retriever = serve.deployment(Retriever).options(**replica_options).bind(config, shards, board)
+        return serve.deployment(IngressRetriever).options(**replica_options).bind(config, shards, board, web_key)
+    retriever = serve.deployment(Retriever).options(**replica_options).bind(config, shards, board, web_key)
     gateway = serve.deployment(Gateway).options(
         name="Gateway",
         num_replicas=options.gateway_replicas,

@@ -15,6 +15,8 @@ import time
 import urllib.error
 import urllib.request
 
+from pydantic import SecretStr
+
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.serve.errors import DeploymentFailed, RayUnreachable, ServeExtraMissing, ServeSetupError
 from local_dense_retriever.serve.options import ServeOptions
@@ -143,8 +145,23 @@ def _cause(app_status) -> str:
     return lines[-1].strip() if lines else "no cause given; see the Ray Serve logs"
 
 
+def launcher_web_key(config: ServerConfig) -> SecretStr | None:
+    """The web backend's API key from this (the launcher's) environment, for the replicas: those on other nodes do not
+    share it. None unless the backend is web and its mode calls the provider; unset fails here, before any deploy."""
+    if config.resolved_backend() != "web":
+        return None
+    from local_dense_retriever.web.backend import api_key
+    from local_dense_retriever.web.errors import WebSetupError
+
+    try:
+        return api_key(config)
+    except WebSetupError as e:
+        raise ServeSetupError(str(e)) from e
+
+
 def start_fleet(config: ServerConfig, options: ServeOptions, *, progress: bool = False) -> str:
     """Deploy the retriever as ``options`` say and return its one URL once it answers."""
+    web_key = launcher_web_key(config)
     serve = import_serve()
     connect(options.address)
     from local_dense_retriever.serve.deployments import build_application
@@ -161,7 +178,7 @@ def start_fleet(config: ServerConfig, options: ServeOptions, *, progress: bool =
                        "address cannot change while Serve runs)", host, running_port)  # fmt: skip
         config = config.model_copy(update={"host": host, "port": running_port})
         port = running_port
-    app = build_application(config, options)
+    app = build_application(config, options, web_key)
     logger.info("deploying %r into Ray Serve", options.app_name)
     serve_run(app, name=options.app_name, route_prefix="/", _blocking=False)
     url = url_for(config.host, port)

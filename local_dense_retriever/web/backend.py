@@ -50,11 +50,16 @@ def cache_path_for(config: ServerConfig) -> Path:
     return config.web_cache_path or config.cache_dir / "web_search.sqlite3"
 
 
+def api_key_env(config: ServerConfig) -> str:
+    """The name of the environment variable holding the provider's API key."""
+    return config.web_api_key_env or PROVIDERS[config.web_provider].key_env
+
+
 def api_key(config: ServerConfig) -> SecretStr | None:
     """The key from the variable the config names (None in replay, which needs none); unset is a start-up error."""
     if config.web_cache_mode == "replay":
         return None
-    name = config.web_api_key_env or PROVIDERS[config.web_provider].key_env
+    name = api_key_env(config)
     value = os.environ.get(name, "").strip()
     if not value:
         raise WebSetupError(

@@ -62,15 +62,26 @@ class WebStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
-            self._rows = self._db.execute("SELECT COUNT(*) FROM answers").fetchone()[0]
-            self._pages = self._db.execute("SELECT COUNT(*) FROM pages").fetchone()[0]
+            self._version = -1
+            self._lock = threading.Lock()
+            self._counts()
         except (OSError, sqlite3.Error) as e:
             raise WebSetupError(f"cannot open the web cache {path}: {e}") from None
-        self._lock = threading.Lock()
+
+    def _counts(self) -> tuple[int, int]:
+        """(answers, pages) in the file. This process counts its own writes as it makes them; the tables are counted
+        again only when another process sharing the file (a fleet's replica) has committed since the last count."""
+        with self._lock:
+            version = self._db.execute("PRAGMA data_version").fetchone()[0]
+            if version != self._version:
+                self._version = version
+                self._rows = self._db.execute("SELECT COUNT(*) FROM answers").fetchone()[0]
+                self._pages = self._db.execute("SELECT COUNT(*) FROM pages").fetchone()[0]
+            return self._rows, self._pages
 
     def __len__(self) -> int:
-        """Answers held (all providers)."""
-        return self._rows
+        """Answers held (all providers), those other processes recorded in the file included."""
+        return self._counts()[0]
 
     def close(self) -> None:
         with self._lock:
@@ -103,8 +114,8 @@ class WebStore:
 
     @property
     def pages(self) -> int:
-        """Pages held."""
-        return self._pages
+        """Pages held, those other processes recorded in the file included."""
+        return self._counts()[1]
 
     def get_page(self, url: str) -> dict | None:
         """The page recorded for ``url`` (as it was asked), else None."""

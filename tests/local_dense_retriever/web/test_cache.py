@@ -175,3 +175,18 @@ def test_a_cache_file_from_before_pages_opens_and_keeps_its_answers_and_pages_ac
     assert reopened.pages == 1 and reopened.get_page(page["url"]) == page
     assert reopened.get_page("https://p.example/?a=2") is None  # keyed by the url exactly as asked
     reopened.close()
+
+
+def test_a_store_counts_the_answers_and_pages_other_processes_sharing_its_file_recorded(tmp_path):
+    """Replicas of a fleet share one file: each one's count (in /health and /metrics) is the file's, not its own."""
+    path = tmp_path / "shared.sqlite3"
+    mine, other = WebStore(path), WebStore(path)  # two connections, as two processes have
+    hit = [WebHit("t", "https://example.org/a", "s")]
+    mine.put("serper", "alpha", 1, hit)
+    other.put("serper", "beta", 1, hit)
+    other.put("serper", "alpha", 1, hit)  # the same key again: still one answer
+    other.put_page("https://example.org/a", {"url": "https://example.org/a", "contents": "a"})
+    mine.put("serper", "gamma", 1, hit)
+    assert (len(mine), mine.pages) == (len(other), other.pages) == (3, 1)
+    mine.close()
+    other.close()
