@@ -73,12 +73,9 @@ def as_list(value: Any) -> list[str]:
     return [str(value)]
 
 
-@lru_cache(maxsize=32)
 def read_data_file(path: str) -> DataFileInfo:
-    """Row count, columns and agent names of a parquet file, reading only the metadata and one column."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
+    """Row count, columns and agent names of a parquet file, reading only the metadata and one column (remembered
+    while the file's size and modification time stay the same)."""
     if path.startswith("~"):
         raise PreflightError(f"{path}: verl does not expand '~' in data paths; use $HOME or an absolute path")
     if not Path(path).is_file():
@@ -87,6 +84,15 @@ def read_data_file(path: str) -> DataFileInfo:
         raise PreflightError(f"{path}: no such file{hint}")
     if not path.endswith(".parquet"):
         raise PreflightError(f"{path}: not a .parquet file (verl-search data is parquet; see data_preprocess/)")
+    stat = Path(path).stat()
+    return _read_parquet(path, stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=32)
+def _read_parquet(path: str, size: int, mtime_ns: int) -> DataFileInfo:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
     try:
         parquet = pq.ParquetFile(path)
         columns = tuple(parquet.schema_arrow.names)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from verl_search.launch.checks import read_data_file
 from verl_search.launch.eval_run import (
     EvalRunError,
     EvalRunKnobs,
@@ -153,3 +154,10 @@ def test_a_missing_subset_names_the_command_that_makes_it_and_the_full_test_set(
     assert missing_data_hint(EvalRunKnobs.from_env({"VAL_DATA": str(tmp_path / "mine.parquet")})) is None
     _parquet(data / "val_subset.parquet", 4)
     assert missing_data_hint(EvalRunKnobs.from_env({"DATA_DIR": str(data)})) is None
+
+
+def test_a_data_file_rewritten_in_place_is_read_again(tmp_path):
+    path = _parquet(tmp_path / "val_subset.parquet", 3)
+    assert read_data_file(str(path)).rows == 3
+    _parquet(path, 7)
+    assert read_data_file(str(path)).rows == 7
