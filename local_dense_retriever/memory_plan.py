@@ -8,7 +8,7 @@ import json
 import math
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -49,11 +49,13 @@ class IndexLayout:
 
 @dataclass(frozen=True)
 class EncoderSize:
-    """The query encoder's weights: on ``device``, ``bytes`` in ``dtype`` (None: not known before it loads)."""
+    """A model's weights (the query encoder's, the reranker's): on ``device``, ``bytes`` in ``dtype`` (None: not known
+    before it loads)."""
 
     device: Device
     bytes: int | None
     dtype: str
+    name: str = "encoder"
 
 
 @dataclass(frozen=True)
@@ -66,17 +68,17 @@ class Share:
     mapped: bool = False
     coarse_bytes: int = 0
     scratch_bytes: int = 0
-    encoder: EncoderSize | None = None
+    models: tuple[EncoderSize, ...] = ()
 
     @property
     def held_bytes(self) -> int:
         """Memory of its own (a mapped index's pages are the page cache's, not counted)."""
-        encoder = (self.encoder.bytes or 0) if self.encoder is not None else 0
-        return (0 if self.mapped else self.index_bytes) + self.coarse_bytes + self.scratch_bytes + encoder
+        models = sum(m.bytes or 0 for m in self.models)
+        return (0 if self.mapped else self.index_bytes) + self.coarse_bytes + self.scratch_bytes + models
 
 
-def plan_memory(layout: IndexLayout, devices: Sequence[Device], encoder: EncoderSize | None = None) -> list[Share]:
-    """Each device's share of the index (the loader's split), and the encoder on its device."""
+def plan_memory(layout: IndexLayout, devices: Sequence[Device], *models: EncoderSize | None) -> list[Share]:
+    """Each device's share of the index (the loader's split), and each model (encoder, reranker) on its device."""
     from local_dense_retriever.index.torch_flat import shard_bounds
 
     shares = []
@@ -92,11 +94,14 @@ def plan_memory(layout: IndexLayout, devices: Sequence[Device], encoder: Encoder
                 mapped=layout.mapped and not gpu,
                 coarse_bytes=rows * layout.dim * ITEMSIZE[layout.coarse_dtype] if layout.coarse_dtype else 0,
                 scratch_bytes=layout.scratch_bytes if gpu else 0,
-                encoder=encoder if encoder is not None and encoder.device.name == device.name else None,
             )
         )
-    if encoder is not None and all(s.encoder is None for s in shares):
-        shares.append(Share(encoder.device, encoder=encoder))
+    for model in filter(None, models):  # on its device's share, else a share of its own (the CPU beside GPUs)
+        i = next((i for i, s in enumerate(shares) if s.device.name == model.device.name), None)
+        if i is None:
+            shares.append(Share(model.device, models=(model,)))
+        else:
+            shares[i] = replace(shares[i], models=(*shares[i].models, model))
     return shares
 
 
@@ -108,9 +113,9 @@ def _parts(share: Share, layout: IndexLayout) -> str:
         parts.append(f"{layout.coarse_dtype} pre-scan copy {format_bytes(share.coarse_bytes)}")
     if share.scratch_bytes:
         parts.append(f"{layout.scratch_name} {format_bytes(share.scratch_bytes)}")
-    if share.encoder is not None:
-        size = format_bytes(share.encoder.bytes) if share.encoder.bytes is not None else "of unknown size"
-        parts.append(f"encoder {size} ({share.encoder.dtype})")
+    for model in share.models:
+        size = format_bytes(model.bytes) if model.bytes is not None else "of unknown size"
+        parts.append(f"{model.name} {size} ({model.dtype})")
     text = " + ".join(parts) or "nothing of its own"
     if share.mapped:
         text += f"; maps the file's {format_bytes(share.index_bytes)} of float32 rows (page cache, read as searched)"
@@ -142,7 +147,7 @@ def plan_lines(shares: Sequence[Share], layout: IndexLayout, source: str) -> lis
     shape = f"{layout.rows:,} x {layout.dim}" if layout.rows else format_bytes(layout.index_bytes)
     head = f"memory plan: {source}, {shape} in {layout.dtype} {where}"
     if any(s.device.name.startswith("cuda") for s in shares):
-        head += " (plus each GPU's CUDA context and the encoder's activations)"
+        head += " (plus each GPU's CUDA context and the models' activations)"
     lines = [head]
     groups: list[tuple[str, list[Share]]] = []
     for share in shares:
@@ -185,12 +190,17 @@ def _cuda_devices(devices: Sequence[torch.device]) -> list[Device]:
     return [Device(f"cuda:{d.index}", torch.cuda.get_device_properties(d.index).total_memory) for d in devices]
 
 
-def _encoder_size(config: ServerConfig, cpu: Device) -> EncoderSize:
-    """The encoder's device, precision (``config.encoder_dtype``) and weights."""
+def _model_sizes(config: ServerConfig, cpu: Device) -> list[EncoderSize]:
+    """The encoder's device, precision (``config.encoder_dtype``) and weights; the reranker's (fp16 on CUDA unless
+    ``--fp16`` is off, as ``rerank.CrossEncoder`` loads it) when one is set."""
     device = resolve_device(config.device)
-    dtype = str(encoder_dtype(config.requested_encoder_dtype(), device)).removeprefix("torch.")
     where = _cuda_devices([torch.device("cuda", device.index or 0)])[0] if device.type == "cuda" else cpu
-    return EncoderSize(where, weight_bytes(config.retriever_model, dtype), dtype)
+    dtype = str(encoder_dtype(config.requested_encoder_dtype(), device)).removeprefix("torch.")
+    models = [EncoderSize(where, weight_bytes(config.retriever_model, dtype), dtype)]
+    if config.reranker_model:
+        dtype = "float16" if device.type == "cuda" and config.fp16 else "float32"
+        models.append(EncoderSize(where, weight_bytes(str(config.reranker_model), dtype), dtype, "reranker"))
+    return models
 
 
 def _torch_layout(config: ServerConfig, path: Path) -> tuple[IndexLayout, list[torch.device]]:
@@ -237,4 +247,4 @@ def plan_for(config: ServerConfig, backend: str) -> list[str]:
     layout, devices = (_torch_layout if backend == "torch" else _faiss_layout)(config, path)
     cpu = Device("cpu", physical_memory() or None)
     planned = _cuda_devices(devices) if devices[0].type == "cuda" else [cpu]
-    return plan_lines(plan_memory(layout, planned, _encoder_size(config, cpu)), layout, path.name)
+    return plan_lines(plan_memory(layout, planned, *_model_sizes(config, cpu)), layout, path.name)

@@ -37,9 +37,7 @@ def gpu_plan(gpus: int, encoder_on: str = "cuda:0") -> list[str]:
     return plan_lines(plan_memory(layout, devices, encoder), layout, "e5_Flat.index")
 
 
-HEAD = (
-    "memory plan: e5_Flat.index, 21,015,324 x 768 in float16 over {} (plus each GPU's CUDA context and the encoder's "
-)
+HEAD = "memory plan: e5_Flat.index, 21,015,324 x 768 in float16 over {} (plus each GPU's CUDA context and the models' "
 HEAD += "activations)"
 ENCODER = " + encoder 209 MiB (float16)"  # e5-base-v2 in float16
 
@@ -123,3 +121,19 @@ def test_plan_of_a_real_file_on_this_cpu(flat_file, minilm_path):
     read = plan_for(ServerConfig(**common, backend="faiss", encoder_dtype="float32"), "faiss")
     assert read[0] == "memory plan: flat.index, 1,000 x 384 in float32 on the CPU"
     assert ": index 1.5 MiB + encoder 87 MiB (float32)" in read[1]
+
+
+def test_a_reranker_is_planned_beside_the_encoder_on_its_device(flat_file, minilm_path):
+    common = {"index_path": flat_file, "corpus_path": flat_file, "retriever_model": str(minilm_path), "device": "cpu"}
+    config = ServerConfig(**common, index_dtype="bfloat16", encoder_dtype="float32", reranker_model=str(minilm_path))
+    assert ": index 750 KiB + encoder 87 MiB (float32) + reranker 87 MiB (float32)" in plan_for(config, "torch")[1]
+    devices = [Device("cuda:0", H100), Device("cuda:1", H100)]
+    layout = IndexLayout(WIKI_ROWS, DIM, "float16", WIKI_ROWS * DIM * 2)
+    reranker = EncoderSize(devices[0], 560_000_000 * 2, "float16", "reranker")  # a bge-reranker-large in float16
+    lines = plan_lines(plan_memory(layout, devices, EncoderSize(devices[0], E5_BASE * 2, "float16"), reranker),
+                       layout, "e5_Flat.index")  # fmt: skip
+    assert lines[1] == (
+        "memory plan: cuda:0: 16.3 GiB of 79.6 GiB (20%): index 15.0 GiB + encoder 209 MiB (float16) + reranker "
+        "1.0 GiB (float16)"
+    )
+    assert lines[2] == "memory plan: cuda:1: 15.0 GiB of 79.6 GiB (19%): index 15.0 GiB"
