@@ -252,14 +252,14 @@ def test_inside_the_bench_the_test_kit_may_use_the_pipeline_but_not_the_reverse(
 
 
 def test_shared_leaves_import_nothing_of_ours():
-    names = ("errors", "protocol", "atomic", "import_hook", "platform_choice", "jsonl")
+    names = ("errors", "protocol", "atomic", "pacing", "import_hook", "platform_choice", "jsonl")
     leaves = [REPO / "verl_search" / f"{name}.py" for name in names]
     assert _violations(leaves, ("verl_search", "local_dense_retriever", "cpu_bench")) == []
 
 
 def test_retrieval_service_uses_only_the_shared_leaves_of_the_plugin():
     service = _py("local_dense_retriever")
-    allowed = ("verl_search.protocol", "verl_search.atomic")
+    allowed = ("verl_search.protocol", "verl_search.atomic", "verl_search.pacing")
     assert _violations(service, ("verl_search", "verl", "cpu_bench"), allowed) == []
 
 

@@ -23,10 +23,11 @@ from local_dense_retriever.errors import QueryFailed
 from local_dense_retriever.web.access import WebPages
 from local_dense_retriever.web.cache import WebStore, normalize_query
 from local_dense_retriever.web.caller import LiveCaller
-from local_dense_retriever.web.errors import NotCached, WebSetupError
+from local_dense_retriever.web.errors import NotCached, RateLimited, WebSetupError
 from local_dense_retriever.web.fetch import FetchConfig, PageFetcher
-from local_dense_retriever.web.limits import Budget, TokenBucket
+from local_dense_retriever.web.limits import Budget
 from local_dense_retriever.web.providers import PROVIDERS, WebHit
+from verl_search.pacing import TokenBucket
 
 if TYPE_CHECKING:
     from local_dense_retriever.config import ServerConfig
@@ -97,7 +98,7 @@ class WebSearch:
         self._thread.start()
         self.caller: LiveCaller | None = None
         if key is not None:
-            bucket = TokenBucket(config.web_qps, clock=self._loop.time)
+            bucket = TokenBucket(config.web_qps, late=RateLimited, clock=self._loop.time)
             self.caller = LiveCaller(self.provider, config.web_base_url or self.provider.default_url, key,
                                      budget=self.budget, bucket=bucket, timeout_s=config.web_timeout_s,
                                      max_attempts=config.web_max_attempts)  # fmt: skip

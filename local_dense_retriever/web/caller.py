@@ -13,8 +13,9 @@ import aiohttp
 from pydantic import SecretStr
 
 from local_dense_retriever.web.errors import UpstreamError
-from local_dense_retriever.web.limits import Budget, TokenBucket, backoff_delay
+from local_dense_retriever.web.limits import Budget, backoff_delay
 from local_dense_retriever.web.providers import Provider, ProviderFailure, WebHit
+from verl_search.pacing import TokenBucket, retry_after_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class LiveCaller:
                 timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False,
             ) as resp:  # fmt: skip
                 raw = await resp.read()
-                status, retry_after = resp.status, _seconds(resp.headers.get("Retry-After"))
+                status, retry_after = resp.status, retry_after_seconds(resp.headers.get("Retry-After"))
         except asyncio.TimeoutError:
             raise ProviderFailure(
                 f"{name} did not answer within {timeout:.3g} s", status=None, retryable=True
@@ -105,11 +106,3 @@ class LiveCaller:
         """``text`` with the key taken out (a provider's error text may echo what it was sent)."""
         key = self._key.get_secret_value()
         return text.replace(key, "***") if key else text
-
-
-def _seconds(value: str | None) -> float | None:
-    """A Retry-After header given in seconds (an HTTP date is ignored: backoff applies)."""
-    try:
-        return max(0.0, float(value)) if value else None
-    except ValueError:
-        return None

@@ -1,5 +1,5 @@
-"""What bounds live web calls: the run's budget (a durable ledger of calls and spend per scope), a token bucket for
-the provider's rate shared by all calls of the process, and the backoff between attempts.
+"""What bounds live web calls: the run's budget (a durable ledger of calls and spend per scope) and the backoff between
+attempts; the provider's rate is one ``verl_search.pacing.TokenBucket`` shared by all calls of the process.
 
 A run is a budget scope (``--web_budget_scope``): its count lives in the cache file, so a server restarted mid-run
 continues it, and servers sharing the file share it. Invariants: the ledger never passes a ceiling (a call is counted
@@ -9,16 +9,11 @@ arithmetic is bounded whatever the attempt number.
 
 from __future__ import annotations
 
-import asyncio
 import random
-import time
-from collections.abc import Callable
 
 from local_dense_retriever.web.cache import WebStore
-from local_dense_retriever.web.errors import BudgetExhausted, RateLimited
-
-#: doublings of the backoff counted up to this exponent (2 ** 16 times the base is past any cap)
-_MAX_DOUBLINGS = 16
+from local_dense_retriever.web.errors import BudgetExhausted
+from verl_search.pacing import doubling_seconds
 
 
 class Budget:
@@ -49,33 +44,7 @@ class Budget:
         return f"{calls}, {spend} spent"
 
 
-class TokenBucket:
-    """At most ``rate`` acquisitions per second on average, bursts up to ``rate`` (at least one); waiters are served
-    in arrival order. Lives on one event loop."""
-
-    def __init__(self, rate: float, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate = rate
-        self.capacity = max(1.0, rate)
-        self._tokens = self.capacity
-        self._clock = clock
-        self._stamp = clock()
-
-    async def acquire(self, deadline: float) -> None:
-        """Take a token, waiting for it; raises ``RateLimited`` if it would come after ``deadline`` (clock time)."""
-        now = self._clock()
-        self._tokens = min(self.capacity, self._tokens + (now - self._stamp) * self.rate)
-        self._stamp = now
-        wait = max(0.0, (1.0 - self._tokens) / self.rate)
-        if now + wait > deadline:
-            raise RateLimited(f"the rate limit of {self.rate:g} calls/s leaves no slot before this query's deadline")
-        self._tokens -= 1.0  # may go below zero: later callers wait behind this one
-        if wait > 0:
-            await asyncio.sleep(wait)
-
-
 def backoff_delay(attempt: int, base: float, cap: float, retry_after: float | None = None) -> float:
     """Seconds before attempt ``attempt + 1``: full jitter over ``base * 2 ** (attempt - 1)`` capped at ``cap``, and at
     least the provider's ``retry_after``."""
-    exponent = min(max(attempt - 1, 0), _MAX_DOUBLINGS)
-    jittered = random.uniform(0, min(cap, base * 2.0**exponent))
-    return max(jittered, retry_after or 0.0)
+    return max(random.uniform(0, doubling_seconds(attempt, base, cap)), retry_after or 0.0)

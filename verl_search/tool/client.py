@@ -29,9 +29,10 @@ from verl_search.errors import (
     ServerError,
     ServiceUnavailable,
 )
+from verl_search.pacing import TokenBucket, doubling_seconds, retry_after_seconds
 from verl_search.protocol import Document
 from verl_search.tool.config import SearchToolConfig
-from verl_search.tool.limits import Endpoint, EndpointSet, TokenBucket, WorkerPool, ejection_seconds
+from verl_search.tool.limits import Endpoint, EndpointSet, WorkerPool
 from verl_search.tool.stats import STATS, SearchStats
 from verl_search.tool.wire import FORM_NAMES, batch_body, error_reply, parse_hits, parse_single, single_body
 
@@ -105,7 +106,9 @@ class RetrievalClient:
             config.retrieval_service_url, eject_seconds=config.eject_seconds, eject_max_seconds=config.eject_max_seconds
         )
         self.pool = WorkerPool(config.num_workers, clock=self._loop.time)
-        self.limiter = TokenBucket(config.rate_limit, clock=self._loop.time) if config.rate_limit else None
+        self.limiter = None
+        if config.rate_limit:
+            self.limiter = TokenBucket(config.rate_limit, late=DeadlineExceeded, clock=self._loop.time)
         self.cache = LRUCache(config.cache_size, config.cache_max_bytes)
         self._in_flight: dict[CacheKey, asyncio.Future[list[Document]]] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -227,7 +230,7 @@ class RetrievalClient:
                     if remaining <= 0 and e.retryable and not isinstance(e, DeadlineExceeded):
                         raise self._deadline_error(e) from e
                     raise
-                wait = random.uniform(0, ejection_seconds(attempt, self.config.backoff_base, self.config.backoff_max))
+                wait = random.uniform(0, doubling_seconds(attempt, self.config.backoff_base, self.config.backoff_max))
                 if isinstance(e, ServiceUnavailable) and e.retry_after:
                     wait = max(wait, min(e.retry_after, self.config.backoff_max))
                 if wait >= remaining:
@@ -312,7 +315,9 @@ class RetrievalClient:
                 raise final(f"{endpoint.url} answered {status}: {detail}")
             if status in (429, 503):
                 raise ServiceUnavailable(
-                    f"{endpoint.url} answered {status} ({detail})", status=status, retry_after=_seconds(retry_after)
+                    f"{endpoint.url} answered {status} ({detail})",
+                    status=status,
+                    retry_after=retry_after_seconds(retry_after),
                 )
             if 400 <= status < 500:
                 raise RequestRejected(f"{endpoint.url} rejected the request with {status}: {detail}")
@@ -332,10 +337,3 @@ def _endpoint_at_fault(e: RetrievalError) -> bool:
 
 #: error kinds of the service's JSON answer that end a call at once (a web search budget spent, a replay miss)
 _FINAL_ERRORS: dict[str, type[RetrievalError]] = {"budget_exhausted": BudgetSpent, "not_cached": NotCached}
-
-
-def _seconds(value: str | None) -> float | None:
-    try:
-        return max(0.0, float(value)) if value else None
-    except ValueError:
-        return None

@@ -1,10 +1,9 @@
-"""Where and when a request may go: a token-bucket rate limiter and a bounded worker pool, both deadline-aware, and
-endpoint selection (fewest requests in flight among healthy endpoints; failing ones are ejected and re-probed).
+"""Where and when a request may go: a bounded, deadline-aware worker pool and endpoint selection (fewest requests in
+flight among healthy endpoints; failing ones are ejected and re-probed). The rate limiter is ``verl_search.pacing``'s.
 
-Invariants: a caller never waits past its deadline for a token or a slot; a token taken by a caller that then gives up
-is returned. ``pick`` always returns an endpoint (when all are ejected, the one recovering first). One outage counts
-once: failures of requests sent before the ejection, or ending inside its window, do not lengthen it. Each endpoint
-logs only its state changes, never each failed call.
+Invariants: a caller never waits past its deadline for a slot. ``pick`` always returns an endpoint (when all are
+ejected, the one recovering first). One outage counts once: failures of requests sent before the ejection, or ending
+inside its window, do not lengthen it. Each endpoint logs only its state changes, never each failed call.
 """
 
 from __future__ import annotations
@@ -12,61 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from verl_search.errors import DeadlineExceeded
+from verl_search.pacing import Clock, doubling_seconds
 
 logger = logging.getLogger(__name__)
-
-Clock = Callable[[], float]
-Sleep = Callable[[float], Awaitable[None]]
-
-
-class TokenBucket:
-    """``rate`` tokens per second, at most ``burst`` stored; ``acquire`` reserves a token (a negative balance keeps
-    waiters FIFO-fair) and sleeps until it is due."""
-
-    def __init__(
-        self, rate: float, burst: float | None = None, *, clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep
-    ):
-        if rate <= 0:
-            raise ValueError("rate must be > 0 (use no limiter for unlimited)")
-        self.rate = float(rate)
-        self.capacity = float(burst) if burst is not None else max(1.0, self.rate)
-        self._tokens = self.capacity
-        self._clock = clock
-        self._sleep = sleep
-        self._last = clock()
-
-    def _refill(self, now: float) -> None:
-        self._tokens = min(self.capacity, self._tokens + (now - self._last) * self.rate)
-        self._last = now
-
-    def reserve(self) -> float:
-        """Take one token now; return how long the caller must wait before using it (0 if available)."""
-        self._refill(self._clock())
-        self._tokens -= 1.0
-        return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
-
-    def refund(self) -> None:
-        """Give back a reserved token (its holder gave up before using it)."""
-        self._tokens = min(self.capacity, self._tokens + 1.0)
-
-    async def acquire(self, deadline: float | None = None) -> None:
-        """Wait for a token; raise :class:`DeadlineExceeded` at once if it would only come after ``deadline``."""
-        wait = self.reserve()
-        if wait <= 0:
-            return
-        if deadline is not None and self._clock() + wait > deadline:
-            self.refund()
-            raise DeadlineExceeded(f"rate limit ({self.rate:g}/s) would delay the call past its deadline")
-        try:
-            await self._sleep(wait)
-        except BaseException:
-            self.refund()
-            raise
 
 
 class WorkerPool:
@@ -103,9 +55,6 @@ class WorkerPool:
             self._sem.release()
 
 
-_MAX_DOUBLINGS = 32  # 2.0 ** 32 times eject_seconds is past any cap
-
-
 @dataclass
 class Endpoint:
     url: str
@@ -119,12 +68,6 @@ class Endpoint:
     @property
     def down(self) -> bool:
         return self.consecutive_failures > 0
-
-
-def ejection_seconds(failures: int, base: float, cap: float) -> float:
-    """``base * 2 ** (failures - 1)`` capped at ``cap``, for any ``failures`` ≥ 1 (never overflows)."""
-    exponent = min(max(failures - 1, 0), _MAX_DOUBLINGS)
-    return min(cap, base * 2.0**exponent)
 
 
 class EndpointSet:
@@ -158,7 +101,7 @@ class EndpointSet:
         if now < ep.ejected_until or started < ep.ejected_at:
             return False
         ep.consecutive_failures += 1
-        backoff = ejection_seconds(ep.consecutive_failures, self.eject_seconds, self.eject_max_seconds)
+        backoff = doubling_seconds(ep.consecutive_failures, self.eject_seconds, self.eject_max_seconds)
         ep.ejected_at = now
         ep.ejected_until = now + backoff
         if ep.consecutive_failures == 1:

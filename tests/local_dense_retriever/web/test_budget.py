@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from local_dense_retriever.web.errors import BudgetExhausted, RateLimited
-from local_dense_retriever.web.limits import TokenBucket, backoff_delay
+from local_dense_retriever.web.limits import backoff_delay
+from verl_search.pacing import TokenBucket
 
 
 def test_the_live_call_ceiling_refuses_misses_but_still_serves_the_cache(provider, web_backend):
@@ -50,7 +51,7 @@ def test_a_refused_call_is_not_charged_and_a_zero_ceiling_makes_no_call(provider
 
 async def test_the_rate_limit_refuses_a_slot_it_could_only_give_after_the_deadline():
     loop = asyncio.get_running_loop()
-    bucket = TokenBucket(2.0, clock=loop.time)
+    bucket = TokenBucket(2.0, late=RateLimited, clock=loop.time)
     deadline = loop.time() + 0.1
     await bucket.acquire(deadline)
     await bucket.acquire(deadline)  # the burst of two

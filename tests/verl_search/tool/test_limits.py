@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from verl_search.errors import DeadlineExceeded
-from verl_search.tool.limits import TokenBucket, WorkerPool
+from verl_search.pacing import TokenBucket
+from verl_search.tool.limits import WorkerPool
 
 
 class FakeClock:
@@ -60,7 +61,7 @@ async def test_bucket_refills_while_idle_but_not_past_capacity():
 
 async def test_bucket_refuses_at_once_when_the_token_comes_after_the_deadline_and_refunds_it():
     clock = FakeClock()
-    bucket = TokenBucket(1, burst=1, clock=clock, sleep=clock.sleep)
+    bucket = TokenBucket(1, burst=1, late=DeadlineExceeded, clock=clock, sleep=clock.sleep)
     await bucket.acquire()
     with pytest.raises(DeadlineExceeded, match="rate limit"):
         await bucket.acquire(deadline=clock.now + 0.5)
