@@ -17,15 +17,15 @@ from local_dense_retriever.config import ServerConfig, is_flat_ip
 from local_dense_retriever.errors import IndexLoadError
 from local_dense_retriever.index.flat_file import VectorFile
 from local_dense_retriever.index.topk import merge_topk
+from local_dense_retriever.index.torch_flat import shard_bounds as rows_split
 from local_dense_retriever.serve.errors import ShardingError
 
 
 def shard_bounds(passages: int, shards: int) -> list[tuple[int, int]]:
-    """Contiguous [lo, hi) row ranges, as equal as possible; every shard holds at least one passage."""
+    """The index's own row split (``torch_flat.shard_bounds``), refused when a shard would hold no passage."""
     if shards > passages:
         raise ShardingError(f"{shards} shards for an index of {passages} passages: use at most {passages} shards")
-    edges = np.linspace(0, passages, shards + 1).astype(np.int64)
-    return [(int(lo), int(hi)) for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+    return rows_split(passages, shards)
 
 
 def window(vectors: VectorFile, lo: int, hi: int) -> VectorFile:
