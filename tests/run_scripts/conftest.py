@@ -181,14 +181,14 @@ def preflight_here() -> Callable[..., tuple[int, str]]:
 @pytest.fixture(scope="session")
 def checked_run(run_script, preflight_here) -> Callable[..., CheckedRun]:
     """``run_script(NAME, ..., DRY_RUN=1, SKIP_PREFLIGHT=1)``, then the preflight it skipped (``preflight_here``) on the
-    command it printed."""
+    command it printed, with the environment the script was given."""
 
     def run(name: str, *args: str, **env: str) -> CheckedRun:
         script = run_script(name, *args, **{**env, "DRY_RUN": "1", "SKIP_PREFLIGHT": "1"})
         if script.returncode != 0:
             return CheckedRun(script.returncode, script.stdout, script.stderr, ())
         overrides = printed_overrides(script.stdout)
-        code, out = preflight_here(overrides)
+        code, out = preflight_here(overrides, **env)
         return CheckedRun(code, script.stdout, script.stderr + out, tuple(overrides))
 
     return run
