@@ -1,5 +1,5 @@
 """Pacing of calls to a remote service, shared by the search tool and the retriever's web backend: a deadline-aware
-token bucket, capped exponential backoff and the ``Retry-After`` header.
+token bucket, capped exponential backoff with full jitter and the ``Retry-After`` header.
 
 Invariants: a caller never waits past its deadline for a token, and a token taken by a caller that then gives up is
 returned; backoff arithmetic is bounded whatever the attempt number. A shared leaf: it imports nothing of ours.
@@ -8,6 +8,7 @@ returned; backoff arithmetic is bounded whatever the attempt number. A shared le
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Awaitable, Callable
 
@@ -68,6 +69,12 @@ class TokenBucket:
 def doubling_seconds(attempt: int, base: float, cap: float) -> float:
     """``base * 2 ** (attempt - 1)`` capped at ``cap``, for any ``attempt`` (never overflows)."""
     return min(cap, base * 2.0 ** min(max(attempt - 1, 0), _MAX_DOUBLINGS))
+
+
+def backoff_seconds(attempt: int, base: float, cap: float, at_least: float | None = None) -> float:
+    """Seconds before attempt ``attempt + 1``: full jitter over ``doubling_seconds(attempt, base, cap)``, and at least
+    ``at_least`` (what the service asked for in ``Retry-After``, as far as the caller honours it)."""
+    return max(random.uniform(0, doubling_seconds(attempt, base, cap)), at_least or 0.0)
 
 
 def retry_after_seconds(value: str | None) -> float | None:

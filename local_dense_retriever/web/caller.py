@@ -13,9 +13,9 @@ import aiohttp
 from pydantic import SecretStr
 
 from local_dense_retriever.web.errors import UpstreamError
-from local_dense_retriever.web.limits import Budget, backoff_delay
+from local_dense_retriever.web.limits import Budget
 from local_dense_retriever.web.providers import Provider, ProviderFailure, WebHit
-from verl_search.pacing import TokenBucket, retry_after_seconds
+from verl_search.pacing import TokenBucket, backoff_seconds, retry_after_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class LiveCaller:
                 if not e.retryable:
                     break
                 retry_after = e.retry_after
-            delay = backoff_delay(attempt, self.backoff_base, self.backoff_max, retry_after)
+            delay = backoff_seconds(attempt, self.backoff_base, self.backoff_max, at_least=retry_after)
             if attempt >= self.max_attempts or loop.time() + delay >= deadline:
                 break
             logger.debug("%s: attempt %d failed (%s); retrying in %.3g s", self.provider.name, attempt, last, delay)

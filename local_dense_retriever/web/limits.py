@@ -1,5 +1,5 @@
-"""What bounds live web calls: the run's budget (a durable ledger of calls and spend per scope) and the backoff between
-attempts; the provider's rate is one ``verl_search.pacing.TokenBucket`` shared by all calls of the process.
+"""What bounds live web calls: the run's budget (a durable ledger of calls and spend per scope); the provider's rate is
+one ``verl_search.pacing.TokenBucket`` shared by all calls of the process, and retries back off by ``pacing``.
 
 A run is a budget scope (``--web_budget_scope``): its count lives in the cache file, so a server restarted mid-run
 continues it, and servers sharing the file share it. Invariants: the ledger never passes a ceiling (a call is counted
@@ -9,11 +9,8 @@ arithmetic is bounded whatever the attempt number.
 
 from __future__ import annotations
 
-import random
-
 from local_dense_retriever.web.cache import WebStore
 from local_dense_retriever.web.errors import BudgetExhausted
-from verl_search.pacing import doubling_seconds
 
 
 class Budget:
@@ -42,9 +39,3 @@ class Budget:
         calls = f"{self.live_calls} live calls" + (f" of {self.max_calls}" if self.max_calls is not None else "")
         spend = f"${self.spend:.4g}" + (f" of ${self.max_spend:g}" if self.max_spend is not None else "")
         return f"{calls}, {spend} spent"
-
-
-def backoff_delay(attempt: int, base: float, cap: float, retry_after: float | None = None) -> float:
-    """Seconds before attempt ``attempt + 1``: full jitter over ``base * 2 ** (attempt - 1)`` capped at ``cap``, and at
-    least the provider's ``retry_after``."""
-    return max(random.uniform(0, doubling_seconds(attempt, base, cap)), retry_after or 0.0)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import sys
 import weakref
 from collections import OrderedDict
@@ -29,7 +28,7 @@ from verl_search.errors import (
     ServerError,
     ServiceUnavailable,
 )
-from verl_search.pacing import TokenBucket, doubling_seconds, retry_after_seconds
+from verl_search.pacing import TokenBucket, backoff_seconds, retry_after_seconds
 from verl_search.protocol import Document
 from verl_search.tool.config import SearchToolConfig
 from verl_search.tool.limits import Endpoint, EndpointSet, WorkerPool
@@ -230,9 +229,9 @@ class RetrievalClient:
                     if remaining <= 0 and e.retryable and not isinstance(e, DeadlineExceeded):
                         raise self._deadline_error(e) from e
                     raise
-                wait = random.uniform(0, doubling_seconds(attempt, self.config.backoff_base, self.config.backoff_max))
-                if isinstance(e, ServiceUnavailable) and e.retry_after:
-                    wait = max(wait, min(e.retry_after, self.config.backoff_max))
+                cap = self.config.backoff_max  # a Retry-After is honoured up to the backoff cap
+                asked = e.retry_after if isinstance(e, ServiceUnavailable) and e.retry_after else 0.0
+                wait = backoff_seconds(attempt, self.config.backoff_base, cap, at_least=min(asked, cap))
                 if wait >= remaining:
                     raise
                 self.stats.add(retries=1)

@@ -7,8 +7,7 @@ import asyncio
 import pytest
 
 from local_dense_retriever.web.errors import BudgetExhausted, RateLimited
-from local_dense_retriever.web.limits import backoff_delay
-from verl_search.pacing import TokenBucket
+from verl_search.pacing import TokenBucket, backoff_seconds
 
 
 def test_the_live_call_ceiling_refuses_misses_but_still_serves_the_cache(provider, web_backend):
@@ -77,5 +76,5 @@ async def test_calls_past_the_burst_wait_their_turn_in_order():
 
 
 def test_backoff_is_bounded_and_honours_retry_after():
-    assert all(0 <= backoff_delay(n, 0.25, 4.0) <= 4.0 for n in (1, 2, 10, 10**6))
-    assert backoff_delay(10**9, 0.25, 4.0, retry_after=7.5) == 7.5
+    assert all(0 <= backoff_seconds(n, 0.25, 4.0) <= 4.0 for n in (1, 2, 10, 10**6))
+    assert backoff_seconds(10**9, 0.25, 4.0, at_least=7.5) == 7.5
