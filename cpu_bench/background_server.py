@@ -10,6 +10,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -82,3 +83,16 @@ def wait_until_healthy(url: str, process: subprocess.Popen, *, timeout: float = 
         time.sleep(0.2)
     process.kill()
     raise RuntimeError(f"the {what} was not ready after {timeout:g} s")
+
+
+def poll_json(url: str, until: Callable[[Any], bool], *, timeout: float = 20.0) -> Any:
+    """GET ``url``'s JSON body until ``until(body)`` holds or ``timeout`` seconds pass; the last body either way (for a
+    server whose figures settle a moment after the request that changed them, e.g. a fleet's reports)."""
+    import httpx  # a test dependency: only tests poll
+
+    deadline = time.monotonic() + timeout
+    while True:
+        body = httpx.get(url, timeout=10).json()
+        if until(body) or time.monotonic() > deadline:
+            return body
+        time.sleep(0.25)

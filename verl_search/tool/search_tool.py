@@ -118,7 +118,7 @@ def failure_text(error: SearchError, config: SearchToolConfig) -> str:
 
 async def run_search(config: SearchToolConfig, queries: Any) -> SearchOutcome:
     """Search ``queries`` (a list of strings, or anything the model sent) and return the text for the model."""
-    started = time.perf_counter()
+    started = time.perf_counter()  # not loop.time(): under uvloop it moves in whole ms, and only between iterations
     deadline = asyncio.get_running_loop().time() + config.timeout
     num_queries = len(queries) if isinstance(queries, list) else 0
     try:

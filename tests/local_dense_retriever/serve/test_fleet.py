@@ -17,7 +17,7 @@ import pytest
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
-from cpu_bench.background_server import free_port  # noqa: E402
+from cpu_bench.background_server import free_port, poll_json  # noqa: E402
 from local_dense_retriever.config import ServerConfig  # noqa: E402
 from local_dense_retriever.engine import load_engine  # noqa: E402
 from local_dense_retriever.serve.fleet import start_fleet, stop_fleet  # noqa: E402
@@ -71,14 +71,9 @@ def retrieve(url: str, queries: list[str], topk: int = 3) -> list:
     return r.json()["result"]
 
 
-def fleet(url: str, path: str, until, timeout: float = 20.0) -> dict:
+def fleet(url: str, path: str, until) -> dict:
     """GET ``path`` until ``until(body)`` holds (the replicas report to the gateway about once a second)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        body = httpx.get(f"{url}{path}", timeout=10).json()
-        if until(body) or time.monotonic() > deadline:
-            return body
-        time.sleep(0.25)
+    return poll_json(f"{url}{path}", until)
 
 
 def test_two_replicas_answer_through_one_address_as_one_service(replicated, config):

@@ -9,7 +9,6 @@ the launcher, as replicas on other nodes would.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import httpx
@@ -18,7 +17,7 @@ import pytest
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
-from cpu_bench.background_server import free_port  # noqa: E402
+from cpu_bench.background_server import free_port, poll_json  # noqa: E402
 from local_dense_retriever.config import ServerConfig  # noqa: E402
 from local_dense_retriever.serve.errors import ServeSetupError  # noqa: E402
 from local_dense_retriever.serve.fleet import start_fleet, stop_fleet  # noqa: E402
@@ -76,12 +75,7 @@ def retrieve(url: str, query: str) -> httpx.Response:
 
 def fleet_metrics(url: str, until, timeout: float = 20.0) -> dict:
     """GET /metrics until ``until(body)`` holds (each replica reports to the fleet about once a second)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        body = httpx.get(f"{url}/metrics", timeout=10).json()
-        if until(body) or time.monotonic() > deadline:
-            return body
-        time.sleep(0.25)
+    return poll_json(f"{url}/metrics", until, timeout=timeout)
 
 
 def web_lookups(metrics: dict) -> int | None:
