@@ -62,12 +62,13 @@ def _slack(dim: int) -> float:
 
 
 def _largest_norms(
-    block: torch.Tensor, near: torch.Tensor, max_norm: float, max_residual: float
+    near: torch.Tensor, block: torch.Tensor, max_norm: float, max_residual: float
 ) -> tuple[float, float]:
     """``(max_norm, max_residual)`` raised to the largest norm of a row of ``near`` (``block``'s rows as the copy
-    holds them) and of a row's residual ``block - near``, in their dtype."""
+    holds them, in the dtype the norms are taken in) and of a row's residual; ``near`` is overwritten with
+    ``near - block``, so that a step needs no temporary the size of its rows."""
     norm = float(torch.linalg.vector_norm(near, dim=1).max())
-    residual = float(torch.linalg.vector_norm(block - near, dim=1).max())
+    residual = float(torch.linalg.vector_norm(near.sub_(block), dim=1).max())
     return max(max_norm, norm), max(max_residual, residual)
 
 
@@ -96,12 +97,13 @@ class Bf16Copy:
         its worst relative error over ``dim`` terms (the residual ``x - bf16(x)`` itself is exact in float32: it is
         the low bits of ``x``)."""
         rows = torch.empty(vectors.shape, dtype=torch.bfloat16)
+        near = torch.empty((min(rows_per_step, len(vectors)), vectors.shape[1]))  # one step's workspace, reused
         max_norm = max_residual = 0.0
         for lo in range(0, len(vectors), rows_per_step):
             block = vectors[lo : lo + rows_per_step]
             rounded = rows[lo : lo + len(block)]
             rounded.copy_(block)
-            max_norm, max_residual = _largest_norms(block, rounded.float(), max_norm, max_residual)
+            max_norm, max_residual = _largest_norms(near[: len(block)].copy_(rounded), block, max_norm, max_residual)
             rows_read(lo, lo + len(block))
         slack = _slack(vectors.shape[1])
         return cls(rows, max_norm * slack, max_residual * slack)
@@ -167,14 +169,22 @@ class Int8Copy:
             rows_read(lo, min(lo + rows_per_step, len(vectors)))
         scale = largest / INT8_LEVELS if largest > 0 else 1.0
         rows = torch.empty(vectors.shape, dtype=torch.int8)
-        max_norm = max_residual = 0.0
+        # one step's workspace, reused: the load's memory is the copy and these, whatever malloc keeps
+        shape = (min(rows_per_step, len(vectors)), vectors.shape[1])
+        ratio, near, wide = (
+            torch.empty(shape),
+            torch.empty(shape, dtype=torch.float64),
+            torch.empty(shape, dtype=torch.float64),
+        )
+        step, max_norm, max_residual = torch.tensor([[scale]]), 0.0, 0.0
         for lo in range(0, len(vectors), rows_per_step):
             block = vectors[lo : lo + rows_per_step]
-            rounded = _quantised(block, torch.tensor([[scale]]))
-            rows[lo : lo + len(block)] = rounded
-            near = rounded.double() * scale  # exact: an int of 8 bits times a float32
-            max_norm, max_residual = _largest_norms(block.double(), near, max_norm, max_residual)
-            rows_read(lo, lo + len(block))
+            n = len(block)
+            rounded = rows[lo : lo + n]
+            rounded.copy_(_quantised(block, step, out=ratio[:n]))
+            near[:n].copy_(rounded).mul_(scale)  # exact: an int of 8 bits times a float32
+            max_norm, max_residual = _largest_norms(near[:n], wide[:n].copy_(block), max_norm, max_residual)
+            rows_read(lo, lo + n)
         return cls(rows, scale, max_norm * (1 + 2.0**-40), max_residual * (1 + 2.0**-40))
 
     def prepared(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -218,6 +228,8 @@ def _query_steps(queries: torch.Tensor) -> torch.Tensor:
     return torch.where(largest > 0, largest / INT8_LEVELS, torch.ones_like(largest))
 
 
-def _quantised(x: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-    """``x`` (float32) in int8 multiples of ``step`` (broadcast over rows), rounded to nearest, within +-127."""
-    return torch.round(x / step).clamp_(-INT8_LEVELS, INT8_LEVELS).to(torch.int8)
+def _quantised(x: torch.Tensor, step: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` (float32) in int8 multiples of ``step`` (broadcast over rows), rounded to nearest, within +-127; with
+    ``out`` (float32, ``x``'s shape), the whole numbers are left there instead."""
+    whole = torch.div(x, step, out=out).round_().clamp_(-INT8_LEVELS, INT8_LEVELS)
+    return whole if out is not None else whole.to(torch.int8)
