@@ -310,6 +310,13 @@ def encoder_dtype(requested: str, device: torch.device, flags: frozenset[str] | 
     return getattr(torch, requested)
 
 
+def reranker_dtype(device: torch.device, fp16: bool) -> torch.dtype:
+    """The cross-encoder's precision: float16 on CUDA unless ``--fp16`` is off, else float32."""
+    import torch
+
+    return torch.float16 if device.type == "cuda" and fp16 else torch.float32
+
+
 def index_dtype(requested: str, device: torch.device) -> str:
     """A flat index's precision: float16 on CUDA, float32 on the CPU; a named precision is kept."""
     if requested == "auto":

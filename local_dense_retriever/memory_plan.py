@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from local_dense_retriever.config import ServerConfig, encoder_dtype, index_dtype, resolve_device
+from local_dense_retriever.config import ServerConfig, encoder_dtype, index_dtype, reranker_dtype, resolve_device
 from local_dense_retriever.load_progress import format_bytes
 from local_dense_retriever.memory import physical_memory
 
@@ -191,14 +191,13 @@ def _cuda_devices(devices: Sequence[torch.device]) -> list[Device]:
 
 
 def _model_sizes(config: ServerConfig, cpu: Device) -> list[EncoderSize]:
-    """The encoder's device, precision (``config.encoder_dtype``) and weights; the reranker's (fp16 on CUDA unless
-    ``--fp16`` is off, as ``rerank.CrossEncoder`` loads it) when one is set."""
+    """The encoder's and, when one is set, the reranker's device, precision (``config``'s rules) and weights."""
     device = resolve_device(config.device)
     where = _cuda_devices([torch.device("cuda", device.index or 0)])[0] if device.type == "cuda" else cpu
     dtype = str(encoder_dtype(config.requested_encoder_dtype(), device)).removeprefix("torch.")
     models = [EncoderSize(where, weight_bytes(config.retriever_model, dtype), dtype)]
     if config.reranker_model:
-        dtype = "float16" if device.type == "cuda" and config.fp16 else "float32"
+        dtype = str(reranker_dtype(device, config.fp16)).removeprefix("torch.")
         models.append(EncoderSize(where, weight_bytes(str(config.reranker_model), dtype), dtype, "reranker"))
     return models
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from local_dense_retriever.config import ServerConfig, resolve_device
+from local_dense_retriever.config import ServerConfig, reranker_dtype, resolve_device
 from local_dense_retriever.errors import QueryFailed, RerankerError
 
 logger = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class CrossEncoder:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self.device = resolve_device(device)
-        self.dtype = torch.float16 if self.device.type == "cuda" and fp16 else torch.float32
+        self.dtype = reranker_dtype(self.device, fp16)
         self.max_length, self.batch_size = max_length, batch_size
         if str(model).startswith(("/", ".", "~")) and not Path(model).expanduser().is_dir():
             raise RerankerError(f"reranker folder not found: {model}")
