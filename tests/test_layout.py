@@ -240,7 +240,7 @@ def test_the_cpu_backend_is_the_backend_alone():
     the test kit are the bench's."""
     backend = _py("verl_search", "cpu")
     expected = {"platform", "rollout", "rollout_server", "sampler", "options", "register"}
-    expected |= {"verl_gaps", "vllm_gaps"}  # the bridges over verl's (and vLLM's) CPU gaps
+    expected |= {"verl_gaps", "vllm_gaps", "sglang_gaps", "stand_ins"}  # the bridges over verl's and engines' CPU gaps
     expected |= {"checkpoint_engine"}  # weight sync to a separate rollout pool over zmq (the async trainers)
     assert {path.stem for path in backend} == expected | {"__init__"}
     assert _violations(backend, ("cpu_bench", "verl_search.launch", "verl_search.data", "verl_search.eval")) == []

@@ -239,11 +239,22 @@ def test_on_the_cpu_vllm_is_compared_with_the_cpu_routes_lock_not_the_gpu_one(mo
 
 def test_on_the_cpu_an_engine_without_a_cpu_lock_is_not_checked(monkeypatch):
     monkeypatch.setenv("VERL_PLATFORM", "cpu")
-    for engine in ("sglang", "hf_cpu"):
+    for engine in ("trtllm", "hf_cpu"):
         result = finding(
             check_locked_versions, context(f"actor_rollout_ref.rollout.name={engine}", environment=locked("vllm"))
         )
         assert (result.level, result.message) == ("ok", f"no lock for rollout {engine} on the CPU; not checked")
+
+
+def test_on_the_cpu_sglang_is_checked_against_its_cpu_lock(monkeypatch):
+    monkeypatch.setenv("VERL_PLATFORM", "cpu")
+    rollout = "actor_rollout_ref.rollout.name=sglang"
+    pins = load_lock("sglang", PYTHON, cpu=True)
+    same = {name: pins[name] for name in ("torch", "transformers", "verl", "sglang")}
+    result = finding(check_locked_versions, context(rollout, environment=Environment(versions=same)))
+    assert result.level == "ok" and f"sglang {pins['sglang']} as in cpu-sglang-py{PYTHON}.txt" in result.message
+    result = finding(check_locked_versions, context(rollout, environment=locked("sglang")))  # the GPU lock's torch
+    assert result.level == "warning" and "make install-sglang-cpu installs the locked set" in result.message
 
 
 # --- the NVIDIA driver against the installed torch's CUDA build (the lock flavour), and the lock that fits it

