@@ -1,8 +1,9 @@
 """LiveCaller: one query's call to the provider, with the run's budget, the shared rate limit, bounded retries with
 backoff and a deadline. Invariants: no call outlives ``timeout_s``; only 429, 5xx, timeouts and dropped connections
-are retried; every failure is an ``UpstreamError``, ``RateLimited`` or ``BudgetExhausted`` whose text never holds
-the key or a URL carrying it (transport errors are described by kind, not by aiohttp's message, which names the
-URL)."""
+are retried; every failure is an ``UpstreamError``, ``RateLimited`` or ``BudgetExhausted`` whose text is ours: it
+names the provider, the HTTP status and what failed, never the provider's text, the key or a URL (transport errors
+are described by kind, not by aiohttp's message, which names the URL). The provider's text reaches only the log,
+through ``Redactor`` (the key masked in every encoding, then cut)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pydantic import SecretStr
 from local_dense_retriever.web.errors import UpstreamError
 from local_dense_retriever.web.limits import Budget
 from local_dense_retriever.web.providers import Provider, ProviderFailure, WebHit
+from local_dense_retriever.web.redact import Redactor
 from verl_search.pacing import TokenBucket, backoff_seconds, retry_after_seconds
 
 logger = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ class LiveCaller:
         self.requests_sent = 0  # HTTP requests made by this process (retries included)
         self.failures = 0  # calls that ended in UpstreamError
         self._session: aiohttp.ClientSession | None = None
+        self._redactor = Redactor(key.get_secret_value())
 
     async def close(self) -> None:
         if self._session is not None:
@@ -52,7 +55,7 @@ class LiveCaller:
         """The provider's top ``k`` for ``query``; raises ``UpstreamError``, ``RateLimited`` or ``BudgetExhausted``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
-        attempt, last = 0, ""
+        attempt, last = 0, None
         while attempt < self.max_attempts:
             attempt += 1
             await self.bucket.acquire(deadline)
@@ -62,7 +65,10 @@ class LiveCaller:
             except ProviderFailure as e:
                 if not e.sent or (e.status is not None and e.status != 200):  # never sent, or refused: not billed
                     self.budget.refund()
-                last = self._redact(str(e))
+                last = e
+                if e.said:
+                    logger.info("%s: attempt %d: %s; it said: %s", self.provider.name, attempt, e,
+                                self._redactor.clean(e.said))  # fmt: skip
                 if not e.retryable:
                     break
                 retry_after = e.retry_after
@@ -72,7 +78,9 @@ class LiveCaller:
             logger.debug("%s: attempt %d failed (%s); retrying in %.3g s", self.provider.name, attempt, last, delay)
             await asyncio.sleep(delay)
         self.failures += 1
-        raise UpstreamError(f"web search failed after {attempt} attempt{'s' * (attempt > 1)}: {last}")
+        assert last is not None
+        status = f"HTTP {last.status}" if last.status is not None else "no HTTP reply"
+        raise UpstreamError(f"upstream_error: {last} ({status}, after {attempt} attempt{'s' * (attempt > 1)})")
 
     async def _send(self, query: str, k: int, deadline: float) -> list[WebHit]:
         loop, name = asyncio.get_running_loop(), self.provider.name
@@ -101,8 +109,3 @@ class LiveCaller:
             raise ProviderFailure(f"{name} dropped the connection ({type(e).__name__})", status=None,
                                   retryable=True) from None  # fmt: skip
         return self.provider.parse(status, raw, retry_after)
-
-    def _redact(self, text: str) -> str:
-        """``text`` with the key taken out (a provider's error text may echo what it was sent)."""
-        key = self._key.get_secret_value()
-        return text.replace(key, "***") if key else text

@@ -1,5 +1,6 @@
 """Request and response adapters of the web search providers (Serper, SerpAPI, Brave), in their documented shapes.
-Invariant: the API key travels only in the request built here; no message raised here can hold it or a URL with it."""
+Invariant: the API key travels only in the request built here; no message raised here holds it, a URL, or any text
+the provider sent (that is kept apart, as ``ProviderFailure.said``)."""
 
 from __future__ import annotations
 
@@ -39,17 +40,26 @@ class ProviderRequest:
 class ProviderFailure(RetrieverError, RuntimeError):
     """One attempt failed: the provider answered an error or a reply that is not its documented shape, or (``status``
     None) no answer came. ``retryable``: 429, 5xx, timeouts, dropped connections; ``retry_after``: its Retry-After
-    seconds; ``sent``: the request may have reached the provider (and been billed). The message holds the provider's
-    own text or the kind of transport failure, never the key or a URL."""
+    seconds; ``sent``: the request may have reached the provider (and been billed). The message is ours (what failed,
+    never the provider's text, the key or a URL); ``said`` is the provider's own text, unredacted, for the caller to
+    redact before it is logged."""
 
     def __init__(
-        self, message: str, *, status: int | None, retryable: bool, retry_after: float | None = None, sent: bool = True
+        self,
+        message: str,
+        *,
+        status: int | None,
+        retryable: bool,
+        retry_after: float | None = None,
+        sent: bool = True,
+        said: str = "",
     ) -> None:
         super().__init__(message)
         self.status = status
         self.retryable = retryable
         self.retry_after = retry_after
         self.sent = sent
+        self.said = said
 
 
 def _text(value: Any) -> str:
@@ -95,10 +105,9 @@ class Provider:
         except (ValueError, UnicodeDecodeError):
             body = None
         if status != 200:
-            detail = self.error_message(body) or f"HTTP {status}"
             retryable = status == 429 or status >= 500
-            raise ProviderFailure(f"{self.name} answered {status}: {detail[:200]}", status=status,
-                                  retryable=retryable, retry_after=retry_after)  # fmt: skip
+            raise ProviderFailure(f"{self.name} answered an error status", status=status, retryable=retryable,
+                                  retry_after=retry_after, said=self.error_message(body) or "")  # fmt: skip
         if not isinstance(body, dict):
             raise ProviderFailure(f"{self.name} sent a reply that is not a JSON object", status=200, retryable=False)
         return self.results(body)
@@ -135,7 +144,7 @@ class SerpApi(Provider):
         if error is not None:
             if _SERPAPI_EMPTY in str(error):
                 return []
-            raise ProviderFailure(f"serpapi answered an error: {str(error)[:200]}", status=200, retryable=False)
+            raise ProviderFailure("serpapi answered an error", status=200, retryable=False, said=str(error))
         return _hits(body.get("organic_results", []), "link", "snippet")
 
     def error_message(self, body: Any) -> str | None:
@@ -155,14 +164,15 @@ class Brave(Provider):
 
     def results(self, body: dict) -> list[WebHit]:
         if body.get("type") == "ErrorResponse":
-            raise ProviderFailure(f"brave answered an error: {self.error_message(body)}", status=200, retryable=False)
+            raise ProviderFailure("brave answered an error", status=200, retryable=False,
+                                  said=self.error_message(body) or "")  # fmt: skip
         web = body.get("web")
         return _hits(web.get("results", []) if isinstance(web, dict) else [], "url", "description")
 
     def error_message(self, body: Any) -> str | None:
         error = body.get("error") if isinstance(body, dict) else None
         if isinstance(error, dict):
-            return str(error.get("detail") or error.get("code") or "")[:200] or None
+            return str(error.get("detail") or error.get("code") or "") or None
         return None
 
 
