@@ -1,9 +1,10 @@
 """LiveCaller: one query's call to the provider, with the run's budget, the shared rate limit, bounded retries with
-backoff and a deadline. Invariants: no call outlives ``timeout_s``; only 429, 5xx, timeouts and dropped connections
-are retried; every failure is an ``UpstreamError``, ``RateLimited`` or ``BudgetExhausted`` whose text is ours: it
-names the provider, the HTTP status and what failed, never the provider's text, the key or a URL (transport errors
-are described by kind, not by aiohttp's message, which names the URL). The provider's text reaches only the log,
-through ``Redactor`` (the key masked in every encoding, then cut)."""
+backoff and a deadline. Invariants: the budget is charged before a rate slot is waited for (and taken back when none
+comes); no call outlives ``timeout_s``; only 429, 5xx, timeouts and dropped connections are retried; at most
+``MAX_REPLY_BYTES`` of a reply are read; every failure is an ``UpstreamError``, ``RateLimited`` or
+``BudgetExhausted`` whose text is ours: it names the provider, the HTTP status and what failed, never the provider's
+text, the key or a URL (transport errors are described by kind, not by aiohttp's message, which names the URL). The
+provider's text reaches only the log, through ``Redactor`` (the key masked in every encoding, then cut)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ from local_dense_retriever.web.redact import Redactor
 from verl_search.pacing import TokenBucket, backoff_seconds, retry_after_seconds
 
 logger = logging.getLogger(__name__)
+
+#: most bytes of one reply read; a longer one fails its query (a hundred hits take well under 1 MiB)
+MAX_REPLY_BYTES = 8 << 20
 
 
 class LiveCaller:
@@ -58,8 +62,12 @@ class LiveCaller:
         attempt, last = 0, None
         while attempt < self.max_attempts:
             attempt += 1
-            await self.bucket.acquire(deadline)
-            self.budget.charge()
+            self.budget.charge()  # a spent budget is refused at once, before any wait for a rate slot
+            try:
+                await self.bucket.acquire(deadline)
+            except BaseException:
+                self.budget.refund()
+                raise
             try:
                 return await self._send(query, k, deadline)
             except ProviderFailure as e:
@@ -97,8 +105,8 @@ class LiveCaller:
                 req.method, req.url, params=req.params, headers=req.headers, json=req.json,
                 timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False,
             ) as resp:  # fmt: skip
-                raw = await resp.read()
                 status, retry_after = resp.status, retry_after_seconds(resp.headers.get("Retry-After"))
+                raw = await _read_body(resp, name)
         except asyncio.TimeoutError:
             raise ProviderFailure(
                 f"{name} did not answer within {timeout:.3g} s", status=None, retryable=True
@@ -108,4 +116,25 @@ class LiveCaller:
         except aiohttp.ClientError as e:
             raise ProviderFailure(f"{name} dropped the connection ({type(e).__name__})", status=None,
                                   retryable=True) from None  # fmt: skip
-        return self.provider.parse(status, raw, retry_after)
+        try:  # a large reply is parsed off the loop, which answers cache hits meanwhile
+            return await asyncio.to_thread(self.provider.parse, status, raw, k, retry_after)
+        except ProviderFailure:
+            raise
+        except Exception as e:  # our reader failed on this reply: that query fails, never its batch
+            logger.error("%s: reading a reply of HTTP %d failed: %s", name, status, type(e).__name__)
+            raise ProviderFailure(f"{name} sent a reply that could not be read", status=status,
+                                  retryable=False) from None  # fmt: skip
+
+
+async def _read_body(resp: aiohttp.ClientResponse, name: str) -> bytes:
+    """The body of ``resp``; ``ProviderFailure`` (the rest unread) when it is longer than ``MAX_REPLY_BYTES``."""
+    body = bytearray()
+    if (resp.content_length or 0) <= MAX_REPLY_BYTES:
+        async for chunk in resp.content.iter_chunked(64 << 10):
+            body += chunk
+            if len(body) > MAX_REPLY_BYTES:
+                break
+    if len(body) > MAX_REPLY_BYTES or (resp.content_length or 0) > MAX_REPLY_BYTES:
+        raise ProviderFailure(f"{name} sent a reply larger than {MAX_REPLY_BYTES >> 20} MiB", status=resp.status,
+                              retryable=False)  # fmt: skip
+    return bytes(body)
