@@ -19,6 +19,7 @@ from starlette.responses import Response
 
 from local_dense_retriever.batcher import Batcher, PerRequestRunner, estimate_tokens
 from local_dense_retriever.config import ServerConfig
+from local_dense_retriever.document_runner import DocumentRunner
 from local_dense_retriever.engine import RetrievalEngine
 from local_dense_retriever.memory import gpu_report, release_free_memory_every
 from local_dense_retriever.metrics import Metrics
@@ -92,7 +93,7 @@ class ServiceState:
         self.status = "loading"
         self.detail = "loading model, index and corpus"
         self.engine: RetrievalEngine | None = None
-        self.runner: Batcher | PerRequestRunner | None = None
+        self.runner: Batcher | PerRequestRunner | DocumentRunner | None = None
         #: CUDA ordinals of the GPUs the loaded engine uses (GET /health ``gpus``)
         self.gpus: list[int] = []
         self.watchdog = Watchdog(
@@ -111,7 +112,9 @@ class ServiceState:
 
     def set_ready(self, engine: RetrievalEngine) -> None:
         c = self.config
-        if c.batching:
+        if engine.corpus is None:  # a document backend (web): each request awaits its own live calls
+            self.runner = DocumentRunner(engine, max_queue=c.max_queue, metrics=self.metrics)
+        elif c.batching:
             self.runner = Batcher(
                 engine.search,
                 max_batch_size=c.max_batch_size,

@@ -117,6 +117,12 @@ class WebSearch:
         """Per query, its top-``k`` hits or the ``QueryFailed`` that query met."""
         return asyncio.run_coroutine_threadsafe(self._search(queries, k), self._loop).result()
 
+    async def asearch(self, queries: list[str], k: int) -> list[list[Hit] | QueryFailed]:
+        """``search`` awaited from the server's loop. A caller that goes away leaves the calls running on this loop:
+        a live answer being paid for is still recorded."""
+        work = asyncio.run_coroutine_threadsafe(self._search(queries, k), self._loop)
+        return await asyncio.shield(asyncio.wrap_future(work))
+
     async def pages(self, urls: list[str]) -> list[dict | None]:
         """``POST /access``: the page of each url, or None (awaited from the server's loop, run on this one's)."""
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.web_pages.get(urls), self._loop))

@@ -34,7 +34,8 @@ ERROR_BODIES = {
 class Fault:
     """One planned answer: ``status`` with the provider's error body (``message``; ``{target}`` in it is replaced by
     the request's path and query string as received, ``{headers}`` by its headers as JSON), ``raw`` bytes as a 200, or
-    ``hang`` (never answers until the stub closes); ``retry_after`` sets that header, ``headers`` adds others."""
+    ``hang`` (never answers until the stub closes, or ``until`` is set); ``retry_after`` sets that header, ``headers``
+    adds others."""
 
     status: int = 200
     message: str = ""
@@ -42,6 +43,7 @@ class Fault:
     retry_after: str | None = None
     hang: bool = False
     headers: dict[str, str] = field(default_factory=dict)
+    until: threading.Event | None = None
 
 
 @dataclass
@@ -99,6 +101,8 @@ class ProviderStub:
             while not self.closing.is_set():
                 await asyncio.sleep(0.05)
             return
+        while fault.until is not None and not fault.until.is_set() and not self.closing.is_set():
+            await asyncio.sleep(0.01)
         if fault.raw is not None:
             status, data = fault.status, fault.raw
         elif fault.status != 200:
