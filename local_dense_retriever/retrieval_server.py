@@ -206,10 +206,23 @@ def main(argv: list[str] | None = None) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sock.close()
+    if app.state.service.status == "loading":
+        abandon_load(log)
     if failures:
         print(f"retrieval_server: error: {failures[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+def abandon_load(log: logging.Logger) -> typing.NoReturn:
+    """Exit 0 now, abandoning the load still running on its thread (download, build, encode, load or pre-scan), which
+    Python cannot interrupt and would otherwise wait for. Its writers write temporaries and rename only what is
+    complete, so nothing left looks complete; the next run removes the temporaries."""
+    log.info("stopped during start-up: the load in progress is abandoned")
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
