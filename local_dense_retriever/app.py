@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
@@ -19,6 +20,7 @@ from starlette.responses import Response
 
 from local_dense_retriever.batcher import Batcher, PerRequestRunner, estimate_tokens
 from local_dense_retriever.config import ServerConfig
+from local_dense_retriever.document_runner import DocumentRunner
 from local_dense_retriever.engine import RetrievalEngine
 from local_dense_retriever.memory import gpu_report, release_free_memory_every
 from local_dense_retriever.metrics import Metrics
@@ -92,7 +94,7 @@ class ServiceState:
         self.status = "loading"
         self.detail = "loading model, index and corpus"
         self.engine: RetrievalEngine | None = None
-        self.runner: Batcher | PerRequestRunner | None = None
+        self.runner: Batcher | PerRequestRunner | DocumentRunner | None = None
         #: CUDA ordinals of the GPUs the loaded engine uses (GET /health ``gpus``)
         self.gpus: list[int] = []
         self.watchdog = Watchdog(
@@ -111,7 +113,9 @@ class ServiceState:
 
     def set_ready(self, engine: RetrievalEngine) -> None:
         c = self.config
-        if c.batching:
+        if engine.corpus is None:  # a document backend (web): each request awaits its own live calls
+            self.runner = DocumentRunner(engine, max_queue=c.max_queue, metrics=self.metrics)
+        elif c.batching:
             self.runner = Batcher(
                 engine.search,
                 max_batch_size=c.max_batch_size,
@@ -168,7 +172,7 @@ def create_app(
 
     async def load() -> None:
         try:
-            loaded = await asyncio.to_thread(loader)
+            loaded = await _on_daemon_thread(loader)
         except Exception as e:
             logger.error("loading failed: %s", e)
             state.status = "failed"
@@ -245,3 +249,34 @@ def create_app(
         return JSONResponse(state.metrics.snapshot())
 
     return app
+
+
+async def _on_daemon_thread(fn: Callable[[], RetrievalEngine]) -> RetrievalEngine:
+    """``fn()`` on a daemon thread of its own: a server stopped mid-load exits without waiting for it (the default
+    executor's threads are joined when the loop closes)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[RetrievalEngine] = loop.create_future()
+
+    def settle(result, error) -> None:
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+
+    def run() -> None:
+        result, error = None, None
+        try:
+            result = fn()
+        except Exception as e:
+            error = e
+        except BaseException as e:  # SystemExit and the like: the load failed all the same
+            error = RuntimeError(f"the load ended with {type(e).__name__}")
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop is closed: the server stopped before the load ended
+            pass
+
+    threading.Thread(target=run, name="retriever-load", daemon=True).start()
+    return await done

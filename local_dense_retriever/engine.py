@@ -1,7 +1,8 @@
 """RetrievalEngine: backend + corpus → documents per query; ``load_engine`` builds one from a ServerConfig.
 Invariant: ``search`` and the file reads of ``pages`` run off the event loop; a text asked twice in a batch is encoded
 and searched once. A document backend (web) has no corpus, and a query it failed holds its ``QueryFailed`` in place of
-its hits."""
+its hits; its ``search_documents`` is awaited per request, its live calls on the backend's own loop, never on the
+batch worker."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import torch
 
 from local_dense_retriever.config import ServerConfig, is_flat_ip, resolve_device
 from local_dense_retriever.corpus_store import CorpusStore
-from local_dense_retriever.errors import IndexLoadError
+from local_dense_retriever.errors import IndexLoadError, QueryFailed
 from local_dense_retriever.index.base import DenseSearch, SearchBackend, VectorIndex
 from local_dense_retriever.load_progress import LoadProgress
 from local_dense_retriever.metrics import StageClock
@@ -66,13 +67,31 @@ class RetrievalEngine:
         answers = dict(zip(distinct, self._ranked(distinct, k), strict=True))
         return [answers[q] for q in queries]
 
+    async def search_documents(self, queries: list[str], k: int, rerank=None) -> list[list[Hit] | QueryFailed]:
+        """A document backend's (web) ``search``, awaited on the server's loop: the backend's calls run on its own
+        loop, and the rerank stage (if any) through ``rerank``, an awaitable of ``(fn, *args)`` off this loop."""
+        distinct = list(dict.fromkeys(queries))
+        if len(distinct) != len(queries):
+            with self._count_lock:
+                self.duplicate_queries += len(queries) - len(distinct)
+        n = max(k, self.reranker.candidates) if self.reranker is not None else k
+        found = await self.backend.asearch(distinct, n)
+        if self.reranker is not None:
+            assert rerank is not None
+            found = await rerank(self._rerank, distinct, found, k)
+        answers = dict(zip(distinct, found, strict=True))
+        return [answers[q] for q in queries]
+
+    def _rerank(self, queries: list[str], hits: list, k: int) -> list:
+        assert self.reranker is not None
+        with self.clock.stage("rerank"):
+            return self.reranker.rerank(queries, hits, k)
+
     def _ranked(self, queries: list[str], k: int) -> list[list[Hit]]:
         """``_search``'s hits, or with a rerank stage its candidates reordered by the reranker's score."""
         if self.reranker is None:
             return self._search(queries, k)
-        hits = self._search(queries, max(k, self.reranker.candidates))
-        with self.clock.stage("rerank"):
-            return self.reranker.rerank(queries, hits, k)
+        return self._rerank(queries, self._search(queries, max(k, self.reranker.candidates)), k)
 
     def _search(self, queries: list[str], k: int) -> list[list[Hit]]:
         if not queries:

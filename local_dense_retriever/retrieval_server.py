@@ -136,10 +136,16 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from local_dense_retriever.flag_scope import FlagScopeError, check_flag_scope
+
     try:
         config, log_level = config_from_args(argv)
+        ignored = check_flag_scope(config)
     except ValidationError as e:
         print(f"retrieval_server: error: {first_error(e)}", file=sys.stderr)
+        return 2
+    except FlagScopeError as e:
+        print(f"retrieval_server: error: {e}", file=sys.stderr)
         return 2
     if config.num_threads:  # every OpenMP thread (torch and faiss, any worker thread) reads this at first use
         os.environ["OMP_NUM_THREADS"] = str(config.num_threads)
@@ -152,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     from local_dense_retriever.engine import load_engine
     from local_dense_retriever.middleware import json_400_protocol
 
+    for line in ignored:
+        log.warning("%s", line)
     log_substitutions(config, log)
     try:
         sock = listening_socket(config.host, config.port)
@@ -198,10 +206,23 @@ def main(argv: list[str] | None = None) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sock.close()
+    if app.state.service.status == "loading":
+        abandon_load(log)
     if failures:
         print(f"retrieval_server: error: {failures[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+def abandon_load(log: logging.Logger) -> typing.NoReturn:
+    """Exit 0 now, abandoning the load still running on its thread (download, build, encode, load or pre-scan), which
+    Python cannot interrupt and would otherwise wait for. Its writers write temporaries and rename only what is
+    complete, so nothing left looks complete; the next run removes the temporaries."""
+    log.info("stopped during start-up: the load in progress is abandoned")
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

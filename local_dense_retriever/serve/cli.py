@@ -66,12 +66,20 @@ def _wait_for_signal() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from local_dense_retriever.flag_scope import FlagScopeError, check_flag_scope
+
     try:
         config, options, stop, log_level = parse(argv)
+        ignored = check_flag_scope(config)
     except ValidationError as e:
         print(f"{PROG}: error: {first_error(e)}", file=sys.stderr)
         return 2
+    except FlagScopeError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for line in ignored:
+        logging.getLogger(__name__).warning("%s", line)
     from local_dense_retriever.serve.fleet import connect, start_fleet, stop_fleet
 
     try:

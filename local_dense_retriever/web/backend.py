@@ -4,7 +4,8 @@
 
 Invariants: a failed query is returned as its ``QueryFailed`` in its own result slot, never raised for the batch; a
 replay never calls the provider; identical queries in flight in this process share one live call; every live answer
-is recorded before it is returned; the key is held as a secret and appears in no text this module makes.
+is recorded (its hits cleaned and cut by the provider's adapter) before it is returned, and a failure never is; the
+key is held as a secret and appears in no text this module makes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import sqlite3
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,7 +25,7 @@ from local_dense_retriever.errors import QueryFailed
 from local_dense_retriever.web.access import WebPages
 from local_dense_retriever.web.cache import WebStore, normalize_query
 from local_dense_retriever.web.caller import LiveCaller
-from local_dense_retriever.web.errors import NotCached, RateLimited, WebSetupError
+from local_dense_retriever.web.errors import NotCached, RateLimited, UpstreamError, WebSetupError
 from local_dense_retriever.web.fetch import FetchConfig, PageFetcher
 from local_dense_retriever.web.limits import Budget
 from local_dense_retriever.web.providers import PROVIDERS, WebHit
@@ -115,6 +117,12 @@ class WebSearch:
         """Per query, its top-``k`` hits or the ``QueryFailed`` that query met."""
         return asyncio.run_coroutine_threadsafe(self._search(queries, k), self._loop).result()
 
+    async def asearch(self, queries: list[str], k: int) -> list[list[Hit] | QueryFailed]:
+        """``search`` awaited from the server's loop. A caller that goes away leaves the calls running on this loop:
+        a live answer being paid for is still recorded."""
+        work = asyncio.run_coroutine_threadsafe(self._search(queries, k), self._loop)
+        return await asyncio.shield(asyncio.wrap_future(work))
+
     async def pages(self, urls: list[str]) -> list[dict | None]:
         """``POST /access``: the page of each url, or None (awaited from the server's loop, run on this one's)."""
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.web_pages.get(urls), self._loop))
@@ -157,8 +165,7 @@ class WebSearch:
             return await asyncio.shield(flight)
         flight = self._flights[(key, k)] = self._loop.create_future()
         try:
-            hits = await self.caller.call(key, k)
-            self.store.put(self.provider.name, key, k, hits)
+            hits = await self._live(key, k)
         except BaseException as e:
             flight.set_exception(e if isinstance(e, Exception) else asyncio.CancelledError())
             flight.exception()  # retrieved here: a flight nobody joined must not warn
@@ -167,6 +174,24 @@ class WebSearch:
             flight.set_result(hits)
         finally:
             del self._flights[(key, k)]
+        return hits
+
+    async def _live(self, key: str, k: int) -> list[WebHit]:
+        """A live call's hits, recorded; any failure is this query's ``QueryFailed`` (were it raised for the batch,
+        the batch's isolation retry would call, and bill, the provider again)."""
+        assert self.caller is not None
+        name = self.provider.name
+        try:
+            hits = await self.caller.call(key, k)
+        except QueryFailed:
+            raise
+        except Exception as e:
+            logger.error("%s: a live call failed in our code: %s", name, type(e).__name__)
+            raise UpstreamError(f"upstream_error: {name}: the call failed here ({type(e).__name__})") from None
+        try:
+            self.store.put(name, key, k, hits)
+        except (sqlite3.Error, OSError) as e:  # answered all the same: it was paid for
+            logger.error("cannot record a %s answer in %s: %s", name, self.store.path.name, e)
         return hits
 
     def stats(self) -> dict:

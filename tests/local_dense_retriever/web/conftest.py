@@ -32,14 +32,18 @@ ERROR_BODIES = {
 
 @dataclass
 class Fault:
-    """One planned answer: ``status`` with the provider's error body (``message``), ``raw`` bytes as a 200, or
-    ``hang`` (never answers until the stub closes); ``retry_after`` sets that header."""
+    """One planned answer: ``status`` with the provider's error body (``message``; ``{target}`` in it is replaced by
+    the request's path and query string as received, ``{headers}`` by its headers as JSON), ``raw`` bytes as a 200, or
+    ``hang`` (never answers until the stub closes, or ``until`` is set); ``retry_after`` sets that header, ``headers``
+    adds others."""
 
     status: int = 200
     message: str = ""
     raw: bytes | None = None
     retry_after: str | None = None
     hang: bool = False
+    headers: dict[str, str] = field(default_factory=dict)
+    until: threading.Event | None = None
 
 
 @dataclass
@@ -97,10 +101,14 @@ class ProviderStub:
             while not self.closing.is_set():
                 await asyncio.sleep(0.05)
             return
+        while fault.until is not None and not fault.until.is_set() and not self.closing.is_set():
+            await asyncio.sleep(0.01)
         if fault.raw is not None:
             status, data = fault.status, fault.raw
         elif fault.status != 200:
-            status, data = fault.status, json.dumps(ERROR_BODIES[self.provider](fault.status, fault.message)).encode()
+            target = scope["path"] + ("?" + scope["query_string"].decode() if scope["query_string"] else "")
+            message = fault.message.replace("{target}", target).replace("{headers}", json.dumps(headers))
+            status, data = fault.status, json.dumps(ERROR_BODIES[self.provider](fault.status, message)).encode()
         else:
             query = payload["q"] if payload else params["q"]
             k = int(payload["num"] if payload else params.get("num") or params.get("count"))
@@ -108,6 +116,7 @@ class ProviderStub:
         head = [(b"content-type", b"application/json")]
         if fault.retry_after is not None:
             head.append((b"retry-after", fault.retry_after.encode()))
+        head += [(name.encode(), value.encode()) for name, value in fault.headers.items()]
         await send({"type": "http.response.start", "status": status, "headers": head})
         await send({"type": "http.response.body", "body": data})
 

@@ -64,3 +64,32 @@ def test_a_missing_key_stops_the_server_naming_the_variable(tmp_path: Path, monk
     monkeypatch.setenv("OTHER_KEY", "   ")  # blank counts as unset
     assert main([*argv, "--web_api_key_env", "OTHER_KEY"]) == 1
     assert "environment variable OTHER_KEY" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--backend", "web", "--retriever_model", "replay"], "--retriever_model"),
+        (["--backend", "web", "--web_cache_mode", "replay", "--faiss_gpu"], "--faiss_gpu"),
+        (["--web_cache_mode", "replay"], "--web_cache_mode"),
+        (["--retriever_name", "bm25", "--web_provider", "brave"], "--web_provider"),
+    ],
+)
+def test_a_flag_that_would_change_what_is_searched_is_refused_naming_it(capsys, argv, flag):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"retrieval_server: error: {flag} has no effect")
+
+
+def test_a_tuning_flag_the_web_backend_ignores_is_logged_once(start_cli_server, tmp_path):
+    log = tmp_path / "server.log"
+    flags = ["--backend", "web", "--web_cache_mode", "replay", "--web_cache_path", str(tmp_path / "web.sqlite3"),
+             "--max_batch_size", "8", "--no_batching", "--device", "cpu"]  # fmt: skip
+    proc, _ = start_cli_server(flags, log)
+    try:
+        text = log.read_text()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    for flag in ("--max_batch_size", "--no_batching", "--device"):
+        assert text.count(f"{flag} is ignored with --backend web") == 1, text

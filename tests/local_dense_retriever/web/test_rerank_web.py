@@ -1,6 +1,6 @@
 """The rerank stage over the web backend: the provider's hits come back in the cross-encoder's order, and in replay a
-query that was never recorded fails its own request (not_cached) while a recorded query of the same micro-batch,
-sent by another request, is answered reranked."""
+query that was never recorded fails its own request (not_cached) while a recorded query sent meanwhile by another
+request is answered reranked (each request is served on its own: the web backend has no micro-batches)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_web_hits_are_reranked_and_a_replay_miss_spares_its_batch_mate(
     def hold_first_batch(module, args, kwargs):
         rows.append(int(kwargs["input_ids"].shape[0]))
         if len(rows) == 1:
-            gate.wait(30)  # the next two requests queue meanwhile, and are then served as one micro-batch
+            gate.wait(30)  # the next two requests arrive meanwhile
 
     handle = replay.reranker.score.model.register_forward_pre_hook(hold_first_batch, with_kwargs=True)
     answers: dict[str, httpx.Response] = {}
@@ -77,7 +77,7 @@ def test_web_hits_are_reranked_and_a_replay_miss_spares_its_batch_mate(
     assert answers["missing"].status_code == 503 and answers["missing"].json()["error"] == "not_cached"
     assert answers["recorded"].status_code == 200 and answers["recorded"].json()["result"][0] == hits
     assert answers["first"].json()["result"][0] == hits
-    assert rows == [CANDIDATES, CANDIDATES]  # the shared batch scored the recorded query's pairs only
+    assert rows == [CANDIDATES, CANDIDATES]  # the recorded query's pairs only: the miss never reached the reranker
     metrics = httpx.get(f"{replay_url}/metrics").json()
-    assert metrics["batches_total"] == 2 and metrics["errors_by_kind"] == {"not_cached": 1}
+    assert metrics["batches_total"] == 3 and metrics["errors_by_kind"] == {"not_cached": 1}
     assert provider.requests == []

@@ -66,7 +66,7 @@ def test_a_provider_that_keeps_failing_is_a_502_upstream_error(provider, web_ser
     url, _ = web_server()
     answer = httpx.post(f"{url}/retrieve", json={"queries": ["down"], "topk": 2})
     assert answer.status_code == 502 and answer.json()["error"] == "upstream_error"
-    assert "after 3 attempts" in answer.json()["detail"]
+    assert answer.json()["detail"] == "upstream_error: serper answered an error status (HTTP 500, after 3 attempts)"
 
 
 async def test_a_failed_query_fails_only_its_own_request_in_a_shared_batch(provider, web_backend):
