@@ -18,13 +18,13 @@ from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from local_dense_retriever.batcher import Batcher, PerRequestRunner, estimate_tokens
+from local_dense_retriever.batcher import Batcher, estimate_tokens
 from local_dense_retriever.config import ServerConfig
-from local_dense_retriever.document_runner import DocumentRunner
 from local_dense_retriever.engine import RetrievalEngine
 from local_dense_retriever.memory import gpu_report, release_free_memory_every
 from local_dense_retriever.metrics import Metrics
 from local_dense_retriever.middleware import GuardPostBodies, error_response, internal_error
+from local_dense_retriever.request_runners import DocumentRunner, PerRequestRunner
 from local_dense_retriever.retrieve import (
     JsonLane,
     RetrieveBody,

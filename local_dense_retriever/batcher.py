@@ -2,8 +2,8 @@
 worker thread. Invariants: every request is resolved, also when a batch raises, the worker dies or the server stops;
 at most ``max_queue`` queries wait (else ``Overloaded``); a failing batch is retried request by request, so only the
 culprit fails; a query the engine answers with its ``QueryFailed`` fails its own request only; queries of callers
-that went away are never computed; every pass of the worker takes a batch or awaits. ``PerRequestRunner``
-(``--no_batching``), the reference batching is measured against, runs each request alone on a pool thread."""
+that went away are never computed; every pass of the worker takes a batch or awaits. The runners without batches
+(``--no_batching``, the web backend) are in ``request_runners``."""
 
 from __future__ import annotations
 
@@ -240,48 +240,3 @@ class Batcher:
 
     def _fail_pending(self, error: Exception) -> None:
         self._queue.clear(lambda req: self._fail(req, error))
-
-
-class PerRequestRunner:
-    """Each request encodes and searches on its own in a thread pool, as the public servers do; past ``max_queue``
-    queries in flight a request is refused before any work."""
-
-    running = True
-
-    def __init__(self, search: SearchFn, *, threads: int, max_queue: int, metrics: Metrics) -> None:
-        self._search, self.max_queue, self._metrics = search, max_queue, metrics
-        self._inflight, self.threads = 0, threads
-        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="retriever-request")
-        metrics.queue_depth = lambda: self._inflight
-
-    def start(self) -> None:
-        pass
-
-    def stalled_for(self, now: float) -> float:
-        """Always 0: requests run on their own threads, with no queue a worker could stop draining."""
-        return 0.0
-
-    def describe_state(self) -> dict:
-        return {"in_flight": self._inflight}
-
-    async def stop(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-    async def submit(self, queries: list[str], k: int) -> list[list[tuple[dict, float]]]:
-        if not queries:
-            return []
-        if self._inflight + len(queries) > self.max_queue:
-            raise Overloaded(f"{self._inflight} queries in flight (max_queue={self.max_queue})")
-        self._inflight += len(queries)
-        try:
-            result = await asyncio.get_running_loop().run_in_executor(self._executor, self._search, queries, k)
-        except Exception:
-            self._metrics.observe_batch(len(queries), failed=True)
-            raise
-        finally:
-            self._inflight -= len(queries)
-        self._metrics.observe_batch(len(queries))
-        failed = next((r for r in result if isinstance(r, QueryFailed)), None)
-        if failed is not None:  # a query failed on its own (web backend): this request fails with it
-            raise failed
-        return result

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from local_dense_retriever.batcher import PerRequestRunner
 from local_dense_retriever.errors import Overloaded
 from local_dense_retriever.metrics import Metrics
+from local_dense_retriever.request_runners import PerRequestRunner
 
 
 def search(queries: list[str], k: int):
