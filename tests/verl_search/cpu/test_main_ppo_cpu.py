@@ -14,12 +14,10 @@ import json
 import urllib.request
 from pathlib import Path
 
+from cpu_bench.testing.engine_runs import metrics_by_step
+
 REPO = Path(__file__).resolve().parents[3]
 FORCED = "path:cpu_bench.testing.forced_prefix.ForcedOpenings,search_every:2,answer:Paris,answer_every:1"
-
-
-def _metrics(path: Path) -> dict[int, dict]:
-    return {row["step"]: row["data"] for row in map(json.loads, path.read_text().splitlines())}
 
 
 def _records(folder: Path) -> list[dict]:
@@ -47,7 +45,7 @@ def test_grpo_with_search_trains_validates_checkpoints_and_resumes(
     first = launch_cpu_run(run_dir, env, 2, options, f"trainer.rollout_data_dir={tmp_path / 'rollouts'}")
     assert first.returncode == 0, first.stdout[-4000:]
 
-    metrics = _metrics(run_dir / "metrics-2.jsonl")
+    metrics = metrics_by_step(run_dir / "metrics-2.jsonl")
     assert sorted(metrics) == [1, 2]
     assert max(m["actor/grad_norm"] for m in metrics.values()) > 0  # forced answers give GRPO non-zero advantages
     assert metrics[2]["val-core/searchR1_nq/reward/mean@1"] >= 0  # validation through our reward, at test_freq
@@ -86,4 +84,5 @@ def test_grpo_with_search_trains_validates_checkpoints_and_resumes(
     # their tests), so the second launch goes straight to the trainer.
     second = launch_cpu_run(run_dir, {**env, "SKIP_PREFLIGHT": "1"}, 3, options)
     assert second.returncode == 0, second.stdout[-4000:]
-    assert sorted(_metrics(run_dir / "metrics-3.jsonl")) == [3]  # resumed from global_step_2, trained step 3 only
+    # resumed from global_step_2, trained step 3 only
+    assert sorted(metrics_by_step(run_dir / "metrics-3.jsonl")) == [3]

@@ -37,7 +37,6 @@ WITHOUT_STAND_IN = (
 )
 WITHOUT_HOOK = (
     "import sys\n"
-    "from verl_search import import_hook\n"
     "sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, 'name', None) != {module!r}]\n"
 )
 
