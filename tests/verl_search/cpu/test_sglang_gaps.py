@@ -35,10 +35,7 @@ WITHOUT_STAND_IN = (
     "kept = {{k: v for k, v in gaps.STAND_INS.items() if k != {package!r}}}\n"
     "sys.meta_path.insert(0, StandIns(kept, before=gaps.prime_transformers))\n"
 )
-WITHOUT_HOOK = (
-    "import sys\n"
-    "sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, 'name', None) != {module!r}]\n"
-)
+WITHOUT_HOOK = "import sys\nsys.meta_path[:] = [f for f in sys.meta_path if getattr(f, 'name', None) != {module!r}]\n"
 
 
 def _python(code: str, env: dict[str, str] | None = None, stdin: bytes | None = None) -> subprocess.CompletedProcess:
