@@ -1,5 +1,6 @@
 """SIGTERM or SIGINT stops a server in each start-up phase that can take minutes on a real corpus: downloading the
-encoder from the hub, building the BM25 index, loading a faiss index and pre-scanning a torch one. The server exits 0
+encoder from the hub, building the BM25 index, encoding the embedded default's index, loading a faiss index and
+pre-scanning a torch one. The server exits 0
 within seconds, says it stopped during start-up, and leaves nothing behind that a restart would take as complete.
 
 Each phase is made long enough to be caught in the middle: the hub is a stub on 127.0.0.1 that trickles the weights,
@@ -132,8 +133,11 @@ def _percent_at_least(what: str, percent: int) -> Callable[[str], bool]:
     return lambda log: any(int(p) >= percent for p in pattern.findall(log))
 
 
-def _stop_in_phase(tmp_path: Path, args: list[str], reached: Callable[[str], bool], sig: int, env=None) -> str:
-    """Start the server, signal it once ``reached(log)``, and return its log after it exited 0 within the bound."""
+def _stop_in_phase(
+    tmp_path: Path, args: list[str], reached: Callable[[str], bool], sig: int, *, settle_s: float = 0.0, env=None
+) -> str:
+    """Start the server, signal it ``settle_s`` after ``reached(log)``, and return its log after it exited 0 within
+    the bound."""
     log = tmp_path / "server.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
@@ -145,6 +149,8 @@ def _stop_in_phase(tmp_path: Path, args: list[str], reached: Callable[[str], boo
         while not reached(log.read_text(errors="replace")):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")
             time.sleep(0.1)
+        time.sleep(settle_s)
+        assert proc.poll() is None, log.read_text(errors="replace")
         proc.send_signal(sig)
         assert proc.wait(STOP_BOUND_S) == 0, log.read_text(errors="replace")
     finally:
@@ -176,10 +182,20 @@ def test_a_signal_while_bm25_is_built_leaves_no_bm25_index(tmp_path):
     corpus = _write_corpus(tmp_path / "corpus.jsonl", 40_000)
     text = _stop_in_phase(
         tmp_path, ["--corpus_path", str(corpus), "--backend", "bm25"],
-        lambda log: "building bm25 index" in log and (time.sleep(1.0) or True), signal.SIGINT,
+        lambda log: "building bm25 index" in log, signal.SIGINT, settle_s=1.0,
     )  # fmt: skip
     assert "loaded bm25 index" not in text
     assert not (tmp_path / "corpus.jsonl.bm25").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_the_embedded_default_is_encoded_leaves_no_complete_index(tmp_path, sig):
+    _stop_in_phase(
+        tmp_path, ["--toy_passages", "20000", "--cache_dir", str(tmp_path / "cache")],
+        lambda log: "building the embedded default index" in log, sig, settle_s=3.0,
+    )  # fmt: skip
+    folder = tmp_path / "cache" / "toy-20000"
+    assert not (folder / "minilm_flat.npy").exists() and not (folder / "minilm_flat.npy.source.json").exists()
 
 
 def test_a_signal_while_a_faiss_index_loads_stops_the_load(tmp_path):
