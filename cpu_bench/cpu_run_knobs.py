@@ -15,7 +15,6 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from verl_search.errors import VerlSearchError
 from verl_search.launch.run_knobs import (
     RUN_TOOL_YAML,
     RunKnobs,
@@ -32,17 +31,10 @@ from verl_search.launch.trainer_mode import TrainerSettings, settings_from_env, 
 FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 
 
-class CpuRunError(VerlSearchError, ValueError):
-    """A knob of the CPU run has a value it cannot take; the message names the knob."""
-
-    kind = "cpu_run"
-
-
 class CpuRunKnobs(RunKnobs):
     """Every knob of ``run_tiny_search_cpu.sh``; the environment variable is the field name in capitals."""
 
     experiment_prefix: ClassVar[str] = "tiny-grpo-search"
-    error: ClassVar[type[ValueError]] = CpuRunError
 
     model_path: str = Field(description="a model folder, e.g. one written by python -m cpu_bench.train.tiny_model")
     agent: Literal["tool_agent", "search_r1_agent"] = Field(

@@ -21,9 +21,7 @@
     │   └── PreflightWarning             a problem that does not stop the launch
     ├── launch.gpu_locks.LockFileError   a GPU lock file is missing or not pinned
     ├── launch.run_outputs.CheckpointError (ValueError)   RESUME_FROM names no verl checkpoint
-    ├── launch.gpu_run.GpuRunError (ValueError)     a knob of the GPU recipe script has a value it cannot take
-    ├── launch.eval_run.EvalRunError (ValueError)   a knob of eval_search.sh has a value it cannot take
-    ├── launch.trainer_mode.TrainerModeError (ValueError)  a TRAINER knob (or its settings) cannot run
+    ├── KnobError (ValueError)           a run script's knob (a TRAINER knob included) has a value it cannot take
     ├── report.DumpError (ValueError)    the validation dumps or data cannot make the report
     ├── CpuBackendError                  the CPU training backend (``verl_search.cpu``) cannot run as configured
     │   ├── UnsupportedVerlError         the installed verl is not the version whose gaps we bridge
@@ -32,7 +30,6 @@
     │   ├── CpuRolloutConfigError (ValueError)         engine_kwargs.<backend> of the rollout config is invalid
     │   └── WeightSyncTimeout (TimeoutError)           the zmq checkpoint engine waited past its deadline
     ├── ResourceMissing (FileNotFoundError)           a shipped file (tool YAML, prompt.yaml) is not installed
-    ├── cpu_bench.cpu_run_knobs.CpuRunError (ValueError)  a knob of the CPU run script has a value it cannot take
     ├── cpu_bench.gpu_smoke.SmokeError   a stage of make gpu-smoke failed (the message names its log)
     ├── cpu_bench.train.processes.StageError (RuntimeError)       a ``make train`` stage failed or left no output
     ├── cpu_bench.train.run_settings.SettingsMismatch (ValueError) the run folder was built with other settings
@@ -59,6 +56,12 @@ class VerlSearchError(Exception):
     """Base of every verl-search error."""
 
     kind = "error"
+
+
+class KnobError(VerlSearchError, ValueError):
+    """A run script's knob (an environment variable) has a value it cannot take; the message names the knob."""
+
+    kind = "knob"
 
 
 class SearchError(VerlSearchError):

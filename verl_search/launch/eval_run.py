@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
 from verl_search.data.pipeline import VAL_SUBSET_NAME
-from verl_search.errors import VerlSearchError
+from verl_search.errors import KnobError
 from verl_search.launch.checks import PREPROCESS_COMMAND, PreflightError, read_data_file
 from verl_search.launch.run_knobs import RunKnobs, absolute, data_overrides, gpu_parts, knobs_main, value
 from verl_search.launch.run_outputs import LATEST_FILE, STEP_PREFIX, latest_step
@@ -37,18 +37,11 @@ RECIPE_PASS_SECONDS = 6_000
 REPO = Path(__file__).resolve().parents[2]
 
 
-class EvalRunError(VerlSearchError, ValueError):
-    """A knob of the evaluation has a value it cannot take; the message names the knob."""
-
-    kind = "eval_run"
-
-
 class EvalRunKnobs(RunKnobs):
     """Every knob of ``eval_search.sh``; the environment variable is the field name in capitals. ``RESUME_MODE`` and
     ``RESUME_FROM`` are derived from ``CHECKPOINT``, never set by hand."""
 
     experiment_prefix: ClassVar[str] = "eval"
-    error: ClassVar[type[ValueError]] = EvalRunError
 
     device: Literal["cuda", "cpu"] = Field(
         "cuda", description="cuda, or cpu (verl's CPU trainer, run_tiny_search_cpu.sh)"
@@ -94,15 +87,15 @@ class EvalRunKnobs(RunKnobs):
         env = dict(env)
         device = env.get("DEVICE") or "cuda"
         if device not in ENGINES:
-            raise EvalRunError(f"DEVICE={device}: choose cuda or cpu")
+            raise KnobError(f"DEVICE={device}: choose cuda or cpu")
         engines = ENGINES[device]
         rollout = env.get("ROLLOUT") or engines[0]
         if rollout == "sglang" and device == "cpu":
-            raise EvalRunError(
+            raise KnobError(
                 "ROLLOUT=sglang: SGLang has no CPU build on the package index (README); choose vllm or hf_cpu"
             )
         if rollout not in engines:
-            raise EvalRunError(
+            raise KnobError(
                 f"ROLLOUT={rollout}: on {'a CPU' if device == 'cpu' else 'GPUs'} choose {' or '.join(engines)}"
             )
         env["ROLLOUT"] = rollout
@@ -113,7 +106,7 @@ class EvalRunKnobs(RunKnobs):
         try:  # read as the field reads it (1/0, true/false, and the True the shell assignments hand back)
             full_test = TypeAdapter(bool).validate_python(env.get("FULL_TEST") or False)
         except ValidationError as e:
-            raise EvalRunError(f"FULL_TEST={env['FULL_TEST']}: choose 1 (the full test set) or 0 (the subset)") from e
+            raise KnobError(f"FULL_TEST={env['FULL_TEST']}: choose 1 (the full test set) or 0 (the subset)") from e
         data_dir = env.get("DATA_DIR") or cls.model_fields["data_dir"].default
         default_name = FULL_TEST_NAME if full_test else VAL_SUBSET_NAME
         env["VAL_DATA"] = env.get("VAL_DATA") or f"{data_dir}/{default_name}"
@@ -144,7 +137,7 @@ def resolve_checkpoint(checkpoint: str) -> tuple[str, str]:
     folder holding ``latest_checkpointed_iteration.txt`` means its latest step."""
     path = Path(checkpoint)
     if not path.exists():
-        raise EvalRunError(f"CHECKPOINT={checkpoint}: no such folder")
+        raise KnobError(f"CHECKPOINT={checkpoint}: no such folder")
     path = path.resolve()
     if (path / LATEST_FILE).is_file():
         path = path / f"{STEP_PREFIX}{latest_step(path)}"
@@ -152,7 +145,7 @@ def resolve_checkpoint(checkpoint: str) -> tuple[str, str]:
         return str(path), ""
     if (path / "config.json").is_file():
         return "", str(path)
-    raise EvalRunError(
+    raise KnobError(
         f"CHECKPOINT={path}: neither a verl checkpoint (no actor/) nor a Hugging Face model (no config.json)"
     )
 

@@ -13,21 +13,13 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from verl_search.errors import VerlSearchError
 from verl_search.launch.run_knobs import RunKnobs, data_overrides, gpu_parts, knobs_main, resume_overrides, value
-
-
-class GpuRunError(VerlSearchError, ValueError):
-    """A knob of the GPU recipe has a value it cannot take; the message names the knob."""
-
-    kind = "gpu_run"
 
 
 class GpuRunKnobs(RunKnobs):
     """Every knob of the GPU recipe; the environment variable is the field name in capitals."""
 
     experiment_prefix: ClassVar[str] = "qwen2.5-3b-instruct-grpo-search"
-    error: ClassVar[type[ValueError]] = GpuRunError
 
     model_path: str = Field("Qwen/Qwen2.5-3B-Instruct", description="a model folder or hub id")
     val_data: str = Field(

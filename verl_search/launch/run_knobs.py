@@ -19,10 +19,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from verl_search.errors import KnobError
 from verl_search.launch.environment import InstalledEnvironment
 from verl_search.launch.run_outputs import resolve_step
 from verl_search.launch.trainer_mode import (
-    TrainerModeError,
     TrainerSettings,
     knob_message,
     settings_from_env,
@@ -46,8 +46,6 @@ class RunKnobs(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     #: the default experiment name is ``<prefix>-<agent>``
     experiment_prefix: ClassVar[str] = "grpo-search"
-    #: the error the subclass raises for a bad knob
-    error: ClassVar[type[ValueError]] = ValueError
 
     model_path: str = Field(description="a model folder or hub id")
     data_dir: str = Field(str(Path.home() / "data" / "searchR1_processed_direct"), description="preprocessed data")
@@ -129,7 +127,7 @@ class RunKnobs(BaseModel):
         try:
             return cls(**raw)
         except ValidationError as e:
-            raise cls.error(knob_message(e, raw, cls)) from e
+            raise KnobError(knob_message(e, raw, cls)) from e
 
 
 def experiment_name_override(overrides: Sequence[str]) -> str | None:
@@ -283,7 +281,7 @@ def knobs_main(
     try:
         knobs = knobs_cls.from_env(overrides=args.overrides)
         overrides, notes = compose(knobs)
-    except (knobs_cls.error, TrainerModeError) as e:
+    except KnobError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     for note in notes:

@@ -2,7 +2,7 @@
 the verl overrides each choice means: every mode is a ``trainer.v1.trainer_mode`` of verl 0.9.1's V1 trainer under
 ``main_ppo`` (run_scripts/README.md tables them).
 
-Invariant: the settings are declared once (:class:`TrainerSettings`), a bad value is a :class:`TrainerModeError`
+Invariant: the settings are declared once (:class:`TrainerSettings`), a bad value is a :class:`KnobError`
 naming the knob, and the overrides are derived from validated settings only.
 """
 
@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from verl_search.errors import VerlSearchError
+from verl_search.errors import KnobError
 
 Trainer = Literal["sync", "one_step_off", "fully_async", "colocate_async"]
 Strategy = Literal["wait", "drop"]
@@ -38,12 +38,6 @@ ONE_STEP_OFF = {"max_staleness": 2, "warmup_batches": 1.0, "staleness_strategy":
 CPU_CHECKPOINT_ENGINE = "zmq"
 CPU_CHECKPOINT_MODULE = "verl_search.cpu.checkpoint_engine"
 GPU_CHECKPOINT_ENGINE = "nccl"
-
-
-class TrainerModeError(VerlSearchError, ValueError):
-    """A trainer knob has a value that cannot run; the message names the knob and the way out."""
-
-    kind = "trainer_mode"
 
 
 class TrainerSettings(BaseModel):
@@ -186,12 +180,10 @@ def check_staleness(staleness: int | None, warmup_batches: float, trainer: str) 
     if staleness is None:
         return
     if staleness < 2:
-        raise TrainerModeError(
-            f"MAX_STALENESS={staleness} allows no trajectory from an older policy: that is TRAINER=sync"
-        )
+        raise KnobError(f"MAX_STALENESS={staleness} allows no trajectory from an older policy: that is TRAINER=sync")
     need = minimum_staleness(warmup_batches)
     if staleness < need:
-        raise TrainerModeError(
+        raise KnobError(
             f"MAX_STALENESS={staleness} is impossible with WARMUP_BATCHES={warmup_batches:g}: queued trajectories are "
             f"trained {need} versions after they were asked for; set MAX_STALENESS>={need} or fewer warm-up batches"
             f" (TRAINER={trainer})"
@@ -206,24 +198,24 @@ def settings_from_env(env: Mapping[str, str]) -> TrainerSettings:
     legacy = env.get("TRAINER_MODE", "")
     if legacy:
         if legacy not in LEGACY_TRAINER_MODES:
-            raise TrainerModeError(
+            raise KnobError(
                 f"TRAINER_MODE={legacy}: choose sync, colocate_async or separate_async (or use TRAINER=one_step_off|"
                 "fully_async|sync|colocate_async)"
             )
         mapped = LEGACY_TRAINER_MODES[legacy]
         if "trainer" in raw and raw["trainer"] != mapped:
-            raise TrainerModeError(f"TRAINER={raw['trainer']} and TRAINER_MODE={legacy} disagree; set only TRAINER")
+            raise KnobError(f"TRAINER={raw['trainer']} and TRAINER_MODE={legacy} disagree; set only TRAINER")
         raw.setdefault("trainer", mapped)
     for field in ("search_monitor", "partial_rollout"):
         if field in raw and raw[field] not in ("0", "1"):
-            raise TrainerModeError(f"{field.upper()}={raw[field]}: 1 or 0")
+            raise KnobError(f"{field.upper()}={raw[field]}: 1 or 0")
     if str(raw.get("max_staleness", "")).lower() in ("none", "null", "inf"):
         raw.pop("max_staleness")
         raw["unbounded_staleness"] = True
     try:
         return TrainerSettings(**raw)
     except ValidationError as e:
-        raise TrainerModeError(knob_message(e, raw, TrainerSettings)) from e
+        raise KnobError(knob_message(e, raw, TrainerSettings)) from e
 
 
 def knob_message(error: ValidationError, raw: Mapping[str, object], model: type[BaseModel]) -> str:
@@ -259,7 +251,7 @@ def trainer_overrides(
         return out
     sync_step = settings.sync_step(train_batch_size, mini_batch_size)
     if train_batch_size != sync_step * mini_batch_size:
-        raise TrainerModeError(
+        raise KnobError(
             f"PARAMETER_SYNC_STEP={sync_step}: verl's separate_async needs TRAIN_BATCH_SIZE={train_batch_size} = "
             f"PARAMETER_SYNC_STEP x PPO_MINI_BATCH_SIZE={mini_batch_size}"
         )

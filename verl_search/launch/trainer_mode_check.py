@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from verl_search.errors import KnobError
 from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning
 from verl_search.launch.gpu_locks import CUPY, ROLLOUT_ENGINES
 from verl_search.launch.runtime import installed_cuda
-from verl_search.launch.trainer_mode import CPU_CHECKPOINT_ENGINE, TrainerModeError, check_staleness
+from verl_search.launch.trainer_mode import CPU_CHECKPOINT_ENGINE, check_staleness
 
 #: verl's V1 modes (our search_* twins run the same trainer)
 VERL_MODES = ("sync", "colocate_async", "separate_async")
@@ -46,7 +47,7 @@ def check_trainer_mode(ctx: LaunchContext) -> str:
     warmup = float(v1[mode].num_warmup_batches)
     try:
         check_staleness(None if staleness is None else int(staleness), warmup, mode)
-    except TrainerModeError as e:
+    except KnobError as e:
         raise PreflightError(f"trainer.v1.sampler.max_off_policy_threshold: {e}") from e
     bound = (
         "no staleness bound" if staleness is None else f"staleness <= {staleness} ({sampler.max_off_policy_strategy})"

