@@ -31,6 +31,70 @@ vs_abs() {
     esac
 }
 
+# vs_bool 0|1: the hydra boolean of a 0/1 knob (anything else is passed on for the knob check to name).
+vs_bool() {
+    case "$1" in
+        1) echo True ;;
+        0) echo False ;;
+        *) printf '%s\n' "$1" ;;
+    esac
+}
+
+# vs_experiment_name DEFAULT OVERRIDES...: the value of the last trainer.experiment_name= among OVERRIDES (+/++ and
+# one pair of quotes removed), else DEFAULT: the run folder then follows the name verl logs under, as in plain verl.
+vs_experiment_name() {
+    local name="" arg key value
+    local default="$1"
+    shift
+    for arg in "$@"; do
+        [[ "$arg" == *=* ]] || continue
+        key="${arg%%=*}"
+        key="${key#+}"
+        [[ "${key#+}" == trainer.experiment_name ]] || continue
+        value="${arg#*=}"
+        if ((${#value} >= 2)) && [[ "${value:0:1}" == "${value: -1}" && "${value:0:1}" == [\"\'] ]]; then
+            value="${value:1:${#value}-2}"
+        fi
+        name="$value"
+    done
+    printf '%s\n' "${name:-$default}"
+}
+
+# vs_prepare RECIPE OVERRIDES... -- USER_OVERRIDES...: the one Python step before verl (python -m
+# verl_search.launch.prepare): the exported knobs checked, the overrides a script cannot write literally added between
+# its own and the user's, the run folder's tool config written, the preflight run; sets VS_COMMAND. A bad knob or a
+# failed preflight ends the script (exit 1) with the cause.
+vs_prepare() {
+    local recipe="$1" out parts=()
+    shift
+    while [[ $# -gt 0 && "$1" != "--" ]]; do
+        parts+=("$1")
+        shift
+    done
+    [[ $# -gt 0 ]] || vs_die "vs_prepare: missing -- before the user's overrides"
+    shift
+    out="$("$PYTHON" -m verl_search.launch.prepare "$recipe" --user "$#" -- "${parts[@]}" "$@")" || exit 1
+    eval "$out"
+    VS_COMMAND=("$PYTHON" -m verl.trainer.main_ppo "${VS_ARGS[@]}")
+}
+
+# vs_launch exec|run: print VS_COMMAND for pasting; DRY_RUN=1 ends here (exit 0); otherwise raise the open-file
+# limit, keep the previous launch's metrics (vs_metrics_file) and run the command (exec: in place of this shell).
+vs_launch() {
+    echo "command:"
+    vs_print_command "${VS_COMMAND[@]}"
+    if [[ "$DRY_RUN" == 1 ]]; then
+        echo "DRY_RUN=1: checks passed; not launching"
+        exit 0
+    fi
+    ulimit -n 65535 2>/dev/null || echo "warning: could not raise the open-file limit (ulimit -n)" >&2
+    vs_metrics_file
+    if [[ "$1" == exec ]]; then
+        exec "${VS_COMMAND[@]}"
+    fi
+    "${VS_COMMAND[@]}"
+}
+
 # vs_write_tool_config SRC DEST URL: DEST = SRC with retrieval_service_url set to URL (SRC is never modified).
 vs_write_tool_config() {
     "$PYTHON" -m verl_search.launch.tool_yaml "$1" "$2" --url "$3" >/dev/null \
@@ -113,7 +177,7 @@ vs_metrics_file() {
     echo "per-step metrics: ${VERL_FILE_LOGGER_PATH}"
 }
 
-# vs_serve_retriever: RETRIEVER=serve puts the retrieval fleet into the Ray cluster verl trains in: it starts a Ray
+# vs_serve_retriever RECIPE: RETRIEVER=serve puts the retrieval fleet into the Ray cluster verl trains in: it starts a Ray
 # head on this node unless RAY_ADDRESS names a running cluster, deploys the retriever there (launch_retriever.sh
 # SERVE=1: RETRIEVER_REPLICAS replicas with RETRIEVER_GPUS GPUs each, 0 = CPU only so the training GPUs stay free),
 # sets RETRIEVER_URL to the fleet's one address and VS_RAY_ARGS to the override that makes verl join that cluster
@@ -126,6 +190,8 @@ vs_serve_retriever() {
         serve) ;;
         *) vs_die "RETRIEVER=${RETRIEVER}: choose url (use RETRIEVER_URL) or serve (a Ray Serve fleet in the trainer's Ray cluster)" ;;
     esac
+    # every knob checked before Ray or the fleet starts (RECIPE: the script's knobs, as vs_prepare takes them)
+    "$PYTHON" -m verl_search.launch.prepare "$1" --knobs-only || exit 1
     local address="${RAY_ADDRESS:-auto}" port="${RETRIEVER_PORT:-8000}" head=() launch=()
     if [[ -z "${RAY_ADDRESS:-}" ]]; then
         head=("${RAY:-ray}" start --head --num-gpus "$N_GPUS" --disable-usage-stats)

@@ -161,8 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("overrides", nargs="*", help="hydra overrides for verl.trainer.main_ppo (after --)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    warnings.filterwarnings("ignore")  # verl's import-time warnings would drown the findings
+    quiet_imports()
     findings = run_preflight(
         args.overrides,
         dry_run=args.dry_run,
@@ -170,13 +169,25 @@ def main(argv: list[str] | None = None) -> int:
         probe_timeout=args.probe_timeout,
         record_run=args.record_run,
     )
-    errors = [f for f in findings if f.level == "error"]
+    return 0 if summarise(findings) else 1
+
+
+def quiet_imports() -> None:
+    """Warnings as one line each, and none of verl's import-time warnings, which would drown the findings."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    warnings.filterwarnings("ignore")
+
+
+def summarise(findings: list[Finding], out: TextIO | None = None) -> bool:
+    """Print the preflight's last line (passed, or failed with how many errors); return whether it passed."""
+    out = out or sys.stderr
+    errors = sum(f.level == "error" for f in findings)
     warned = sum(f.level == "warning" for f in findings)
     if errors:
-        print(f"preflight: FAILED with {len(errors)} error(s), {warned} warning(s)", file=sys.stderr)
-        return 1
-    print(f"preflight: passed ({warned} warning(s))", file=sys.stderr)
-    return 0
+        print(f"preflight: FAILED with {errors} error(s), {warned} warning(s)", file=out)
+        return False
+    print(f"preflight: passed ({warned} warning(s))", file=out)
+    return True
 
 
 if __name__ == "__main__":

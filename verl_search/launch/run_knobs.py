@@ -227,20 +227,24 @@ def choose_attention(requested: str, fa2_problem: str | None) -> AttentionChoice
     return AttentionChoice(requested, requested in PACKING_KERNELS, "set by ATTN_IMPLEMENTATION")
 
 
+def attention_overrides(requested: str, rollout: str) -> tuple[list[str], str]:
+    """The actor's attention and padding removal for ``ATTN_IMPLEMENTATION=requested`` (``auto`` probes the installed
+    FlashAttention-2), and the note a script prints on its choice (with the rollout engine's name)."""
+    fa2_problem = InstalledEnvironment().flash_attention_2() if requested == "auto" else None
+    choice = choose_attention(requested, fa2_problem)
+    padding = "with padding removal" if choice.remove_padding else "without padding removal"
+    note = f"rollout engine: {rollout}; actor attention: {choice.implementation}, {padding} ({choice.reason})"
+    return [f"{ATTENTION_KEY}={choice.implementation}", f"{REMOVE_PADDING_KEY}={choice.remove_padding}"], note
+
+
 def gpu_parts(
     knobs: RunKnobs, *, rollout: str, attention: str, devices: int, mini_batch_size: int
 ) -> tuple[list[str], list[str]]:
     """What a GPU script adds to its knobs' overrides: the engine (async) and the actor's attention, the search tool
     and loop, the trainer mode (``TRAINER`` and its knobs, from the environment); and a note on each choice. The
     native loop on SGLang loads SGLang's tokenizer: it matches stop strings only with it (verl's default skips it)."""
-    fa2_problem = InstalledEnvironment().flash_attention_2() if attention == "auto" else None
-    choice = choose_attention(attention, fa2_problem)
-    engine = [
-        f"actor_rollout_ref.rollout.name={rollout}",
-        "actor_rollout_ref.rollout.mode=async",
-        f"{ATTENTION_KEY}={choice.implementation}",
-        f"{REMOVE_PADDING_KEY}={choice.remove_padding}",
-    ]
+    attention_parts, attention_note = attention_overrides(attention, rollout)
+    engine = [f"actor_rollout_ref.rollout.name={rollout}", "actor_rollout_ref.rollout.mode=async", *attention_parts]
     if rollout == "sglang" and knobs.agent == "search_r1_agent":
         engine.append("actor_rollout_ref.rollout.skip_tokenizer_init=False")
     settings = settings_from_env(os.environ)
@@ -251,11 +255,7 @@ def gpu_parts(
         mini_batch_size=mini_batch_size,
         device="cuda",
     )
-    padding = "with padding removal" if choice.remove_padding else "without padding removal"
-    notes = [
-        f"rollout engine: {rollout}; actor attention: {choice.implementation}, {padding} ({choice.reason})",
-        trainer_note(settings),
-    ]
+    notes = [attention_note, trainer_note(settings)]
     return [*engine, *search_overrides(knobs, f"{knobs.run_dir}/{RUN_TOOL_YAML}"), *trainer], notes
 
 

@@ -1,0 +1,96 @@
+"""The one Python step a run script takes before verl: its knobs checked, the overrides it cannot write literally added,
+the run folder's tool config written and the preflight run on the whole command, printed as ``VS_ARGS=(...)`` for the
+script to eval (``run_scripts/common.sh``'s ``vs_prepare``).
+
+Usage: ``python -m verl_search.launch.prepare RECIPE [--knobs-only] [--user N] -- OVERRIDES...``: the script's literal
+overrides, then the user's ``N`` trailing ones; the added overrides go between them, so the user's still win. The
+knobs are read from the environment (the script exports them), with ``DRY_RUN``, ``SKIP_PREFLIGHT`` and
+``PROBE_TIMEOUT``.
+
+Invariant: a bad knob is one ``error:`` line naming it, exit 1, and nothing written; the user's overrides come last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from verl_search.errors import ConfigError, KnobError
+from verl_search.launch.gpu_recipe import GpuKnobs, derived_overrides
+from verl_search.launch.preflight import quiet_imports, run_preflight, summarise
+from verl_search.launch.run_knobs import RUN_TOOL_YAML
+from verl_search.launch.tool_yaml import parse_urls, write_tool_config
+
+RECIPES = {"gpu": (GpuKnobs, derived_overrides)}
+
+
+def _fail(*lines: str) -> None:
+    for line in lines:
+        print(f"error: {line}", file=sys.stderr)
+
+
+def prepare(
+    recipe: str, overrides: list[str], user: int, env: Mapping[str, str], *, knobs_only: bool = False
+) -> str | None:
+    """What ``main`` does: the ``VS_ARGS=(...)`` line for the script, or None after printing why it cannot launch."""
+    knobs_cls, derive = RECIPES[recipe]
+    try:
+        knobs = knobs_cls.from_env(env)
+        added, notes = derive(knobs, env)
+    except KnobError as e:
+        return _fail(str(e), "fix the knob named above")
+    if knobs_only:
+        return ""
+    for note in notes:
+        print(note, file=sys.stderr)
+    source, dest = Path(knobs.tool_config), Path(knobs.run_dir) / RUN_TOOL_YAML
+    try:
+        write_tool_config(source, dest, parse_urls(knobs.retriever_url))
+    except (ConfigError, OSError) as e:
+        return _fail(str(e), f"cannot write the run's tool config {dest} from {source}")
+    split = len(overrides) - user
+    args = [*overrides[:split], *added, *overrides[split:]]
+    dry_run = env.get("DRY_RUN", "0") == "1"
+    if env.get("SKIP_PREFLIGHT", "0") == "1":
+        print("warning: SKIP_PREFLIGHT=1: launching without checks", file=sys.stderr)
+    else:
+        quiet_imports()
+        timeout = float(env.get("PROBE_TIMEOUT") or 10)
+        findings = run_preflight(
+            args, dry_run=dry_run, expected_agent=knobs.agent, probe_timeout=timeout, record_run=not dry_run
+        )
+        if not summarise(findings):
+            return _fail("preflight failed: fix the problems listed above (DRY_RUN=1 runs only the checks)")
+    return "VS_ARGS=(" + " ".join(map(shlex.quote, args)) + ")\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    p = argparse.ArgumentParser(prog="python -m verl_search.launch.prepare", description=__doc__.split("\n")[0])
+    p.add_argument("recipe", choices=sorted(RECIPES))
+    p.add_argument("--knobs-only", action="store_true", help="check the knobs and stop (before a Ray fleet starts)")
+    p.add_argument("--user", type=int, default=0, help="how many of the overrides are the user's (the last ones)")
+    args = p.parse_args(argv[:split])
+    overrides = argv[split + 1 :]
+    if not 0 <= args.user <= len(overrides):
+        p.error(f"--user {args.user}: there are {len(overrides)} overrides")
+    # everything but the VS_ARGS line goes to stderr, verl's and its libraries' prints included, so the script's eval
+    # reads only that line
+    sys.stdout.flush()
+    script_out = os.dup(1)
+    os.dup2(2, 1)
+    line = prepare(args.recipe, overrides, args.user, os.environ, knobs_only=args.knobs_only)
+    sys.stdout.flush()
+    if line is None:
+        return 1
+    os.write(script_out, line.encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
