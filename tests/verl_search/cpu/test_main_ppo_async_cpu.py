@@ -1,6 +1,8 @@
 """TRAINER=fully_async on the CPU through verl's real trainer (``python -m verl.trainer.main_ppo``, V1
 ``separate_async``): the tiny model, the hf_cpu rollout in its own process receiving weights over the zmq checkpoint
-engine, both agent loops; then a resumed step from the checkpoint. Search goes to the retriever's web backend in replay
+engine, both agent loops; then (``make test-all``: each launch takes about two minutes here, most of it Ray and
+verl starting) a resumed step from the checkpoint. ``make test`` resumes with the sync trainer only
+(test_main_ppo_cpu.py). Search goes to the retriever's web backend in replay
 mode over a recorded cache of the toy world (``make train --search web-replay``): it must train without one call out.
 
 What proves it is asynchronous, from verl's own metrics and the rollout server's log (the test kit's opening policy
@@ -27,8 +29,9 @@ def _records(folder: Path) -> list[dict]:
     return [json.loads(line) for path in sorted(folder.glob("*.jsonl")) for line in path.read_text().splitlines()]
 
 
-def test_fully_async_grpo_with_search_overlaps_rollout_and_training_and_resumes(
-    tmp_path, tiny_model, web_replay_retriever, mixed_data, short_results_tool_yaml, launch_cpu_run
+@pytest.mark.parametrize("resume", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["train", "and-resume"])
+def test_fully_async_grpo_with_search_overlaps_rollout_and_training(
+    tmp_path, tiny_model, web_replay_retriever, mixed_data, short_results_tool_yaml, launch_cpu_run, resume
 ):
     replay_url, toy_web, recorded_calls = web_replay_retriever
     run_dir, records = tmp_path / "run", tmp_path / "records"
@@ -78,6 +81,8 @@ def test_fully_async_grpo_with_search_overlaps_rollout_and_training_and_resumes(
         failed = {k for k, v in step.items() if k.startswith("search/failed/") and v}
         assert failed <= {"search/failed/invalid_arguments", "search/failed/unavailable"}, failed
     assert (run_dir / "checkpoints" / "global_step_2" / "actor").is_dir()
+    if not resume:
+        return
 
     # the checks passed on the first launch; the resume is verl's, so the second launch skips them
     second = launch_cpu_run(run_dir, {**env, "SKIP_PREFLIGHT": "1"}, 3, options)
