@@ -12,17 +12,23 @@ _RESOURCES = runpy.run_path(str(HERE / "verl_search" / "resources.py"))
 
 
 class BuildWithShippedFiles(build_py):
-    """build_py, plus the copies of the top-level tool YAMLs and prompt.yaml under verl_search/_shipped/ (the top-level
-    files stay the only ones edited; a checkout reads them in place)."""
+    """build_py, plus the copies of the top-level tool YAMLs, prompt.yaml and the version locks under
+    verl_search/_shipped/ (the top-level files stay the only ones edited; a checkout reads them in place)."""
 
     def run(self):
         super().run()
         if getattr(self, "editable_mode", False):  # an editable install reads the checkout's files in place
             return
-        for name in _RESOURCES["SHIPPED"]:
+        locks = [
+            str(path.relative_to(HERE))
+            for pattern in _RESOURCES["LOCK_PATTERNS"]
+            for path in sorted((HERE / _RESOURCES["LOCK_DIR"]).glob(pattern))
+        ]
+        for name in [*_RESOURCES["SHIPPED"], *locks]:
             target = Path(self.build_lib) / "verl_search" / _RESOURCES["SHIPPED_DIR"] / name
             self.mkpath(str(target.parent))
             self.copy_file(str(HERE / name), str(target))
+
 
 CORE = [
     "verl>=0.9.1,<0.10",

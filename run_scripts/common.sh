@@ -78,9 +78,9 @@ vs_prepare() {
     VS_COMMAND=("$PYTHON" -m verl.trainer.main_ppo "${VS_ARGS[@]}")
 }
 
-# vs_launch exec|run: print VS_COMMAND for pasting; DRY_RUN=1 ends here (exit 0); otherwise raise the open-file
-# limit, keep the previous launch's metrics (vs_metrics_file) and run the command (exec: in place of this shell).
-vs_launch() {
+# vs_show_command: print VS_COMMAND for pasting; DRY_RUN=1 ends the script here (exit 0), otherwise raise the
+# open-file limit for the launch.
+vs_show_command() {
     echo "command:"
     vs_print_command "${VS_COMMAND[@]}"
     if [[ "$DRY_RUN" == 1 ]]; then
@@ -88,6 +88,12 @@ vs_launch() {
         exit 0
     fi
     ulimit -n 65535 2>/dev/null || echo "warning: could not raise the open-file limit (ulimit -n)" >&2
+}
+
+# vs_launch exec|run: vs_show_command, then keep the previous launch's metrics (vs_metrics_file) and run the command
+# (exec: in place of this shell).
+vs_launch() {
+    vs_show_command
     vs_metrics_file
     if [[ "$1" == exec ]]; then
         exec "${VS_COMMAND[@]}"
@@ -145,13 +151,7 @@ vs_preflight() {
         "$PYTHON" -m verl_search.launch.preflight "${flags[@]}" -- "$@" \
             || vs_die "preflight failed: fix the problems listed above (DRY_RUN=1 runs only the checks)"
     fi
-    echo "command:"
-    vs_print_command "${VS_COMMAND[@]}"
-    if [[ "$DRY_RUN" == 1 ]]; then
-        echo "DRY_RUN=1: checks passed; not launching"
-        exit 0
-    fi
-    ulimit -n 65535 2>/dev/null || echo "warning: could not raise the open-file limit (ulimit -n)" >&2
+    vs_show_command
 }
 
 # vs_metrics_file: the launch's per-step metrics go to RUN_DIR/metrics.jsonl (verl's file logger;

@@ -1,6 +1,7 @@
 """The package runs without the repository checkout: a wheel built from this tree carries the top-level files the
-package reads (the tool YAMLs, prompt.yaml) unchanged and no CPU test bench, and from a folder outside the checkout
-the installed copy finds them and writes a run's tool YAML and RL rows."""
+package reads (the tool YAMLs, prompt.yaml, the version locks) unchanged and no CPU test bench, and from a folder
+outside the checkout the installed copy finds them, writes a run's tool YAML and RL rows, compares with the locks
+and names the preprocessing command it has."""
 
 from __future__ import annotations
 
@@ -19,9 +20,14 @@ from verl_search import resources
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _locks(root: Path) -> list[Path]:
+    return sorted(path for pattern in resources.LOCK_PATTERNS for path in (root / resources.LOCK_DIR).glob(pattern))
+
+
 def test_the_checkout_reads_the_top_level_files_in_place():
     for name in resources.SHIPPED:
         assert resources.shipped_file(name) == REPO / name
+    assert resources.checkout_root() == REPO and resources.lock_folder() == REPO / resources.LOCK_DIR
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +45,11 @@ def test_the_wheel_carries_each_shipped_file_unchanged(installed):
     for name in resources.SHIPPED:
         copy = installed / "verl_search" / resources.SHIPPED_DIR / name
         assert copy.read_bytes() == (REPO / name).read_bytes(), name
+    locks = _locks(REPO)
+    assert len(locks) >= 14  # the GPU locks of both engines, both CUDA majors, three Pythons; the CPU routes'
+    for lock in locks:
+        copy = installed / "verl_search" / resources.SHIPPED_DIR / lock.relative_to(REPO)
+        assert copy.read_bytes() == lock.read_bytes(), lock.name
 
 
 def test_the_installed_package_writes_a_runs_inputs_outside_the_checkout(installed, tmp_path):
@@ -54,6 +65,8 @@ def test_the_installed_package_writes_a_runs_inputs_outside_the_checkout(install
         from verl_search import resources
         from verl_search.data.pipeline import PreprocessConfig, run_preprocess
         from verl_search.launch.tool_yaml import write_tool_config
+        from verl_search.launch.checks import preprocess_command
+        from verl_search.launch.gpu_locks import DEFAULT_LOCK_DIR, load_lock
         out = Path({str(tmp_path)!r})
         tool_yaml = write_tool_config(
             resources.shipped_file(resources.SEARCH_TOOL_YAML), out / "search_tool_config.yaml",
@@ -75,6 +88,10 @@ def test_the_installed_package_writes_a_runs_inputs_outside_the_checkout(install
             "yaml": tool_yaml.read_text(),
             "schemas": [t["tool_schema"]["function"]["name"] for t in yaml.safe_load(tool_yaml.read_text())["tools"]],
             "parquet": (out / "rl" / "test.parquet").is_file(),
+            "checkout": resources.checkout_root(),
+            "locks": str(DEFAULT_LOCK_DIR),
+            "torch": load_lock("vllm", "3.11", cuda="12")["torch"],
+            "preprocess": preprocess_command(),
         }}))
         """
     )
@@ -91,6 +108,16 @@ def test_the_installed_package_writes_a_runs_inputs_outside_the_checkout(install
     assert not seen["bench"] and not (installed / "cpu_bench").exists()  # make train and the test kit stay behind
     assert "retrieval_service_url: http://127.0.0.1:1/retrieve" in seen["yaml"]
     assert seen["schemas"] == ["search"] and seen["parquet"]
+    # the preflight's lock check reads the wheel's copies, and the hint for missing data names the console script
+    assert seen["checkout"] is None and seen["locks"].startswith(str(installed))
+    assert seen["torch"] == _pin(REPO / resources.LOCK_DIR / "gpu-vllm-cu12-py3.11.txt", "torch")
+    prompt = installed / "verl_search" / resources.SHIPPED_DIR / resources.PROMPT_YAML
+    assert seen["preprocess"] == f"verl-search-preprocess --config {prompt}"
+
+
+def _pin(lock: Path, package: str) -> str:
+    line = next(line for line in lock.read_text().splitlines() if line.startswith(f"{package}=="))
+    return line.split("==", 1)[1].split()[0]
 
 
 def test_a_missing_shipped_file_is_a_typed_error_naming_where_it_looked(monkeypatch, tmp_path):

@@ -17,12 +17,20 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from verl_search.errors import VerlSearchError
 from verl_search.launch.environment import InstalledEnvironment
 from verl_search.launch.gpu_locks import DEFAULT_LOCK_DIR
+from verl_search.resources import PREPROCESS_SCRIPT, PROMPT_YAML, checkout_root, shipped_file
 
 #: the files data_preprocess/preprocess_searchR1_dataset.py writes by default, and the command that writes them
 PREPROCESSED_FILES = ("train.parquet", "test.parquet", "val_subset.parquet")
-PREPROCESS_COMMAND = "python data_preprocess/preprocess_searchR1_dataset.py --config data_preprocess/prompt.yaml"
 #: columns every training/validation parquet needs; ``agent_name`` is optional for verl
 REQUIRED_COLUMNS = ("prompt", "data_source", "reward_model")
+
+
+def preprocess_command() -> str:
+    """The preprocessing command as a user types it: the checkout's script (from the checkout's root), else the
+    installed console script with the shipped prompt.yaml."""
+    if checkout_root() is not None:
+        return f"python {PREPROCESS_SCRIPT} --config {PROMPT_YAML}"
+    return f"verl-search-preprocess --config {shipped_file(PROMPT_YAML)}"
 
 
 class PreflightError(VerlSearchError):
@@ -80,7 +88,7 @@ def read_data_file(path: str) -> DataFileInfo:
         raise PreflightError(f"{path}: verl does not expand '~' in data paths; use $HOME or an absolute path")
     if not Path(path).is_file():
         made = Path(path).name in PREPROCESSED_FILES
-        hint = f" (the preprocessing writes it: {PREPROCESS_COMMAND} --local_dir {Path(path).parent})" if made else ""
+        hint = f" (the preprocessing writes it: {preprocess_command()} --local_dir {Path(path).parent})" if made else ""
         raise PreflightError(f"{path}: no such file{hint}")
     if not path.endswith(".parquet"):
         raise PreflightError(f"{path}: not a .parquet file (verl-search data is parquet; see data_preprocess/)")

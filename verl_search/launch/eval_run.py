@@ -18,9 +18,10 @@ from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
 from verl_search.data.pipeline import VAL_SUBSET_NAME
 from verl_search.errors import KnobError
-from verl_search.launch.checks import PREPROCESS_COMMAND, PreflightError, read_data_file
+from verl_search.launch.checks import PreflightError, preprocess_command, read_data_file
 from verl_search.launch.run_knobs import RunKnobs, absolute, data_overrides, gpu_parts, knobs_main, value
 from verl_search.launch.run_outputs import LATEST_FILE, STEP_PREFIX, latest_step
+from verl_search.resources import checkout_root
 
 #: per device: the engines that run there, the first is the default
 ENGINES = {"cuda": ("sglang", "vllm"), "cpu": ("vllm", "hf_cpu")}
@@ -33,8 +34,6 @@ DEVICE_DEFAULTS = {
 FULL_TEST_NAME = "test.parquet"
 FULL_TEST_ROWS = 51_713
 RECIPE_PASS_SECONDS = 6_000
-#: the checkout holding this package (the scripts put it first on PYTHONPATH), for the commands the notes print
-REPO = Path(__file__).resolve().parents[2]
 
 
 class EvalRunKnobs(RunKnobs):
@@ -228,7 +227,8 @@ def missing_data_hint(knobs: EvalRunKnobs) -> str | None:
     if path.exists() or path.name not in (VAL_SUBSET_NAME, FULL_TEST_NAME):
         return None
     template = " --template search_r1" if knobs.agent == "search_r1_agent" else ""
-    make = f"cd {REPO} && {PREPROCESS_COMMAND} --local_dir {path.absolute().parent}{template}"
+    root = checkout_root()
+    make = f"{f'cd {root} && ' if root else ''}{preprocess_command()} --local_dir {path.absolute().parent}{template}"
     hint = f"eval: VAL_DATA={path} does not exist; make it with `{make}` (train, test and {VAL_SUBSET_NAME})"
     if path.name == VAL_SUBSET_NAME:
         hint += f", or evaluate the full test set with FULL_TEST=1 (DATA_DIR/{FULL_TEST_NAME})"

