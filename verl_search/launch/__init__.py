@@ -1,7 +1,7 @@
 """Tooling the run scripts call before verl starts: each script's knobs and the overrides they mean (``run_knobs``,
 ``gpu_recipe``, ``eval_run``, ``trainer_mode``), the one step the GPU script takes before verl (``prepare``), the
 tool-YAML writer, and the preflight (``preflight``)
-with its checks (``checks``, ``runtime``, ``resources``, ``run_outputs``, ``trainer_mode_check``). Every check
+with its checks (``checks``, ``runtime``, ``run_inputs``, ``run_outputs``, ``trainer_mode_check``). Every check
 returns a one-line note when fine and raises a ``PreflightError`` (or ``PreflightWarning``) otherwise; none writes,
 downloads or starts anything.
 

@@ -71,6 +71,10 @@ class LaunchContext:
     def rollout(self) -> DictConfig:
         return self.config.actor_rollout_ref.rollout
 
+    def problem(self, message: str) -> PreflightError:
+        """An error for a real launch; a warning in a dry run (the machine checked may not be the one that trains)."""
+        return PreflightWarning(message) if self.dry_run else PreflightError(message)
+
 
 def as_list(value: Any) -> list[str]:
     """A verl ``*_files`` value (a string or a list) as a list of strings."""
@@ -79,6 +83,23 @@ def as_list(value: Any) -> list[str]:
     if isinstance(value, (list, tuple, ListConfig)):
         return [str(v) for v in value]
     return [str(value)]
+
+
+def data_agents(ctx: LaunchContext) -> dict[str, tuple[str, ...]]:
+    """The agent names each readable train and validation file's rows ask for (a bad file is reported by its own
+    check)."""
+    agents: dict[str, tuple[str, ...]] = {}
+    for path in as_list(ctx.config.data.train_files) + as_list(ctx.config.data.val_files):
+        try:
+            agents[path] = read_data_file(path).agent_names
+        except PreflightError:
+            continue
+    return agents
+
+
+def wanted_agents(ctx: LaunchContext) -> set[str]:
+    """Every agent loop the run needs: the default one and those the data rows name."""
+    return {str(ctx.rollout.agent.default_agent_loop), *(a for names in data_agents(ctx).values() for a in names)}
 
 
 def read_data_file(path: str) -> DataFileInfo:
@@ -193,19 +214,13 @@ def check_agent_loops(ctx: LaunchContext) -> str:
     """Every agent the data asks for (and the default) is registered and importable, and matches the intent."""
     from hydra.utils import get_class
 
-    default = str(ctx.rollout.agent.default_agent_loop)
-    wanted = {default}
-    for path in as_list(ctx.config.data.train_files) + as_list(ctx.config.data.val_files):
-        try:
-            info = read_data_file(path)
-        except PreflightError:
-            continue  # a bad file is reported by its own check
-        wanted.update(info.agent_names)
-        if ctx.expected_agent and info.agent_names and set(info.agent_names) != {ctx.expected_agent}:
+    for path, agents in data_agents(ctx).items():
+        if ctx.expected_agent and agents and set(agents) != {ctx.expected_agent}:
             raise PreflightError(
-                f"{path}: rows ask for agent {', '.join(info.agent_names)} but the launch asks for "
+                f"{path}: rows ask for agent {', '.join(agents)} but the launch asks for "
                 f"{ctx.expected_agent}; re-run data_preprocess with the matching --template or change AGENT"
             )
+    wanted = wanted_agents(ctx)
     loops = registered_agent_loops(ctx)
     for name in sorted(wanted):
         if name not in loops:

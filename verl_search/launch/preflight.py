@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from verl_search.launch import checks, resources, run_outputs, runtime, trainer_mode_check
+from verl_search.launch import checks, run_inputs, run_outputs, runtime, trainer_mode_check
 from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning
 from verl_search.launch.environment import InstalledEnvironment
 from verl_search.launch.run_outputs import RunRecord, write_record
@@ -59,24 +59,24 @@ def planned_checks(ctx: LaunchContext) -> list[tuple[str, Callable[[], str]]]:
         ("verl validation", lambda: checks.check_verl_validation(ctx)),
         ("trainer mode", lambda: trainer_mode_check.check_trainer_mode(ctx)),
         ("agent loops", lambda: checks.check_agent_loops(ctx)),
-        ("tools", lambda: resources.check_tools_build(ctx)),
-        ("tool response length", lambda: resources.check_tool_response_length(ctx)),
+        ("tools", lambda: run_inputs.check_tools_build(ctx)),
+        ("tool response length", lambda: run_inputs.check_tool_response_length(ctx)),
     ]
     try:
-        urls = resources.retriever_urls(ctx)
+        urls = run_inputs.retriever_urls(ctx)
     except PreflightError as e:  # the cause is reported by the "tools" check
         urls = []
         plan.append(("retriever", lambda e=e: _raise(f"not probed: {e}", PreflightWarning)))
     for url in urls:
-        plan.append(("retriever", lambda url=url: resources.probe_retriever(url, ctx.probe_timeout)))
-        plan.append(("retriever gpus", lambda url=url: resources.check_retriever_gpus(ctx, url)))
+        plan.append(("retriever", lambda url=url: run_inputs.probe_retriever(url, ctx.probe_timeout)))
+        plan.append(("retriever gpus", lambda url=url: run_inputs.check_retriever_gpus(ctx, url)))
     plan += [
-        ("reward", lambda: resources.check_reward(ctx)),
-        ("tokenizer", lambda: resources.check_tokenizer(ctx)),
+        ("reward", lambda: run_inputs.check_reward(ctx)),
+        ("tokenizer", lambda: run_inputs.check_tokenizer(ctx)),
         ("checkpoint", lambda: run_outputs.check_checkpoint(ctx)),
         ("checkpoint disk", lambda: run_outputs.check_checkpoint_disk(ctx)),
         ("wandb", lambda: run_outputs.check_wandb(ctx)),
-        ("gpus", lambda: resources.check_gpus(ctx)),
+        ("gpus", lambda: run_inputs.check_gpus(ctx)),
     ]
     return plan
 

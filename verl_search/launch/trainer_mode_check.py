@@ -8,13 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from verl_search.errors import KnobError
-from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning
+from verl_search.launch.checks import LaunchContext, PreflightError
 from verl_search.launch.gpu_locks import CUPY, ROLLOUT_ENGINES
 from verl_search.launch.runtime import installed_cuda
-from verl_search.launch.trainer_mode import CPU_CHECKPOINT_ENGINE, check_staleness
+from verl_search.launch.trainer_mode import CPU_CHECKPOINT_ENGINE, VERL_MODES, check_staleness, check_sync_step
 
-#: verl's V1 modes (our search_* twins run the same trainer)
-VERL_MODES = ("sync", "colocate_async", "separate_async")
 #: what verl's checkpoint engines import (a missing library leaves the backend unregistered)
 ENGINE_LIBRARIES = {"nccl": "cupy", "nixl": "nixl", "mooncake": "mooncake", "hccl": "torch_npu"}
 
@@ -24,8 +22,9 @@ def verl_mode(name: str) -> str:
     from verl_search.monitor.trainer import SEARCH_MODES
 
     mode = SEARCH_MODES.get(name, name)
-    if mode not in VERL_MODES:
-        known = ", ".join([*VERL_MODES, *SEARCH_MODES])
+    modes = list(dict.fromkeys(VERL_MODES.values()))  # verl's V1 modes; our search_* twins run the same trainers
+    if mode not in modes:
+        known = ", ".join([*modes, *SEARCH_MODES])
         raise PreflightError(f"trainer.v1.trainer_mode={name} is not a V1 trainer mode ({known})")
     return mode
 
@@ -77,11 +76,10 @@ def _check_separate(ctx: LaunchContext) -> str:
         )
     batch, mini = int(config.data.train_batch_size), int(config.actor_rollout_ref.actor.ppo_mini_batch_size)
     sync_step = int(trainer.v1.separate_async.parameter_sync_step)
-    if batch != sync_step * mini:
-        raise PreflightError(
-            f"separate_async needs data.train_batch_size={batch} = trainer.v1.separate_async.parameter_sync_step="
-            f"{sync_step} x ppo_mini_batch_size={mini} (PARAMETER_SYNC_STEP; unset, it is derived)"
-        )
+    try:
+        check_sync_step(batch, mini, sync_step)
+    except KnobError as e:
+        raise PreflightError(f"trainer.v1.separate_async.parameter_sync_step: {e} (unset, it is derived)") from e
     engine = rollout.checkpoint_engine
     backend = str(engine.backend)
     if backend == "naive":
@@ -100,8 +98,7 @@ def _check_separate(ctx: LaunchContext) -> str:
         )
     elif backend in ENGINE_LIBRARIES and (problem := ctx.environment.import_error(ENGINE_LIBRARIES[backend])):
         fix = f" ({_cupy_fix(ctx)})" if backend == "nccl" else ""
-        cls = PreflightWarning if ctx.dry_run else PreflightError  # a dry run may check a GPU launch elsewhere
-        raise cls(f"checkpoint_engine.backend={backend} needs {ENGINE_LIBRARIES[backend]}{fix}: {problem}")
+        raise ctx.problem(f"checkpoint_engine.backend={backend} needs {ENGINE_LIBRARIES[backend]}{fix}: {problem}")
     trainer_devices = _int(trainer.n_gpus_per_node)
     split = f"trainer {trainer_devices} + rollout {rollout_gpus} device(s) per node, weights over {backend}"
     _check_devices(ctx, trainer_devices, rollout_gpus)
@@ -134,8 +131,7 @@ def _check_devices(ctx: LaunchContext, trainer_devices: int, rollout_devices: in
 
     visible = torch.cuda.device_count()
     if visible < need:
-        cls = PreflightWarning if ctx.dry_run else PreflightError
-        raise cls(
+        raise ctx.problem(
             f"trainer {trainer_devices} + rollout {rollout_devices} GPUs per node = {need}, this node sees {visible}: "
             f"split them, e.g. N_GPUS={max(1, visible - visible // 2)} ROLLOUT_GPUS={max(1, visible // 2)}"
         )

@@ -8,7 +8,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from verl_search.launch.checks import PreflightError, PreflightWarning
-from verl_search.launch.resources import check_cpu_run
+from verl_search.launch.run_inputs import check_cpu_run
 
 
 class Installed:

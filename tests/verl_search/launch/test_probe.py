@@ -8,7 +8,7 @@ from cpu_bench.background_server import BackgroundServer
 from cpu_bench.testing.foreign_retrievers import search_r1_reference_app, skyrl_app
 from cpu_bench.testing.stub_retriever import StubServer
 from verl_search.launch.checks import PreflightError
-from verl_search.launch.resources import probe_retriever
+from verl_search.launch.run_inputs import probe_retriever
 
 
 @pytest.mark.parametrize(

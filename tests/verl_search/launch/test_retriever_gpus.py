@@ -12,7 +12,7 @@ import pytest
 
 from verl_search.launch.checks import LaunchContext
 from verl_search.launch.preflight import run_check
-from verl_search.launch.resources import check_retriever_gpus
+from verl_search.launch.run_inputs import check_retriever_gpus
 from verl_search.launch.trainer_config import compose_launch_config
 
 GIB = 1024**3

@@ -139,7 +139,11 @@ ROLLOUT = "actor_rollout_ref.rollout"
             ],
             "the rollout pool's 3 device(s)",
         ),
-        (["actor_rollout_ref.actor.ppo_mini_batch_size=2"], "needs data.train_batch_size=4 = trainer.v1.separate"),
+        (
+            ["actor_rollout_ref.actor.ppo_mini_batch_size=2"],
+            "parameter_sync_step: PARAMETER_SYNC_STEP=1: verl's separate_async needs TRAIN_BATCH_SIZE=4 = "
+            "PARAMETER_SYNC_STEP x PPO_MINI_BATCH_SIZE=2",
+        ),
         ([f"{ROLLOUT}.checkpoint_engine.backend=naive"], "backend=naive cannot reach a separate rollout"),
         ([f"{ROLLOUT}.checkpoint_engine.custom_backend_module=no.such.module"], "no.such.module: ModuleNotFoundError"),
         (["ray_kwargs.ray_init.num_gpus=1"], "num_gpus=1 logical GPUs cannot place trainer 1 + rollout 1"),

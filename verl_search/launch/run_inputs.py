@@ -294,9 +294,8 @@ def check_gpus(ctx: LaunchContext) -> str:
     wanted = int(ctx.config.trainer.n_gpus_per_node)
     visible = torch.cuda.device_count()
     if visible < wanted:
-        cls = PreflightWarning if ctx.dry_run else PreflightError
         shown = os.environ.get("CUDA_VISIBLE_DEVICES")
-        raise cls(
+        raise ctx.problem(
             f"trainer.n_gpus_per_node={wanted} but this node sees {visible} CUDA GPU(s)"
             + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else "")
         )
