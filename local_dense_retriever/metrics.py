@@ -93,13 +93,17 @@ class Metrics:
         self.queue_depth: Callable[[], int] = lambda: 0
         self.engine: RetrievalEngine | None = None  # once loaded: its stage clock and counters are reported
 
-    def observe_request(self, status: int, latency_s: float, n_queries: int, error: str | None = None) -> None:
+    def observe_request(self, status: int, latency_s: float, error: str | None = None) -> None:
+        """One request answered ``status`` (499: its client went away first), labelled with its error's kind."""
         self.requests += 1
-        self.queries += n_queries
         self.status_counts[status] += 1
         if error:
             self.error_counts[error] += 1
         self._latencies.append(latency_s)
+
+    def observe_queries(self, n: int) -> None:
+        """The queries of one request that parsed (counted whether or not it is answered)."""
+        self.queries += n
 
     def observe_batch(self, size: int, *, failed: bool = False) -> None:
         self.batches += 1

@@ -17,7 +17,7 @@ from pydantic import SecretStr
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from local_dense_retriever.app import ServiceState, create_app, health_report
+from local_dense_retriever.app import create_app
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.engine import load_engine
 from local_dense_retriever.serve.asgi_call import ForwardedRequest, ForwardedResponse, call_asgi
@@ -26,6 +26,7 @@ from local_dense_retriever.serve.fleet_view import FleetViewApp
 from local_dense_retriever.serve.gateway import GatewayApp
 from local_dense_retriever.serve.options import ServeOptions
 from local_dense_retriever.serve.shards import ShardedIndex, ShardSearcher, check_shardable
+from local_dense_retriever.service_state import ServiceState, health_report
 
 logger = logging.getLogger(__name__)
 
