@@ -124,7 +124,7 @@ def create_app(
     @app.get("/metrics")
     async def metrics() -> JSONResponse:
         """Requests, statuses, queue depth, batch sizes, latency percentiles (ms), CPU seconds per stage, memory."""
-        return JSONResponse(state.metrics.snapshot())
+        return JSONResponse(state.metrics_report())
 
     return app
 

@@ -62,10 +62,17 @@ class ServiceState:
             self.runner = PerRequestRunner(engine.search, threads=threads, max_queue=c.max_queue, metrics=self.metrics)
             logger.info("per-request mode: %d thread%s", threads, "" if threads == 1 else "s")
         self.runner.start()
-        self.metrics.engine = engine
+        self.metrics.engine = engine.meter  # the engine's threads push its stages and counts there
         self.gpus = engine.gpus()
         self.engine = engine
         self.status, self.detail = "ready", engine.describe()
+
+    def metrics_report(self) -> dict:
+        """The body of GET /metrics: the metrics, and the web backend's own block (its cache is shared with other
+        processes, so its figures are read when asked)."""
+        report = self.metrics.snapshot()
+        web = self.engine.backend_stats() if self.engine is not None else None
+        return report if web is None else {**report, "web": web}
 
 
 def health_report(state: ServiceState) -> dict:

@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 def replica_report(state: ServiceState) -> dict:
     """What one server of a fleet tells the others: its /health body, whether it is healthy, its /metrics body."""
-    return {"health": health_report(state), "healthy": state.healthy, "metrics": state.metrics.snapshot()}
+    return {"health": health_report(state), "healthy": state.healthy, "metrics": state.metrics_report()}
 
 
 async def _load(config: ServerConfig, shards: list[DeploymentHandle] | None, web_key: SecretStr | None):
