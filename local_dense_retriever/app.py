@@ -5,6 +5,7 @@ affects others; model and index work never runs on the event loop."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -135,24 +136,21 @@ async def _on_daemon_thread(fn: Callable[[], RetrievalEngine]) -> RetrievalEngin
     loop = asyncio.get_running_loop()
     done: asyncio.Future[RetrievalEngine] = loop.create_future()
 
-    def settle(result, error) -> None:
-        if done.done():
-            return
-        if error is not None:
-            done.set_exception(error)
-        else:
-            done.set_result(result)
+    def settle(finish: Callable[[], None]) -> None:
+        if not done.done():  # the awaiting task may have been cancelled (server stopped mid-load)
+            finish()
 
     def run() -> None:
-        result, error = None, None
         try:
             result = fn()
         except Exception as e:
-            error = e
+            finish = functools.partial(done.set_exception, e)
         except BaseException as e:  # SystemExit and the like: the load failed all the same
-            error = RuntimeError(f"the load ended with {type(e).__name__}")
+            finish = functools.partial(done.set_exception, RuntimeError(f"the load ended with {type(e).__name__}"))
+        else:
+            finish = functools.partial(done.set_result, result)
         try:
-            loop.call_soon_threadsafe(settle, result, error)
+            loop.call_soon_threadsafe(settle, finish)
         except RuntimeError:  # the loop is closed: the server stopped before the load ended
             pass
 
