@@ -71,7 +71,6 @@ class Batcher:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="retriever-batch")
         self._last_progress = time.monotonic()  # a batch taken or finished, or the queue newly non-empty
         self._resyncs = 0
-        metrics.queue_depth = lambda: self._queue.queued
 
     @property
     def running(self) -> bool:
@@ -101,10 +100,11 @@ class Batcher:
         future = asyncio.get_running_loop().create_future()
         req = Request(queries, k, future, [self._cost(q) for q in queries], [None] * len(queries))
         # resolved, failed or cancelled (the caller went away): its queries still waiting are never computed
-        future.add_done_callback(lambda _f, req=req: self._queue.discard(req))
+        future.add_done_callback(lambda _f, req=req: self._discard(req))
         if not queued:
             self._last_progress = time.monotonic()  # the stall clock starts when work arrives, not at the last batch
         self._queue.push(req)
+        self._metrics.set_queue_depth(self._queue.queued)
         self._wake.set()
         return await future
 
@@ -132,12 +132,14 @@ class Batcher:
                 await self._wait_until(loop, plan.size, deadline)
                 await self._wait_until(loop, plan.merged, min(deadline, plan.merge_until))
                 batch = self._queue.take(self.max_batch_size, self.max_batch_tokens)
+                self._metrics.set_queue_depth(self._queue.queued)
                 if not batch:  # only when nothing is queued (FairQueue's invariant); never loop on a stale count
                     if self._queue.queued:
                         self._resyncs += 1
                         state = self._queue.state()
                         logger.error("queue count disagreed with the queue (a bug): %s; re-derived it", state)
                         self._queue.resync()
+                        self._metrics.set_queue_depth(self._queue.queued)
                     continue
                 self._last_progress = time.monotonic()
                 backlog = self._queue.queued  # left behind by the size or token cap
@@ -236,7 +238,12 @@ class Batcher:
     def _fail(self, req: Request, error: BaseException) -> None:
         if not req.future.done():
             req.future.set_exception(error)
-        self._queue.discard(req)  # its queries still waiting are not computed
+        self._discard(req)  # its queries still waiting are not computed
+
+    def _discard(self, req: Request) -> None:
+        self._queue.discard(req)
+        self._metrics.set_queue_depth(self._queue.queued)
 
     def _fail_pending(self, error: Exception) -> None:
         self._queue.clear(lambda req: self._fail(req, error))
+        self._metrics.set_queue_depth(self._queue.queued)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,10 +18,10 @@ import torch
 
 from local_dense_retriever.config import ServerConfig, is_flat_ip, resolve_device
 from local_dense_retriever.corpus_store import CorpusStore
+from local_dense_retriever.engine_meter import EngineMeter
 from local_dense_retriever.errors import IndexLoadError, QueryFailed
 from local_dense_retriever.index.base import DenseSearch, SearchBackend, VectorIndex
 from local_dense_retriever.load_progress import LoadProgress
-from local_dense_retriever.metrics import StageClock
 from local_dense_retriever.pages import CorpusPages, PageStore, url_of
 from local_dense_retriever.rerank import Reranker, load_reranker
 
@@ -47,23 +46,20 @@ class RetrievalEngine:
     page_file: PageStore | None = None  # the pages of --pages_path
     corpus_pages: CorpusPages | None = None  # pages joined from the corpus by url (pages)
     reranker: Reranker | None = None  # the rerank stage (--reranker_model)
-    clock: StageClock = field(default_factory=StageClock)  # CPU and wall time per stage, for /metrics
-    duplicate_queries: int = field(default=0, init=False)  # copies of a text in a batch (/metrics)
+    meter: EngineMeter = field(default_factory=EngineMeter)  # what its threads push for /metrics
 
     def __post_init__(self) -> None:
         if self.corpus is not None and len(self.backend) > len(self.corpus):
             raise IndexLoadError(
                 f"index holds {len(self.backend):,} passages but the corpus only {len(self.corpus):,} rows"
             )
-        self._count_lock = threading.Lock()  # the per-request mode searches from many threads
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         """Top-``k`` (document, score) per query, best first; identical texts are searched once."""
         distinct = list(dict.fromkeys(queries))
         if len(distinct) == len(queries):
             return self._ranked(queries, k)
-        with self._count_lock:
-            self.duplicate_queries += len(queries) - len(distinct)
+        self.meter.add_duplicates(len(queries) - len(distinct))
         answers = dict(zip(distinct, self._ranked(distinct, k), strict=True))
         return [answers[q] for q in queries]
 
@@ -72,8 +68,7 @@ class RetrievalEngine:
         loop, and the rerank stage (if any) through ``rerank``, an awaitable of ``(fn, *args)`` off this loop."""
         distinct = list(dict.fromkeys(queries))
         if len(distinct) != len(queries):
-            with self._count_lock:
-                self.duplicate_queries += len(queries) - len(distinct)
+            self.meter.add_duplicates(len(queries) - len(distinct))
         n = max(k, self.reranker.candidates) if self.reranker is not None else k
         found = await self.backend.asearch(distinct, n)
         if self.reranker is not None:
@@ -84,7 +79,7 @@ class RetrievalEngine:
 
     def _rerank(self, queries: list[str], hits: list, k: int) -> list:
         assert self.reranker is not None
-        with self.clock.stage("rerank"):
+        with self.meter.stage("rerank"):
             return self.reranker.rerank(queries, hits, k)
 
     def _ranked(self, queries: list[str], k: int) -> list[list[Hit]]:
@@ -96,16 +91,17 @@ class RetrievalEngine:
     def _search(self, queries: list[str], k: int) -> list[list[Hit]]:
         if not queries:
             return []
-        clock, backend = self.clock, self.backend
+        meter, backend = self.meter, self.backend
         if self.corpus is None:  # hits are documents already; a failed query is its QueryFailed
-            with clock.stage("search"):
+            with meter.stage("search"):
                 return backend.search(queries, k)
         if isinstance(backend, DenseSearch):  # encoding and index search timed apart
-            scores, ids = backend.search(queries, k, clock=clock)
+            scores, ids = backend.search(queries, k, meter=meter)
+            meter.set_crowded(self.prefilter_crowded())
         else:
-            with clock.stage("search"):
+            with meter.stage("search"):
                 scores, ids = backend.search(queries, k)
-        with clock.stage("lookup"):  # every hit gets its url (pages)
+        with meter.stage("lookup"):  # every hit gets its url (pages)
             docs = [[self.corpus.get(int(i)) for i in row] for row in ids]
             for doc in (d for row in docs for d in row):
                 doc["url"] = url_of(doc)

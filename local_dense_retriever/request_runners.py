@@ -32,7 +32,6 @@ class InFlightRunner:
     def __init__(self, *, max_queue: int, metrics: Metrics) -> None:
         self.max_queue, self._metrics = max_queue, metrics
         self._inflight = 0
-        metrics.queue_depth = lambda: self._inflight
 
     def start(self) -> None:
         pass
@@ -53,6 +52,7 @@ class InFlightRunner:
         if self._inflight + len(queries) > self.max_queue:
             raise Overloaded(f"{self._inflight} queries in flight (max_queue={self.max_queue})")
         self._inflight += len(queries)
+        self._metrics.set_queue_depth(self._inflight)
         try:
             results = await self._run(queries, k)
         except Exception:
@@ -60,6 +60,7 @@ class InFlightRunner:
             raise
         finally:
             self._inflight -= len(queries)
+            self._metrics.set_queue_depth(self._inflight)
         self._metrics.observe_batch(len(queries))
         failed = next((r for r in results if isinstance(r, QueryFailed)), None)
         if failed is not None:  # a query failed on its own (web backend): this request fails with it

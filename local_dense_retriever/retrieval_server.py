@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from local_dense_retriever.app import create_app
     from local_dense_retriever.engine import load_engine
-    from local_dense_retriever.middleware import json_400_protocol
+    from local_dense_retriever.http_protocol import json_400_protocol
 
     for line in ignored:
         log.warning("%s", line)

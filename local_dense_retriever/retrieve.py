@@ -1,21 +1,16 @@
-"""The POST endpoints as plain ASGI lanes (``JsonLane``), POST /retrieve the one path every search takes: one
-``json.loads``, one validation, two ASGI messages, no routing or middleware stack. FastAPI's routes only declare the
-endpoints in the OpenAPI schema; both answer through ``respond``."""
+"""POST /retrieve: ``RetrieveBody`` and ``retrieve_handler``, the handler every search goes through (served by
+``middleware.GuardPostBodies``, documented from its signature). Invariant: a request out of the server's limits is
+refused with ``InvalidRequest`` before any work; its queries are counted in the metrics once it parses."""
 
 from __future__ import annotations
 
-import json
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
-from starlette.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from local_dense_retriever.errors import BatcherStopped, Overloaded, QueryFailed, QueryRejected
-from local_dense_retriever.middleware import error_response, internal_error
-
-if TYPE_CHECKING:
-    from local_dense_retriever.app import ServiceState
-    from local_dense_retriever.config import ServerConfig
+from local_dense_retriever.config import ServerConfig
+from local_dense_retriever.errors import InvalidRequest, NotReady
+from local_dense_retriever.service_state import ServiceState
 
 
 class RetrieveBody(BaseModel):
@@ -29,123 +24,43 @@ class RetrieveBody(BaseModel):
     return_scores: bool = Field(default=False, description="Wrap each document as {document, score}.")
 
 
-def request_problem(req: RetrieveBody, config: ServerConfig) -> str | None:
-    """The reason ``req`` is out of the server's limits, or None when it is fine."""
+def check_limits(req: RetrieveBody, config: ServerConfig) -> None:
+    """Raise InvalidRequest naming why ``req`` is out of the server's limits."""
     if (req.queries is None) == (req.query is None):
-        return "send either 'queries' (a list of strings) or 'query' (one string)"
+        raise InvalidRequest("send either 'queries' (a list of strings) or 'query' (one string)")
     queries = req.queries if req.queries is not None else [req.query]
     if len(queries) > config.max_queries_per_request:
-        return f"{len(queries)} queries in one request; the limit is {config.max_queries_per_request}"
+        raise InvalidRequest(f"{len(queries)} queries in one request; the limit is {config.max_queries_per_request}")
     for i, q in enumerate(queries):
         if len(q) > config.max_query_chars:
-            return f"query {i} has {len(q)} characters; the limit is {config.max_query_chars}"
+            raise InvalidRequest(f"query {i} has {len(q)} characters; the limit is {config.max_query_chars}")
         try:  # a lone UTF-16 surrogate is legal in JSON, not text
             q.encode("utf-8")
         except UnicodeEncodeError as e:
-            return (
+            raise InvalidRequest(
                 f"query {i} holds a lone UTF-16 surrogate ({q[e.start]!a} at character {e.start}); send valid Unicode"
-            )
+            ) from None
     if req.topk is not None and not 1 <= req.topk <= config.max_topk:
-        return f"topk must be between 1 and {config.max_topk}, got {req.topk}"
-    return None
+        raise InvalidRequest(f"topk must be between 1 and {config.max_topk}, got {req.topk}")
 
 
-def invalid_body_response(errors: list[dict], labels: dict) -> Response:
-    """A 400 for a body that is not JSON, a 422 naming where it is not a RetrieveBody (``queries.1: ...``)."""
-    if any(e.get("type") == "json_invalid" for e in errors):
-        return refuse(labels, 400, "invalid_json", "request body is not valid JSON")
-    parts = [f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body') or 'body'}: {e.get('msg')}" for e in errors]
-    return refuse(labels, 422, "invalid_request", "; ".join(parts[:5]))
+def retrieve_handler(state: ServiceState) -> Callable[[RetrieveBody], Awaitable[dict]]:
+    """The handler of POST /retrieve for the server of ``state``."""
+    config = state.config
 
-
-def refuse(labels: dict, status: int, kind: str, detail: str) -> Response:
-    """An ErrorResponse, its kind recorded in the request's ``labels`` (``scope["state"]``, read for /metrics)."""
-    labels["error"] = kind
-    return error_response(status, kind, detail)
-
-
-def parse_body(body: bytes, model: type[BaseModel]) -> BaseModel:
-    """``body`` as a ``model``, read as FastAPI reads a JSON body; raises ValidationError."""
-    if not body:
-        raise ValidationError.from_exception_data(
-            model.__name__, [{"type": "missing", "loc": ("body",), "input": None}]
-        )
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested past the parser's depth
-        raise ValidationError.from_exception_data(
-            model.__name__, [{"type": "json_invalid", "loc": ("body",), "input": None, "ctx": {"error": str(e)}}]
-        ) from None
-    return model.model_validate(data, from_attributes=True)  # as FastAPI validates a body (same messages)
-
-
-class JsonLane:
-    """A POST endpoint: ``serve`` answers a read body (``middleware.Lane``); ``respond`` turns one parsed as
-    ``model`` into the answer."""
-
-    model: type[BaseModel]
-
-    def __init__(self, state: ServiceState) -> None:
-        self.state = state
-
-    async def respond(self, req, labels: dict) -> Response:
-        raise NotImplementedError
-
-    async def serve(self, scope: dict, body: bytes, send) -> None:
-        """Answer the request of ``scope`` with ``body`` on ``send``; nothing escapes (an unexpected error is a 500)."""
-        labels = scope.setdefault("state", {})
-        try:
-            try:
-                req = parse_body(body, self.model)
-            except ValidationError as e:
-                response = invalid_body_response(e.errors(include_url=False), labels)
-            else:
-                response = await self.respond(req, labels)
-        except Exception as e:
-            labels["error"] = "internal_error"
-            response = internal_error(f"{scope['method']} {scope['path']}", e)
-        await send({"type": "http.response.start", "status": response.status_code, "headers": response.raw_headers})
-        await send({"type": "http.response.body", "body": response.body})
-
-
-class RetrieveEndpoint(JsonLane):
-    """POST /retrieve."""
-
-    model = RetrieveBody
-
-    async def respond(self, req: RetrieveBody, labels: dict) -> Response:
-        """The answer to a parsed body (also the FastAPI route's)."""
-        state, config = self.state, self.state.config
+    async def retrieve(req: RetrieveBody) -> dict:
+        """Top-k passages per query, in Search-R1's wire format. With return_scores each hit is {document, score}.
+        ``{"queries": []}`` answers ``{"result": []}``; SkyRL's ``{"query": str}`` answers one list of hits."""
         queries = req.queries if req.queries is not None else [req.query] if req.query is not None else []
-        labels["n_queries"] = len(queries)
-        problem = request_problem(req, config)
-        if problem is not None:
-            return refuse(labels, 422, "invalid_request", problem)
+        state.metrics.observe_queries(len(queries))
+        check_limits(req, config)
         if not queries:
-            return json_ok({"result": []})
+            return {"result": []}
         if state.runner is None:
-            return refuse(labels, 503, "not_ready", f"server is {state.status}: {state.detail}")
-        try:
-            hits = await state.runner.submit(queries, req.topk or config.topk)
-        except Overloaded as e:
-            return refuse(labels, 429, "overloaded", str(e))
-        except BatcherStopped as e:
-            return refuse(labels, 503, "unavailable", str(e))
-        except QueryRejected as e:
-            return refuse(labels, 422, "invalid_query", str(e))
-        except QueryFailed as e:  # one of its queries failed on its own (budget spent, not cached, provider down)
-            return refuse(labels, e.status, e.kind, str(e))
-        except Exception as e:  # the engine failed: this batch's callers get a 500, the server stays up
-            labels["error"] = "internal_error"
-            return internal_error("retrieval", e)
+            raise NotReady(f"server is {state.status}: {state.detail}")
+        hits = await state.runner.submit(queries, req.topk or config.topk)
         if req.return_scores:
-            result = [[{"document": doc, "score": score} for doc, score in per_query] for per_query in hits]
-        else:
-            result = [[doc for doc, _ in per_query] for per_query in hits]
-        return json_ok({"result": result})
+            return {"result": [[{"document": doc, "score": score} for doc, score in per_query] for per_query in hits]}
+        return {"result": [[doc for doc, _ in per_query] for per_query in hits]}
 
-
-def json_ok(payload: dict) -> Response:
-    """A 200 JSON answer, rendered as Starlette's JSONResponse renders it (same bytes)."""
-    body = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
-    return Response(body, media_type="application/json")
+    return retrieve

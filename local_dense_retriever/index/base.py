@@ -12,7 +12,7 @@ import torch
 from local_dense_retriever.errors import IndexLoadError
 
 if TYPE_CHECKING:
-    from local_dense_retriever.metrics import StageClock
+    from local_dense_retriever.engine_meter import EngineMeter
 
 
 class VectorIndex(Protocol):
@@ -46,9 +46,9 @@ class DenseSearch:
     def __len__(self) -> int:
         return len(self.index)
 
-    def search(self, queries: list[str], k: int, clock: StageClock | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """``clock``: the encoding and the index search are timed as its ``encode`` and ``search`` stages."""
-        stage = clock.stage if clock is not None else (lambda _name: nullcontext())
+    def search(self, queries: list[str], k: int, meter: EngineMeter | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``meter``: the encoding and the index search are timed as its ``encode`` and ``search`` stages."""
+        stage = meter.stage if meter is not None else (lambda _name: nullcontext())
         with stage("encode"):
             vectors = self.encoder.encode(queries, is_query=True)
         with stage("search"):

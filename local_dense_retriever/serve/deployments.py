@@ -17,7 +17,7 @@ from pydantic import SecretStr
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from local_dense_retriever.app import ServiceState, create_app, health_report
+from local_dense_retriever.app import create_app
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.engine import load_engine
 from local_dense_retriever.serve.asgi_call import ForwardedRequest, ForwardedResponse, call_asgi
@@ -26,13 +26,14 @@ from local_dense_retriever.serve.fleet_view import FleetViewApp
 from local_dense_retriever.serve.gateway import GatewayApp
 from local_dense_retriever.serve.options import ServeOptions
 from local_dense_retriever.serve.shards import ShardedIndex, ShardSearcher, check_shardable
+from local_dense_retriever.service_state import ServiceState, health_report
 
 logger = logging.getLogger(__name__)
 
 
 def replica_report(state: ServiceState) -> dict:
     """What one server of a fleet tells the others: its /health body, whether it is healthy, its /metrics body."""
-    return {"health": health_report(state), "healthy": state.healthy, "metrics": state.metrics.snapshot()}
+    return {"health": health_report(state), "healthy": state.healthy, "metrics": state.metrics_report()}
 
 
 async def _load(config: ServerConfig, shards: list[DeploymentHandle] | None, web_key: SecretStr | None):

@@ -19,7 +19,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from local_dense_retriever.middleware import error_response
+from local_dense_retriever.wire import error_response
 
 logger = logging.getLogger(__name__)
 

@@ -17,14 +17,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from local_dense_retriever.config import ServerConfig
-from local_dense_retriever.middleware import (
-    body_problem,
-    error_response,
-    internal_error,
-    read_body,
-    until_disconnect,
-)
+from local_dense_retriever.errors import ClientDisconnected, RequestError
+from local_dense_retriever.middleware import read_body, until_disconnect
 from local_dense_retriever.serve.asgi_call import ForwardedRequest, ForwardedResponse
+from local_dense_retriever.wire import error_answer, error_response, internal_error
 
 logger = logging.getLogger(__name__)
 
@@ -97,20 +93,18 @@ class GatewayApp:
         if scope["type"] != "http":
             return
         config = self.config
-        body, problem = await read_body(receive, config.max_body_bytes, config.body_timeout_s)
-        if problem == "disconnected":
+        try:
+            body = await read_body(receive, config.max_body_bytes, config.body_timeout_s)
+            request = ForwardedRequest(scope["method"], scope["path"], scope.get("query_string", b""),
+                                       list(scope.get("headers", [])), body)  # fmt: skip
+            answer = await until_disconnect(forward_with_retry(self.forward, request, self.counters), receive)
+        except ClientDisconnected:
             self.counters.client_closed_total += 1
             return
-        if problem is not None:
-            status, kind, detail = body_problem(problem, config.max_body_bytes, config.body_timeout_s)
-            await error_response(status, kind, detail)(scope, receive, send)
+        except RequestError as e:  # the body was too large or too slow
+            await error_answer(e, "reading a body")(scope, receive, send)
             return
-        request = ForwardedRequest(scope["method"], scope["path"], scope.get("query_string", b""),
-                                   list(scope.get("headers", [])), body)  # fmt: skip
-        answer = await until_disconnect(forward_with_retry(self.forward, request, self.counters), receive)
-        if answer is None:
-            self.counters.client_closed_total += 1
-        elif isinstance(answer, ForwardedResponse):
+        if isinstance(answer, ForwardedResponse):
             await send({"type": "http.response.start", "status": answer.status, "headers": answer.headers})
             await send({"type": "http.response.body", "body": answer.body})
         else:

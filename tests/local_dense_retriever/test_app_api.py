@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from cpu_bench.background_server import BackgroundServer
-from local_dense_retriever.app import ServiceState, create_app
+from local_dense_retriever.app import create_app
 from local_dense_retriever.config import ServerConfig
 from local_dense_retriever.engine import RetrievalEngine
+from local_dense_retriever.service_state import ServiceState
 from verl_search.protocol import RetrieveResponse
 
 

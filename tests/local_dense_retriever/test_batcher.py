@@ -250,7 +250,8 @@ async def test_the_queue_stays_bounded_when_clients_come_and_go_while_the_engine
 def test_metrics_hold_a_fixed_window_whatever_the_traffic():
     metrics = Metrics(window=500)
     for i in range(20_000):
-        metrics.observe_request(200 if i % 7 else 429, 0.001 * (i % 13), 1 + i % 2560, None if i % 7 else "overloaded")
+        metrics.observe_queries(1 + i % 2560)
+        metrics.observe_request(200 if i % 7 else 429, 0.001 * (i % 13), None if i % 7 else "overloaded")
         metrics.observe_batch(1 + i % 256, failed=i % 100 == 0)
     snap = metrics.snapshot()
     assert snap["latency_ms"]["window"] == 500 and len(metrics._latencies) == 500

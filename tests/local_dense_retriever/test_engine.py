@@ -35,10 +35,10 @@ def test_identical_queries_are_encoded_once_and_each_gets_the_answer(
     encode = encoder.encode
     encoder.encode = lambda texts, **kw: seen.append(list(texts)) or encode(texts, **kw)
     answers = engine.search([a, b, a, a], 3)
-    assert seen == [[a, b]] and engine.duplicate_queries == 2
+    assert seen == [[a, b]] and engine.meter.duplicate_queries == 2
     assert answers == [alone[0], alone[1], alone[0], alone[0]]
     assert [d["id"] for d, _ in engine.search([b], 3)[0]] == [d["id"] for d, _ in alone[1]]
-    assert engine.duplicate_queries == 2  # nothing repeated there
+    assert engine.meter.duplicate_queries == 2  # nothing repeated there
 
 
 def test_bm25_needs_only_the_corpus(animal_corpus):

@@ -146,7 +146,7 @@ def _raw(port: int, data: bytes, *, read_timeout: float = 30) -> tuple[int, dict
 
 
 def test_an_incomplete_body_times_out_with_a_json_408(engine):
-    from local_dense_retriever.middleware import json_400_protocol as http_protocol
+    from local_dense_retriever.http_protocol import json_400_protocol as http_protocol
 
     config = ServerConfig(body_timeout_s=0.5)
     with BackgroundServer(create_app(config, engine=engine), http=http_protocol(0.5)) as srv:
@@ -170,7 +170,7 @@ def test_an_incomplete_body_times_out_with_a_json_408(engine):
     ids=["not http", "bad content-length", "tls on a plain port"],
 )
 def test_malformed_http_gets_a_json_400(engine, data):
-    from local_dense_retriever.middleware import json_400_protocol as http_protocol
+    from local_dense_retriever.http_protocol import json_400_protocol as http_protocol
 
     with BackgroundServer(create_app(ServerConfig(), engine=engine), http=http_protocol()) as srv:
         status, headers, body = _raw(srv.port, data)
