@@ -65,15 +65,17 @@ vs_experiment_name() {
 # its own and the user's, the run folder's tool config written, the preflight run; sets VS_COMMAND. A bad knob or a
 # failed preflight ends the script (exit 1) with the cause.
 vs_prepare() {
-    local recipe="$1" out parts=()
+    local recipe="$1" out parts=() flags=(--probe-timeout "$PROBE_TIMEOUT")
     shift
+    [[ "$DRY_RUN" != 1 ]] || flags+=(--dry-run)
+    [[ "$SKIP_PREFLIGHT" != 1 ]] || flags+=(--skip-preflight)
     while [[ $# -gt 0 && "$1" != "--" ]]; do
         parts+=("$1")
         shift
     done
     [[ $# -gt 0 ]] || vs_die "vs_prepare: missing -- before the user's overrides"
     shift
-    out="$("$PYTHON" -m verl_search.launch.prepare "$recipe" --user "$#" -- "${parts[@]}" "$@")" || exit 1
+    out="$("$PYTHON" -m verl_search.launch.prepare "$recipe" "${flags[@]}" --user "$#" -- "${parts[@]}" "$@")" || exit 1
     eval "$out"
     VS_COMMAND=("$PYTHON" -m verl.trainer.main_ppo "${VS_ARGS[@]}")
 }

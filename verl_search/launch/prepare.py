@@ -2,10 +2,10 @@
 the run folder's tool config written and the preflight run on the whole command, printed as ``VS_ARGS=(...)`` for the
 script to eval (``run_scripts/common.sh``'s ``vs_prepare``).
 
-Usage: ``python -m verl_search.launch.prepare RECIPE [--knobs-only] [--user N] -- OVERRIDES...``: the script's literal
-overrides, then the user's ``N`` trailing ones; the added overrides go between them, so the user's still win. The
-knobs are read from the environment (the script exports them), with ``DRY_RUN``, ``SKIP_PREFLIGHT`` and
-``PROBE_TIMEOUT``.
+Usage: ``python -m verl_search.launch.prepare RECIPE [--knobs-only] [--dry-run] [--skip-preflight] [--probe-timeout S]
+[--user N] -- OVERRIDES...``: the script's literal overrides, then the user's ``N`` trailing ones; the added overrides
+go between them, so the user's still win. The knobs are read from the environment (the script exports them); the
+flags are ``common.sh``'s ``DRY_RUN``, ``SKIP_PREFLIGHT`` and ``PROBE_TIMEOUT``, as ``vs_preflight`` passes them.
 
 Invariant: a bad knob is one ``error:`` line naming it, exit 1, and nothing written; the user's overrides come last.
 """
@@ -34,7 +34,15 @@ def _fail(*lines: str) -> None:
 
 
 def prepare(
-    recipe: str, overrides: list[str], user: int, env: Mapping[str, str], *, knobs_only: bool = False
+    recipe: str,
+    overrides: list[str],
+    user: int,
+    env: Mapping[str, str],
+    *,
+    knobs_only: bool = False,
+    dry_run: bool = False,
+    skip_preflight: bool = False,
+    probe_timeout: float = 10.0,
 ) -> str | None:
     """What ``main`` does: the ``VS_ARGS=(...)`` line for the script, or None after printing why it cannot launch."""
     knobs_cls, derive = RECIPES[recipe]
@@ -54,14 +62,12 @@ def prepare(
         return _fail(str(e), f"cannot write the run's tool config {dest} from {source}")
     split = len(overrides) - user
     args = [*overrides[:split], *added, *overrides[split:]]
-    dry_run = env.get("DRY_RUN", "0") == "1"
-    if env.get("SKIP_PREFLIGHT", "0") == "1":
+    if skip_preflight:
         print("warning: SKIP_PREFLIGHT=1: launching without checks", file=sys.stderr)
     else:
         quiet_imports()
-        timeout = float(env.get("PROBE_TIMEOUT") or 10)
         findings = run_preflight(
-            args, dry_run=dry_run, expected_agent=knobs.agent, probe_timeout=timeout, record_run=not dry_run
+            args, dry_run=dry_run, expected_agent=knobs.agent, probe_timeout=probe_timeout, record_run=not dry_run
         )
         if not summarise(findings):
             return _fail("preflight failed: fix the problems listed above (DRY_RUN=1 runs only the checks)")
@@ -74,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m verl_search.launch.prepare", description=__doc__.split("\n")[0])
     p.add_argument("recipe", choices=sorted(RECIPES))
     p.add_argument("--knobs-only", action="store_true", help="check the knobs and stop (before a Ray fleet starts)")
+    p.add_argument("--dry-run", action="store_true", help="the preflight's dry run: missing GPUs are a warning")
+    p.add_argument("--skip-preflight", action="store_true", help="add the overrides and write the tool config only")
+    p.add_argument("--probe-timeout", type=float, default=10.0, help="seconds for the retriever probe")
     p.add_argument("--user", type=int, default=0, help="how many of the overrides are the user's (the last ones)")
     args = p.parse_args(argv[:split])
     overrides = argv[split + 1 :]
@@ -84,7 +93,16 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     script_out = os.dup(1)
     os.dup2(2, 1)
-    line = prepare(args.recipe, overrides, args.user, os.environ, knobs_only=args.knobs_only)
+    line = prepare(
+        args.recipe,
+        overrides,
+        args.user,
+        os.environ,
+        knobs_only=args.knobs_only,
+        dry_run=args.dry_run,
+        skip_preflight=args.skip_preflight,
+        probe_timeout=args.probe_timeout,
+    )
     sys.stdout.flush()
     if line is None:
         return 1
