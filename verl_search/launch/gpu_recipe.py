@@ -13,18 +13,15 @@ import os
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field
 
-from verl_search.errors import KnobError
 from verl_search.launch.run_knobs import attention_overrides, resume_overrides, trainer_note
-from verl_search.launch.run_outputs import resolve_step
-from verl_search.launch.trainer_mode import knob_message, settings_from_env, trainer_overrides
+from verl_search.launch.script_knobs import ResumableKnobs
+from verl_search.launch.trainer_mode import settings_from_env, trainer_overrides
 
 
-class GpuKnobs(BaseModel):
+class GpuKnobs(ResumableKnobs):
     """Every knob of the GPU script; the environment variable is the field name in capitals."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     model_path: str = Field(min_length=1)
     data_dir: str
@@ -66,23 +63,6 @@ class GpuKnobs(BaseModel):
     experiment_name: str = Field(min_length=1)
     run_dir: str = Field(min_length=1)
     resume_from: str
-
-    @field_validator("resume_from")
-    @classmethod
-    def _resume_step(cls, path: str) -> str:
-        return str(resolve_step(path)) if path else path
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> GpuKnobs:
-        """The knobs as the script exported them (it sets every one, its default where the user set none)."""
-        missing = [name.upper() for name in cls.model_fields if name.upper() not in env]
-        if missing:
-            raise KnobError(f"{', '.join(missing)} not set: run the script, which sets every knob")
-        raw = {name: env[name.upper()] for name in cls.model_fields}
-        try:
-            return cls(**raw)
-        except ValidationError as e:
-            raise KnobError(knob_message(e, raw, cls)) from e
 
 
 def derived_overrides(knobs: GpuKnobs, env: Mapping[str, str] = os.environ) -> tuple[list[str], list[str]]:

@@ -67,7 +67,11 @@ def prepare(
     else:
         quiet_imports()
         findings = run_preflight(
-            args, dry_run=dry_run, expected_agent=knobs.agent, probe_timeout=probe_timeout, record_run=not dry_run
+            args,
+            dry_run=dry_run,
+            expected_agent=knobs.expected_agent,
+            probe_timeout=probe_timeout,
+            record_run=not dry_run,
         )
         if not summarise(findings):
             return _fail("preflight failed: fix the problems listed above (DRY_RUN=1 runs only the checks)")

@@ -1,0 +1,58 @@
+"""What every run script's knobs have in common as Python checks them: read from the environment the script exported,
+typed and bounded by a pydantic model whose field names are the knobs in lower case, a bad value one
+:class:`~verl_search.errors.KnobError` naming it.
+
+Invariant: a knob's default and meaning are declared once, in its script (``${VAR:-default}`` and its comment); these
+models hold only types and bounds, never a default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from verl_search.errors import KnobError
+from verl_search.launch.run_outputs import resolve_step
+from verl_search.launch.trainer_mode import knob_message
+
+
+class ScriptKnobs(BaseModel):
+    """The knobs of one run script; the environment variable is the field name in capitals. Every script has the tool
+    config it copies, the retriever URL it writes into that copy, the run folder and the agent loop."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tool_config: str
+    retriever_url: str
+    run_dir: str
+    agent: str
+
+    @property
+    def expected_agent(self) -> str | None:
+        """The agent loop the preflight requires every data row to ask for (None: no such check)."""
+        return self.agent
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Self:
+        """The knobs as the script exported them (it sets every one, its default where the user set none)."""
+        missing = [name.upper() for name in cls.model_fields if name.upper() not in env]
+        if missing:
+            raise KnobError(f"{', '.join(missing)} not set: run the script, which sets every knob")
+        raw = {name: env[name.upper()] for name in cls.model_fields}
+        try:
+            return cls(**raw)
+        except ValidationError as e:
+            raise KnobError(knob_message(e, raw, cls)) from e
+
+
+class ResumableKnobs(ScriptKnobs):
+    """A script with ``RESUME_FROM``: a ``global_step_N`` folder, or a checkpoint folder meaning its latest step."""
+
+    resume_from: str
+
+    @field_validator("resume_from")
+    @classmethod
+    def _resume_step(cls, path: str) -> str:
+        return str(resolve_step(path)) if path else path
