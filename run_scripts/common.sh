@@ -12,7 +12,7 @@ PROBE_TIMEOUT="${PROBE_TIMEOUT:-10}"
 # STALENESS_STRATEGY, WARMUP_BATCHES, PARAMETER_SYNC_STEP, ROLLOUT_GPUS, ROLLOUT_NODES, PARTIAL_ROLLOUT,
 # CHECKPOINT_ENGINE, SEARCH_MONITOR (1, default: verl's trainer of the mode as its search_* twin, which logs search/*
 # metrics every step and watches them for collapse, e.g. +search_monitor.alarms.stop_after=3). Their defaults and
-# meaning are declared once, in verl_search/launch/trainer_mode.py, and each script's knobs module composes their
+# meaning are declared once, in verl_search/launch/trainer_mode.py, and vs_prepare's Python step adds their
 # overrides; TRAINER_MODE=sync|colocate_async|separate_async, the older knob, still works (separate_async = fully_async).
 # The checkout's verl_search wins over an installed copy, here and in every Ray worker started from this shell.
 export PYTHONPATH="${VS_REPO_DIR}${PYTHONPATH:+:${PYTHONPATH}}"

@@ -1,7 +1,7 @@
 """The training stages of ``make train``, each a verl command run in its own process group: SFT with verl's SFT
 trainer on the CPU backend (then its HF checkpoint exported as a model folder), and GRPO or evaluation-only runs of
-``python -m verl.trainer.main_ppo`` with the overrides :mod:`cpu_bench.cpu_run_knobs` composes (the mapping
-``run_scripts/run_tiny_search_cpu.sh`` uses too).
+``python -m verl.trainer.main_ppo`` launched through ``run_scripts/run_tiny_search_cpu.sh``: the stage sets the script's
+knobs and appends its own overrides, so the CPU recipe is written in one place.
 
 Invariant: each is a :class:`~cpu_bench.train.stage.Stage`: a finished stage is reused by the next run with the same
 inputs, an interrupted one is redone; a stage's overrides come from the settings models, never from the environment.
@@ -10,23 +10,30 @@ inputs, an interrupted one is redone; a stage's overrides come from the settings
 from __future__ import annotations
 
 import logging
-import resource
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cpu_bench.cpu_run_knobs import CpuRunKnobs, run_overrides
+import yaml
+
 from cpu_bench.train.config import TrainConfig
 from cpu_bench.train.live_metrics import MetricsTail
-from cpu_bench.train.processes import StageError, run_stage
+from cpu_bench.train.processes import CHECKOUT, StageError, run_stage
 from cpu_bench.train.stage import Stage, legacy_seconds
 from verl_search.atomic import atomic_path
+from verl_search.launch.cpu_recipe import CpuKnobs
+from verl_search.launch.tool_yaml import URL_KEY
+from verl_search.launch.trainer_mode import TrainerSettings
 
 logger = logging.getLogger(__name__)
 
 HF_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+#: the script every GRPO stage runs: the CPU recipe, its knobs checked and its preflight run before verl starts
+CPU_SCRIPT = CHECKOUT / "run_scripts" / "run_tiny_search_cpu.sh"
+#: the launch flags common.sh reads
+LAUNCH_FLAGS = ("dry_run", "skip_preflight", "probe_timeout")
 #: a model turn of the protocol is ~20-40 tokens; cap rambling ones
 MAX_TURN_TOKENS = 96
 
@@ -121,44 +128,43 @@ class GRPORun:
     reused: bool = False  # finished by an earlier run: ``seconds`` is that run's
 
 
-def grpo_knobs(config: TrainConfig, model: Path, train: Path, val: Path, run_dir: Path) -> CpuRunKnobs:
-    """The CPU run's knobs for this run (the run script's environment variables, as typed settings)."""
+def grpo_knobs(
+    config: TrainConfig, model: Path, train: Path, val: Path, tool_yaml: Path, run_dir: Path
+) -> dict[str, str]:
+    """The CPU script's knobs for this run, as the environment variables it reads."""
     g = config.grpo
-    return CpuRunKnobs(
-        model_path=str(model),
-        train_data=str(train),
-        val_data=str(val),
-        agent=g.agent,
-        rollout=g.rollout,
-        max_turns=config.search.max_turns,
-        run_dir=str(run_dir),
-        experiment_name=run_dir.name,
-        train_batch_size=g.batch_size,
-        ppo_mini_batch_size=g.batch_size,
-        rollout_n=g.rollout_n,
-        lr=g.lr,
-        kl_coef=g.kl_coef,
-        max_prompt_length=g.max_prompt_length,
-        max_response_length=g.max_response_length,
+    return {
+        "MODEL_PATH": str(model),
+        "TRAIN_DATA": str(train),
+        "VAL_DATA": str(val),
+        "TOOL_CONFIG": str(tool_yaml),
+        "AGENT": g.agent,
+        "ROLLOUT": g.rollout,
+        "MAX_TURNS": str(config.search.max_turns),
+        "RUN_DIR": str(run_dir),
+        "EXPERIMENT_NAME": run_dir.name,
+        "TRAIN_BATCH_SIZE": str(g.batch_size),
+        "PPO_MINI_BATCH_SIZE": str(g.batch_size),
+        "ROLLOUT_N": str(g.rollout_n),
+        "LR": repr(g.lr),
+        "KL_COEF": repr(g.kl_coef),
+        "MAX_PROMPT_LENGTH": str(g.max_prompt_length),
+        "MAX_RESPONSE_LENGTH": str(g.max_response_length),
         # >= the tool's own cap, so verl never cuts a result (the preflight also wants room for topk whole passages)
-        max_tool_response_length=max(config.search.max_result_chars, config.search.topk * 800),
-        micro_batch=g.batch_size * g.rollout_n,
-        total_steps=g.steps,
-        test_freq=g.test_freq,
-        save_freq=g.steps,
-        resume_mode="disable",
-        logger='["console","file"]',
-    )
+        "MAX_TOOL_RESPONSE_LENGTH": str(max(config.search.max_result_chars, config.search.topk * 800)),
+        "MICRO_BATCH": str(g.batch_size * g.rollout_n),
+        "TOTAL_STEPS": str(g.steps),
+        "TEST_FREQ": str(g.test_freq),
+        "SAVE_FREQ": str(g.steps),
+        "RESUME_MODE": "disable",
+        "LOGGER": '["console","file"]',
+    }
 
 
-def grpo_overrides(
-    config: TrainConfig, model: Path, train: Path, val: Path, tool_yaml: Path, run_dir: Path, val_only: bool
-) -> list[str]:
-    """The overrides of a GRPO (or evaluation-only) run of ``make train``: the CPU search run's, then this
-    pipeline's own (validate first, sampling temperature, the turn cap, the data order's seed)."""
-    knobs = grpo_knobs(config, model, train, val, run_dir)
+def grpo_overrides(config: TrainConfig, val_only: bool) -> list[str]:
+    """What a GRPO (or evaluation-only) run of ``make train`` adds after the CPU script's recipe: validate first,
+    the sampling temperature, the turn cap, the data order's seed and the reward's options."""
     return [
-        *run_overrides(knobs, tool_yaml),
         "trainer.val_before_train=True",
         f"trainer.val_only={val_only}",
         f"actor_rollout_ref.rollout.temperature={config.grpo.temperature}",
@@ -168,24 +174,32 @@ def grpo_overrides(
     ]
 
 
-def cpu_run_env(run_dir: Path) -> dict[str, str]:
-    """The environment of a CPU run (the CPU platform, FSDP engines looked up under "cuda")."""
+def script_env(knobs: dict[str, str], run_dir: Path) -> dict[str, str]:
+    """The CPU script's environment for a stage: ``knobs``, this Python, the metrics where the stage watches them, and
+    every other knob the script or its trainer mode reads left empty (its default), so the user's shell never
+    changes a stage."""
+    names = [*CpuKnobs.model_fields, *TrainerSettings.model_fields, "trainer_mode", *LAUNCH_FLAGS]
     return {
-        "VERL_PLATFORM": "cpu",
-        "VERL_ENGINE_DEVICE": "cuda",
+        **dict.fromkeys((name.upper() for name in names), ""),
+        **knobs,
+        "PYTHON": sys.executable,
         "VERL_FILE_LOGGER_PATH": str(run_dir / "metrics.jsonl"),
         "TENSORBOARD_DIR": str(run_dir / "tensorboard"),
-        # a one-machine Ray on 127.0.0.1, so the rollout servers listen on loopback (as run_tiny_search_cpu.sh)
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     }
 
 
-def raise_open_file_limit(wanted: int = 65535) -> None:
-    """Raise this process's (and its children's) open-file limit towards ``wanted``, as the run scripts do."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-    if soft < target:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+def tool_url(tool_yaml: Path) -> str:
+    """The retriever URL the data stage wrote into ``tool_yaml`` (the script writes it into the run's copy again)."""
+    url = yaml.safe_load(tool_yaml.read_text(encoding="utf-8"))["tools"][0]["config"][URL_KEY]
+    return ",".join(url) if isinstance(url, list) else str(url)
+
+
+def grpo_env(
+    config: TrainConfig, model: Path, train: Path, val: Path, tool_yaml: Path, run_dir: Path
+) -> dict[str, str]:
+    """The CPU script's environment for a GRPO stage: its knobs, with the retriever the data stage's tool YAML names."""
+    knobs = grpo_knobs(config, model, train, val, tool_yaml, run_dir) | {"RETRIEVER_URL": tool_url(tool_yaml)}
+    return script_env(knobs, run_dir)
 
 
 def grpo_stage(
@@ -204,16 +218,11 @@ def grpo_stage(
     name = "evaluation" if val_only else "GRPO"
 
     def build(folder: Path) -> None:
-        overrides = grpo_overrides(config, model, train, val, tool_yaml, folder, val_only)
+        env = grpo_env(config, model, train, val, tool_yaml, folder)
+        command = ["bash", str(CPU_SCRIPT), *grpo_overrides(config, val_only)]
         log = folder.parent / f"{folder.name}.log"
-        agent = ["--agent", config.grpo.agent]
-        preflight = [sys.executable, "-m", "verl_search.launch.preflight", *agent, "--", *overrides]
-        preflight_log = folder.parent / f"{folder.name}.preflight.log"
-        run_stage(f"{name} preflight {folder.name}", preflight, preflight_log, cpu_run_env(folder))
-        raise_open_file_limit()
-        command = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
         live = MetricsTail(folder / "metrics.jsonl", f"{name} {folder.name}", None if val_only else config.grpo.steps)
-        run_stage(f"{name} {folder.name}", command, log, cpu_run_env(folder), watch=live.poll)
+        run_stage(f"{name} {folder.name}", command, log, env, watch=live.poll)
 
     stage_key: dict[str, Any] = {**(key or {}), "val_only": val_only, "split_seed": config.world.split_seed}
     stage_key |= {"grpo": config.grpo.model_dump(mode="json"), "search": config.search.model_dump(mode="json")}

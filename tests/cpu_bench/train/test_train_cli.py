@@ -47,7 +47,8 @@ def test_the_rollout_engine_reaches_the_run_knobs(tmp_path: Path) -> None:
 
     config = config_from_args(_parser().parse_args(["--out", str(tmp_path), "--rollout", "vllm"]))
     assert config.grpo.rollout == "vllm"
-    assert grpo_knobs(config, tmp_path / "m", tmp_path / "t", tmp_path / "v", tmp_path / "r").rollout == "vllm"
+    knobs = grpo_knobs(config, tmp_path / "m", tmp_path / "t", tmp_path / "v", tmp_path / "y", tmp_path / "r")
+    assert knobs["ROLLOUT"] == "vllm"
     assert config_from_args(_parser().parse_args(["--out", str(tmp_path)])).grpo.rollout == "hf_cpu"
 
 
@@ -80,12 +81,10 @@ def test_reward_options_reach_verls_reward_kwargs(tmp_path: Path) -> None:
     )
     config = config_from_args(args)
     assert config.grpo.reward == {"no_search_penalty": 0.1, "strict_single_answer": True}
-    overrides = grpo_overrides(config, tmp_path / "m", tmp_path / "t", tmp_path / "v", tmp_path / "y", tmp_path, False)
+    overrides = grpo_overrides(config, val_only=False)
     assert "+reward.custom_reward_function.reward_kwargs.no_search_penalty=0.1" in overrides
     assert "+reward.custom_reward_function.reward_kwargs.strict_single_answer=True" in overrides
-    plain = grpo_overrides(
-        TrainConfig(), tmp_path / "m", tmp_path / "t", tmp_path / "v", tmp_path / "y", tmp_path, False
-    )
+    plain = grpo_overrides(TrainConfig(), val_only=False)
     assert not any("reward_kwargs" in o for o in plain), "no option: plain EM, as before"
 
 
