@@ -20,8 +20,7 @@ from verl_search.launch.runtime import (
     check_stop_strings,
 )
 from verl_search.launch.trainer_config import compose_launch_config
-from verl_search.launch.trainer_mode import settings_from_env, trainer_overrides
-from verl_search.launch.trainer_mode_check import check_trainer_mode
+from verl_search.launch.trainer_mode import check_trainer_mode, settings_from_env, trainer_overrides
 
 PYTHON = "3.11"
 BASE = [

@@ -15,9 +15,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from verl_search.launch.run_knobs import attention_overrides, resume_overrides, trainer_note
+from verl_search.launch.attention import attention_overrides
+from verl_search.launch.run_outputs import resume_overrides
 from verl_search.launch.script_knobs import ResumableKnobs
-from verl_search.launch.trainer_mode import settings_from_env, trainer_overrides
+from verl_search.launch.trainer_mode import settings_from_env, trainer_note, trainer_overrides
 
 
 class GpuKnobs(ResumableKnobs):

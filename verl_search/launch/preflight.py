@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from verl_search.launch import checks, run_inputs, run_outputs, runtime, trainer_mode_check
+from verl_search.launch import checks, run_inputs, run_outputs, runtime, trainer_mode
 from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning
 from verl_search.launch.environment import InstalledEnvironment
 from verl_search.launch.run_outputs import RunRecord, write_record
@@ -57,7 +57,7 @@ def planned_checks(ctx: LaunchContext) -> list[tuple[str, Callable[[], str]]]:
         ("attention", lambda: runtime.check_attention(ctx)),
         ("tool parser", lambda: checks.check_tool_parser(ctx)),
         ("verl validation", lambda: checks.check_verl_validation(ctx)),
-        ("trainer mode", lambda: trainer_mode_check.check_trainer_mode(ctx)),
+        ("trainer mode", lambda: trainer_mode.check_trainer_mode(ctx)),
         ("agent loops", lambda: checks.check_agent_loops(ctx)),
         ("tools", lambda: run_inputs.check_tools_build(ctx)),
         ("tool response length", lambda: run_inputs.check_tool_response_length(ctx)),

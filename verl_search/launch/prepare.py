@@ -22,8 +22,7 @@ from pathlib import Path
 from verl_search.errors import ConfigError, KnobError
 from verl_search.launch import cpu_recipe, gpu_recipe
 from verl_search.launch.preflight import quiet_imports, run_preflight, summarise
-from verl_search.launch.run_knobs import RUN_TOOL_YAML
-from verl_search.launch.tool_yaml import parse_urls, write_tool_config
+from verl_search.launch.tool_yaml import RUN_TOOL_YAML, parse_urls, write_tool_config
 
 RECIPES = {
     "gpu": (gpu_recipe.GpuKnobs, gpu_recipe.derived_overrides),

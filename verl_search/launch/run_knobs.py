@@ -13,31 +13,18 @@ import re
 import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from verl_search.errors import KnobError
-from verl_search.launch.environment import InstalledEnvironment
+from verl_search.launch.attention import attention_overrides
 from verl_search.launch.run_outputs import resolve_step
-from verl_search.launch.trainer_mode import (
-    TrainerSettings,
-    knob_message,
-    settings_from_env,
-    trainer_overrides,
-)
+from verl_search.launch.script_knobs import knob_message
+from verl_search.launch.tool_yaml import RUN_TOOL_YAML
+from verl_search.launch.trainer_mode import settings_from_env, trainer_note, trainer_overrides
 from verl_search.resources import AGENT_LOOP_YAML, SEARCH_TOOL_YAML, shipped_file
-
-#: a run's copy of the tool YAML, in its run folder (``common.sh``'s ``vs_prepare_run`` writes it)
-RUN_TOOL_YAML = "search_tool_config.yaml"
-#: verl's attention when ``override_config.attn_implementation`` is unset
-VERL_DEFAULT_ATTENTION = "flash_attention_2"
-ATTENTION_KEY = "+actor_rollout_ref.model.override_config.attn_implementation"
-REMOVE_PADDING_KEY = "actor_rollout_ref.model.use_remove_padding"
-#: implementations whose kernels take packed variable-length sequences (what use_remove_padding feeds them)
-PACKING_KERNELS = ("flash_attention_2", "flash_attention_3")
 
 
 class RunKnobs(BaseModel):
@@ -180,13 +167,6 @@ def data_overrides(knobs: RunKnobs) -> list[str]:
     ]
 
 
-def resume_overrides(resume_from: str) -> list[str]:
-    """``RESUME_FROM`` as verl overrides (resume from that step; nothing when it is empty)."""
-    if not resume_from:
-        return []
-    return ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={resume_from}"]
-
-
 def search_overrides(knobs: RunKnobs, tool_config: str | Path) -> list[str]:
     """Our tool (the YAML ``tool_config``), loop and reward in verl's hermes multi-turn rollout, ``AGENT`` as the
     default loop (with its loop YAML for ``search_r1_agent``)."""
@@ -205,36 +185,6 @@ def search_overrides(knobs: RunKnobs, tool_config: str | Path) -> list[str]:
     if k.agent == "search_r1_agent":
         overrides.append(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={k.agent_loop_config}")
     return overrides
-
-
-@dataclass(frozen=True)
-class AttentionChoice:
-    """What the actor (and reference) model load with."""
-
-    implementation: str
-    remove_padding: bool
-    reason: str
-
-
-def choose_attention(requested: str, fa2_problem: str | None) -> AttentionChoice:
-    """``auto`` takes FlashAttention-2 when transformers finds it usable (``fa2_problem`` is None), else ``sdpa``;
-    padding removal (sequences packed into one row) goes with FlashAttention kernels only, whose variable-length
-    path keeps packed sequences apart."""
-    if requested == "auto":
-        if fa2_problem is None:
-            return AttentionChoice(VERL_DEFAULT_ATTENTION, True, "transformers finds FlashAttention-2")
-        return AttentionChoice("sdpa", False, f"no FlashAttention-2: {fa2_problem}")
-    return AttentionChoice(requested, requested in PACKING_KERNELS, "set by ATTN_IMPLEMENTATION")
-
-
-def attention_overrides(requested: str, rollout: str) -> tuple[list[str], str]:
-    """The actor's attention and padding removal for ``ATTN_IMPLEMENTATION=requested`` (``auto`` probes the installed
-    FlashAttention-2), and the note a script prints on its choice (with the rollout engine's name)."""
-    fa2_problem = InstalledEnvironment().flash_attention_2() if requested == "auto" else None
-    choice = choose_attention(requested, fa2_problem)
-    padding = "with padding removal" if choice.remove_padding else "without padding removal"
-    note = f"rollout engine: {rollout}; actor attention: {choice.implementation}, {padding} ({choice.reason})"
-    return [f"{ATTENTION_KEY}={choice.implementation}", f"{REMOVE_PADDING_KEY}={choice.remove_padding}"], note
 
 
 def gpu_parts(
@@ -257,12 +207,6 @@ def gpu_parts(
     )
     notes = [attention_note, trainer_note(settings)]
     return [*engine, *search_overrides(knobs, f"{knobs.run_dir}/{RUN_TOOL_YAML}"), *trainer], notes
-
-
-def trainer_note(settings: TrainerSettings) -> str:
-    """The trainer mode a run uses, as the scripts print it."""
-    chosen = os.environ.get("TRAINER")
-    return f"trainer: {settings.trainer_mode}" + (f" (TRAINER={chosen})" if chosen else "")
 
 
 def knobs_main(

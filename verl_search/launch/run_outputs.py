@@ -229,3 +229,10 @@ def check_wandb(ctx: LaunchContext) -> str:
         "export WANDB_API_KEY, or set "
         f"WANDB_MODE=offline (upload later with wandb sync), or {other}"
     )
+
+
+def resume_overrides(resume_from: str) -> list[str]:
+    """``RESUME_FROM`` as verl overrides (resume from that step; nothing when it is empty)."""
+    if not resume_from:
+        return []
+    return ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={resume_from}"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from packaging.version import InvalidVersion, Version
 
+from verl_search.launch.attention import ATTENTION_KEY, PACKING_KERNELS, REMOVE_PADDING_KEY, VERL_DEFAULT_ATTENTION
 from verl_search.launch.checks import (
     LaunchContext,
     PreflightError,
@@ -28,7 +29,6 @@ from verl_search.launch.gpu_locks import (
     lock_path,
     torch_cuda,
 )
-from verl_search.launch.run_knobs import ATTENTION_KEY, PACKING_KERNELS, REMOVE_PADDING_KEY, VERL_DEFAULT_ATTENTION
 from verl_search.platform_choice import cpu_requested
 
 #: agent loops that pass stop strings to the engine

@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from verl_search.errors import KnobError
 from verl_search.launch.run_outputs import resolve_step
-from verl_search.launch.trainer_mode import knob_message
 
 
 class ScriptKnobs(BaseModel):
@@ -56,3 +55,16 @@ class ResumableKnobs(ScriptKnobs):
     @classmethod
     def _resume_step(cls, path: str) -> str:
         return str(resolve_step(path)) if path else path
+
+
+def knob_message(error: ValidationError, raw: Mapping[str, object], model: type[BaseModel]) -> str:
+    """The first problem of ``error`` in one line naming the knob, as the scripts say it: ``NAME=value: why``, ``choose
+    a or b`` for a value outside a list, ``set NAME to <what it is>`` for a missing one."""
+    first = error.errors()[0]
+    name = str(first["loc"][0]) if first["loc"] else ""
+    if first["type"] == "missing":
+        return f"set {name.upper()} to {model.model_fields[name].description}"
+    where = f"{name.upper()}={raw.get(name, '')}: " if name else ""
+    if first["type"] == "literal_error":
+        return f"{where}choose {first['ctx']['expected'].replace(chr(39), '')}"
+    return where + str(first["msg"]).removeprefix("Value error, ")

@@ -18,6 +18,8 @@ from verl_search.atomic import atomic_path
 from verl_search.errors import ConfigError
 
 URL_KEY = "retrieval_service_url"
+#: a run's copy of the tool YAML, in its run folder (the run scripts' Python step writes it)
+RUN_TOOL_YAML = "search_tool_config.yaml"
 
 
 def write_tool_config(

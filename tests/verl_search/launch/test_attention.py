@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from verl_search.launch.attention import choose_attention
 from verl_search.launch.checks import LaunchContext
 from verl_search.launch.environment import InstalledEnvironment
 from verl_search.launch.preflight import run_check
-from verl_search.launch.run_knobs import choose_attention
 from verl_search.launch.runtime import check_attention
 from verl_search.launch.trainer_config import compose_launch_config
 

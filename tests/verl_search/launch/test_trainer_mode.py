@@ -8,8 +8,7 @@ import pytest
 from verl_search.errors import KnobError
 from verl_search.launch.checks import LaunchContext, PreflightError, PreflightWarning
 from verl_search.launch.trainer_config import compose_launch_config
-from verl_search.launch.trainer_mode import settings_from_env, trainer_overrides
-from verl_search.launch.trainer_mode_check import check_trainer_mode
+from verl_search.launch.trainer_mode import check_trainer_mode, settings_from_env, trainer_overrides
 
 
 def overrides(env: dict[str, str], *, batch: int = 4, mini: int = 4, device: str = "cpu") -> dict[str, str]:
