@@ -14,45 +14,19 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from verl_search.launch.run_outputs import resume_overrides
-from verl_search.launch.script_knobs import ResumableKnobs
+from verl_search.launch.script_knobs import TrainingKnobs
 from verl_search.launch.trainer_mode import settings_from_env, trainer_note, trainer_overrides
 
 
-class CpuKnobs(ResumableKnobs):
+class CpuKnobs(TrainingKnobs):
     """Every knob of the CPU script; the environment variable is the field name in capitals."""
 
-    model_path: str = Field(min_length=1)
-    data_dir: str
-    train_data: str = Field(min_length=1)
-    val_data: str = Field(min_length=1)
-    tool_config: str = Field(min_length=1)
-    retriever_url: str = Field(min_length=1)
-    agent: Literal["tool_agent", "search_r1_agent"]
     agent_check: int = Field(ge=0, le=1)
-    agent_loop_config: str
-    max_turns: int = Field(ge=1)
-    max_tool_response_length: int = Field(ge=1)
-    reward_fn_path: str = Field(min_length=1)
     rollout: Literal["hf_cpu", "vllm", "sglang"]
     n_ranks: int = Field(ge=1)
-    train_batch_size: int = Field(ge=1)
-    ppo_mini_batch_size: int = Field(ge=1)
     micro_batch: int = Field(ge=1)
-    rollout_n: int = Field(ge=1)
-    lr: float = Field(gt=0)
-    kl_coef: float = Field(ge=0)
-    max_prompt_length: int = Field(ge=1)
-    max_response_length: int = Field(ge=1)
-    total_epochs: int = Field(ge=1)
     total_steps: int | None = Field(ge=1)
-    save_freq: int
-    test_freq: int
-    logger: str = Field(min_length=1)
-    project_name: str = Field(min_length=1)
-    experiment_name: str = Field(min_length=1)
-    run_dir: str = Field(min_length=1)
     resume_mode: str = Field(min_length=1)
-    resume_from: str
     ray_num_cpus: int = Field(ge=1)
     vllm_kv_cache_bytes: int = Field(ge=1)
     vllm_bucket_mb: int = Field(ge=1)

@@ -17,53 +17,27 @@ from pydantic import Field
 
 from verl_search.launch.attention import attention_overrides
 from verl_search.launch.run_outputs import resume_overrides
-from verl_search.launch.script_knobs import ResumableKnobs
+from verl_search.launch.script_knobs import TrainingKnobs
 from verl_search.launch.trainer_mode import settings_from_env, trainer_note, trainer_overrides
 
 
-class GpuKnobs(ResumableKnobs):
+class GpuKnobs(TrainingKnobs):
     """Every knob of the GPU script; the environment variable is the field name in capitals."""
 
-    model_path: str = Field(min_length=1)
-    data_dir: str
-    train_data: str = Field(min_length=1)
-    val_data: str = Field(min_length=1)
-    tool_config: str = Field(min_length=1)
-    retriever_url: str = Field(min_length=1)
     retriever: Literal["url", "serve"]
-    agent: Literal["tool_agent", "search_r1_agent"]
-    agent_loop_config: str
-    max_turns: int = Field(ge=1)
-    max_tool_response_length: int = Field(ge=1)
-    reward_fn_path: str = Field(min_length=1)
     rollout: Literal["sglang", "vllm"]
     attn_implementation: str = Field(min_length=1)
     n_gpus: int = Field(ge=1)
     nnodes: int = Field(ge=1)
-    train_batch_size: int = Field(ge=1)
     val_batch_size: int = Field(ge=1)
     shuffle: int = Field(ge=0, le=1)
-    ppo_mini_batch_size: int = Field(ge=1)
     micro_batch_per_gpu: int = Field(ge=1)
-    rollout_n: int = Field(ge=1)
-    lr: float = Field(gt=0)
     lr_warmup_ratio: float = Field(ge=0, le=1)
-    kl_coef: float = Field(ge=0)
-    max_prompt_length: int = Field(ge=1)
-    max_response_length: int = Field(ge=1)
     rollout_tp: int = Field(ge=1)
     gpu_memory_utilization: float = Field(gt=0, le=1)
     actor_offload: int = Field(ge=0, le=1)
     dynamic_bsz: int = Field(ge=0, le=1)
     max_token_len_per_gpu: int = Field(ge=1)
-    total_epochs: int = Field(ge=1)
-    save_freq: int
-    test_freq: int
-    logger: str = Field(min_length=1)
-    project_name: str = Field(min_length=1)
-    experiment_name: str = Field(min_length=1)
-    run_dir: str = Field(min_length=1)
-    resume_from: str
 
 
 def derived_overrides(knobs: GpuKnobs, env: Mapping[str, str] = os.environ) -> tuple[list[str], list[str]]:

@@ -9,9 +9,9 @@ models hold only types and bounds, never a default.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Self
+from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from verl_search.errors import KnobError
 from verl_search.launch.run_outputs import resolve_step
@@ -55,6 +55,37 @@ class ResumableKnobs(ScriptKnobs):
     @classmethod
     def _resume_step(cls, path: str) -> str:
         return str(resolve_step(path)) if path else path
+
+
+class TrainingKnobs(ResumableKnobs):
+    """The knobs both training scripts (GPU and CPU) have: the model, data, tool and loop, GRPO's sizes and rates, the
+    schedule and the run's names."""
+
+    model_path: str = Field(min_length=1)
+    data_dir: str
+    train_data: str = Field(min_length=1)
+    val_data: str = Field(min_length=1)
+    tool_config: str = Field(min_length=1)
+    retriever_url: str = Field(min_length=1)
+    agent: Literal["tool_agent", "search_r1_agent"]
+    agent_loop_config: str
+    max_turns: int = Field(ge=1)
+    max_tool_response_length: int = Field(ge=1)
+    reward_fn_path: str = Field(min_length=1)
+    train_batch_size: int = Field(ge=1)
+    ppo_mini_batch_size: int = Field(ge=1)
+    rollout_n: int = Field(ge=1)
+    lr: float = Field(gt=0)
+    kl_coef: float = Field(ge=0)
+    max_prompt_length: int = Field(ge=1)
+    max_response_length: int = Field(ge=1)
+    total_epochs: int = Field(ge=1)
+    save_freq: int
+    test_freq: int
+    logger: str = Field(min_length=1)
+    project_name: str = Field(min_length=1)
+    experiment_name: str = Field(min_length=1)
+    run_dir: str = Field(min_length=1)
 
 
 def knob_message(error: ValidationError, raw: Mapping[str, object], model: type[BaseModel]) -> str:
