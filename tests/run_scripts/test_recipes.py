@@ -159,3 +159,43 @@ def test_the_cpu_engines_context_is_prompt_plus_response_and_separate_pools_get_
     printed = _printed(done.stdout)
     assert "+ray_kwargs.ray_init.num_gpus=1" in printed
     assert not any(o.startswith("actor_rollout_ref.rollout.max_model_len=") for o in printed)  # hf_cpu has none
+
+
+def _recipe_lines(script: str) -> dict[str, str]:
+    """The ``key=value`` lines of a script's ``RECIPE=(...)`` array, its ``"$actor"``-style prefixes spelt out."""
+    text = (SCRIPTS / script).read_text()
+    for short, key in (
+        ("multi_turn", "rollout.multi_turn"),
+        ("actor", "actor"),
+        ("ref", "ref"),
+        ("rollout", "rollout"),
+    ):
+        text = text.replace(f'"${short}"', f"actor_rollout_ref.{key}")
+    body = text.split("\nRECIPE=(\n", 1)[1].split("\n)\n", 1)[0]
+    lines = [line.strip() for line in body.splitlines() if "=" in line and not line.strip().startswith("#")]
+    return dict(line.split("=", 1) for line in lines)
+
+
+#: the lines the CPU recipe writes differently on purpose: no offload, no checkpointing and one node on a CPU, and its
+#: own names for the micro-batch and the ranks
+CPU_DIFFERS = {
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
+    "actor_rollout_ref.actor.fsdp_config.param_offload",
+    "actor_rollout_ref.model.enable_gradient_checkpointing",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size",
+    "trainer.n_gpus_per_node",
+    "trainer.nnodes",
+}
+
+
+def test_the_lines_the_training_recipes_share_say_the_same():
+    """Each script writes its whole recipe, so the lines the GPU and CPU scripts share are written twice: they must
+    not drift apart."""
+    gpu, cpu = _recipe_lines(GPU), _recipe_lines(CPU)
+    shared = set(gpu) & set(cpu)
+    assert len(shared) > 40 and CPU_DIFFERS <= shared
+    drifted = {key: (gpu[key], cpu[key]) for key in shared - CPU_DIFFERS if gpu[key] != cpu[key]}
+    assert not drifted, drifted
