@@ -1,4 +1,4 @@
-"""The knobs every run script shares, the overrides they compose (data, search tool and loop, engine and attention),
+"""The knobs every run script shares, the overrides they compose (data, search tool and loop, attention),
 and the CLI each script evals (the knobs as shell variables, the overrides as one array, nothing exported).
 
 Invariant: a knob's environment variable is its field name in capitals; unset or empty variables keep the default
@@ -22,12 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from verl_search.errors import KnobError
 from verl_search.launch.environment import InstalledEnvironment
 from verl_search.launch.run_outputs import resolve_step
-from verl_search.launch.trainer_mode import (
-    TrainerSettings,
-    knob_message,
-    settings_from_env,
-    trainer_overrides,
-)
+from verl_search.launch.trainer_mode import TrainerSettings, knob_message
 from verl_search.resources import AGENT_LOOP_YAML, SEARCH_TOOL_YAML, shipped_file
 
 #: a run's copy of the tool YAML, in its run folder (``common.sh``'s ``vs_prepare_run`` writes it)
@@ -235,28 +230,6 @@ def attention_overrides(requested: str, rollout: str) -> tuple[list[str], str]:
     padding = "with padding removal" if choice.remove_padding else "without padding removal"
     note = f"rollout engine: {rollout}; actor attention: {choice.implementation}, {padding} ({choice.reason})"
     return [f"{ATTENTION_KEY}={choice.implementation}", f"{REMOVE_PADDING_KEY}={choice.remove_padding}"], note
-
-
-def gpu_parts(
-    knobs: RunKnobs, *, rollout: str, attention: str, devices: int, mini_batch_size: int
-) -> tuple[list[str], list[str]]:
-    """What a GPU script adds to its knobs' overrides: the engine (async) and the actor's attention, the search tool
-    and loop, the trainer mode (``TRAINER`` and its knobs, from the environment); and a note on each choice. The
-    native loop on SGLang loads SGLang's tokenizer: it matches stop strings only with it (verl's default skips it)."""
-    attention_parts, attention_note = attention_overrides(attention, rollout)
-    engine = [f"actor_rollout_ref.rollout.name={rollout}", "actor_rollout_ref.rollout.mode=async", *attention_parts]
-    if rollout == "sglang" and knobs.agent == "search_r1_agent":
-        engine.append("actor_rollout_ref.rollout.skip_tokenizer_init=False")
-    settings = settings_from_env(os.environ)
-    trainer = trainer_overrides(
-        settings,
-        devices=devices,
-        train_batch_size=knobs.train_batch_size,
-        mini_batch_size=mini_batch_size,
-        device="cuda",
-    )
-    notes = [attention_note, trainer_note(settings)]
-    return [*engine, *search_overrides(knobs, f"{knobs.run_dir}/{RUN_TOOL_YAML}"), *trainer], notes
 
 
 def trainer_note(settings: TrainerSettings) -> str:
