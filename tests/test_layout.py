@@ -366,8 +366,6 @@ CHECKOUT_PATHS = {
     "verl_search/resources.py": "_PACKAGE.parent",
     # the GPU/CPU lock files, which only a checkout has: the preflight says "not checked" without them
     "verl_search/launch/gpu_locks.py": "parents[2]",
-    # the checkout eval_search.sh runs from, named in its hint for making a missing validation file
-    "verl_search/launch/eval_run.py": "parents[2]",
 }
 
 

@@ -191,11 +191,22 @@ CPU_DIFFERS = {
 }
 
 
-def test_the_lines_the_training_recipes_share_say_the_same():
-    """Each script writes its whole recipe, so the lines the GPU and CPU scripts share are written twice: they must
+#: the lines the evaluation writes differently on purpose: no training, so no KL loss, offloaded, one batch
+EVAL_DIFFERS = {
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
+    "actor_rollout_ref.actor.fsdp_config.param_offload",
+    "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "actor_rollout_ref.actor.use_kl_loss",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+}
+
+
+@pytest.mark.parametrize(("other", "differs", "least"), [(CPU, CPU_DIFFERS, 40), ("eval_search.sh", EVAL_DIFFERS, 30)])
+def test_the_lines_the_recipes_share_say_the_same(other, differs, least):
+    """Each script writes its whole recipe, so the lines it shares with the GPU script are written twice: they must
     not drift apart."""
-    gpu, cpu = _recipe_lines(GPU), _recipe_lines(CPU)
-    shared = set(gpu) & set(cpu)
-    assert len(shared) > 40 and CPU_DIFFERS <= shared
-    drifted = {key: (gpu[key], cpu[key]) for key in shared - CPU_DIFFERS if gpu[key] != cpu[key]}
+    gpu, theirs = _recipe_lines(GPU), _recipe_lines(other)
+    shared = set(gpu) & set(theirs)
+    assert len(shared) >= least and differs <= shared
+    drifted = {key: (gpu[key], theirs[key]) for key in shared - differs if gpu[key] != theirs[key]}
     assert not drifted, drifted

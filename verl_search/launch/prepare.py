@@ -2,10 +2,12 @@
 the run folder's tool config written and the preflight run on the whole command, printed as ``VS_ARGS=(...)`` for the
 script to eval (``run_scripts/common.sh``'s ``vs_prepare``).
 
-Usage: ``python -m verl_search.launch.prepare RECIPE [--knobs-only] [--dry-run] [--skip-preflight] [--probe-timeout S]
-[--user N] -- OVERRIDES...``: the script's literal overrides, then the user's ``N`` trailing ones; the added overrides
-go between them, so the user's still win. The knobs are read from the environment (the script exports them); the
-flags are ``common.sh``'s ``DRY_RUN``, ``SKIP_PREFLIGHT`` and ``PROBE_TIMEOUT``, as ``vs_preflight`` passes them.
+Usage: ``python -m verl_search.launch.prepare RECIPE [--knobs-only [--notes]] [--dry-run] [--skip-preflight]
+[--probe-timeout S] [--user N] -- OVERRIDES...``: the script's literal overrides, then the user's ``N`` trailing ones;
+the added overrides go between them, so the user's still win. The knobs are read from the environment (the script
+exports them); the flags are ``common.sh``'s ``DRY_RUN``, ``SKIP_PREFLIGHT`` and ``PROBE_TIMEOUT``, as
+``vs_preflight`` passes them. ``--knobs-only`` prints the recipe's notes only with ``--notes`` (a script that hands
+the run to another one), so a script that checks its knobs early does not print them twice.
 
 Invariant: a bad knob is one ``error:`` line naming it, exit 1, and nothing written; the user's overrides come last.
 """
@@ -20,13 +22,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from verl_search.errors import ConfigError, KnobError
-from verl_search.launch import cpu_recipe, gpu_recipe
+from verl_search.launch import cpu_recipe, eval_recipe, gpu_recipe
 from verl_search.launch.preflight import quiet_imports, run_preflight, summarise
 from verl_search.launch.tool_yaml import RUN_TOOL_YAML, parse_urls, write_tool_config
 
 RECIPES = {
     "gpu": (gpu_recipe.GpuKnobs, gpu_recipe.derived_overrides),
     "cpu": (cpu_recipe.CpuKnobs, cpu_recipe.derived_overrides),
+    "eval": (eval_recipe.EvalKnobs, eval_recipe.derived_overrides),
 }
 
 
@@ -42,6 +45,7 @@ def prepare(
     env: Mapping[str, str],
     *,
     knobs_only: bool = False,
+    show_notes: bool = False,
     dry_run: bool = False,
     skip_preflight: bool = False,
     probe_timeout: float = 10.0,
@@ -53,10 +57,10 @@ def prepare(
         added, notes = derive(knobs, env)
     except KnobError as e:
         return _fail(str(e), "fix the knob named above")
+    for note in notes if show_notes or not knobs_only else ():
+        print(note, file=sys.stderr)
     if knobs_only:
         return ""
-    for note in notes:
-        print(note, file=sys.stderr)
     source, dest = Path(knobs.tool_config), Path(knobs.run_dir) / RUN_TOOL_YAML
     try:
         write_tool_config(source, dest, parse_urls(knobs.retriever_url))
@@ -86,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m verl_search.launch.prepare", description=__doc__.split("\n")[0])
     p.add_argument("recipe", choices=sorted(RECIPES))
     p.add_argument("--knobs-only", action="store_true", help="check the knobs and stop (before a Ray fleet starts)")
+    p.add_argument("--notes", action="store_true", help="with --knobs-only: print the recipe's notes too")
     p.add_argument("--dry-run", action="store_true", help="the preflight's dry run: missing GPUs are a warning")
     p.add_argument("--skip-preflight", action="store_true", help="add the overrides and write the tool config only")
     p.add_argument("--probe-timeout", type=float, default=10.0, help="seconds for the retriever probe")
@@ -105,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         args.user,
         os.environ,
         knobs_only=args.knobs_only,
+        show_notes=args.notes,
         dry_run=args.dry_run,
         skip_preflight=args.skip_preflight,
         probe_timeout=args.probe_timeout,

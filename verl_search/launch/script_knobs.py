@@ -18,15 +18,26 @@ from verl_search.launch.run_outputs import resolve_step
 
 
 class ScriptKnobs(BaseModel):
-    """The knobs of one run script; the environment variable is the field name in capitals. Every script has the tool
-    config it copies, the retriever URL it writes into that copy, the run folder and the agent loop."""
+    """The knobs of one run script; the environment variable is the field name in capitals. Every script has the data,
+    the tool config it copies and the retriever URL it writes into that copy, the agent loop, the training batch (an
+    evaluation's idle train loader reads it too) and the run's names."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tool_config: str
-    retriever_url: str
-    run_dir: str
-    agent: str
+    data_dir: str
+    train_data: str = Field(min_length=1)
+    val_data: str = Field(min_length=1)
+    tool_config: str = Field(min_length=1)
+    retriever_url: str = Field(min_length=1)
+    agent: Literal["tool_agent", "search_r1_agent"]
+    agent_loop_config: str
+    max_turns: int = Field(ge=1)
+    max_tool_response_length: int = Field(ge=1)
+    reward_fn_path: str = Field(min_length=1)
+    train_batch_size: int = Field(ge=1)
+    project_name: str = Field(min_length=1)
+    experiment_name: str = Field(min_length=1)
+    run_dir: str = Field(min_length=1)
 
     @property
     def expected_agent(self) -> str | None:
@@ -58,21 +69,10 @@ class ResumableKnobs(ScriptKnobs):
 
 
 class TrainingKnobs(ResumableKnobs):
-    """The knobs both training scripts (GPU and CPU) have: the model, data, tool and loop, GRPO's sizes and rates, the
-    schedule and the run's names."""
+    """What both training scripts (GPU and CPU) add to every script's knobs: the model, GRPO's sizes and rates, the
+    schedule, the logger and a resume."""
 
     model_path: str = Field(min_length=1)
-    data_dir: str
-    train_data: str = Field(min_length=1)
-    val_data: str = Field(min_length=1)
-    tool_config: str = Field(min_length=1)
-    retriever_url: str = Field(min_length=1)
-    agent: Literal["tool_agent", "search_r1_agent"]
-    agent_loop_config: str
-    max_turns: int = Field(ge=1)
-    max_tool_response_length: int = Field(ge=1)
-    reward_fn_path: str = Field(min_length=1)
-    train_batch_size: int = Field(ge=1)
     ppo_mini_batch_size: int = Field(ge=1)
     rollout_n: int = Field(ge=1)
     lr: float = Field(gt=0)
@@ -83,9 +83,6 @@ class TrainingKnobs(ResumableKnobs):
     save_freq: int
     test_freq: int
     logger: str = Field(min_length=1)
-    project_name: str = Field(min_length=1)
-    experiment_name: str = Field(min_length=1)
-    run_dir: str = Field(min_length=1)
 
 
 def knob_message(error: ValidationError, raw: Mapping[str, object], model: type[BaseModel]) -> str:
