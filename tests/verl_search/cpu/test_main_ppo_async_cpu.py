@@ -1,9 +1,9 @@
 """TRAINER=fully_async on the CPU through verl's real trainer (``python -m verl.trainer.main_ppo``, V1
 ``separate_async``): the tiny model, the hf_cpu rollout in its own process receiving weights over the zmq checkpoint
-engine, both agent loops; then (``make test-all``: each launch takes about two minutes here, most of it Ray and
-verl starting) a resumed step from the checkpoint. ``make test`` resumes with the sync trainer only
-(test_main_ppo_cpu.py). Search goes to the retriever's web backend in replay
-mode over a recorded cache of the toy world (``make train --search web-replay``): it must train without one call out.
+engine, both agent loops; then (``make test-all``: each launch takes about two minutes here, most of it Ray and verl
+starting) a resumed step from the checkpoint, as test_main_ppo_cpu.py does for the sync trainer. Search goes to the
+retriever's web backend in replay mode over a recorded cache of the toy world (``make train --search web-replay``):
+it must train without one call out.
 
 What proves it is asynchronous, from verl's own metrics and the rollout server's log (the test kit's opening policy
 records every generate call and weight update with its time and weight version; it also forces some openings, see

@@ -1,5 +1,6 @@
 """verl's real trainer (``python -m verl.trainer.main_ppo``) on the CPU: GRPO on a tiny Qwen2 with our search tool,
-both agent loops, the real retriever and our reward; validation, a checkpoint, and a resumed run.
+both agent loops, the real retriever and our reward; validation, a checkpoint, and (``make test-all``; the vLLM and
+SGLang suites of ``.ci/run`` resume through verl on every submission) a resumed run.
 
 What is forced, and why (the test kit's opening policy for the hf_cpu rollout server, named by
 ``engine_kwargs.hf_cpu.opening_policy``, see cpu_bench/testing/forced_prefix.py): a random model never searches nor
@@ -14,6 +15,8 @@ import json
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from cpu_bench.testing.engine_runs import metrics_by_step
 
 REPO = Path(__file__).resolve().parents[3]
@@ -24,8 +27,9 @@ def _records(folder: Path) -> list[dict]:
     return [json.loads(line) for path in sorted(folder.glob("*.jsonl")) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.parametrize("resume", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["train", "and-resume"])
 def test_grpo_with_search_trains_validates_checkpoints_and_resumes(
-    tmp_path, tiny_model, real_retriever, mixed_data, short_results_tool_yaml, launch_cpu_run
+    tmp_path, tiny_model, real_retriever, mixed_data, short_results_tool_yaml, launch_cpu_run, resume
 ):
     run_dir, records = tmp_path / "run", tmp_path / "records"
     env = {
@@ -79,6 +83,8 @@ def test_grpo_with_search_trains_validates_checkpoints_and_resumes(
     updates = [r for r in _records(records) if r["event"] == "update_weights"]
     by_step = {r["global_steps"]: r["fingerprint"] for r in updates}
     assert by_step[1] != by_step[2]
+    if not resume:
+        return
 
     # The resume is verl's: the checks already passed on the first launch (the preflight's own resume checks have
     # their tests), so the second launch goes straight to the trainer.
