@@ -103,19 +103,6 @@ vs_launch() {
     "${VS_COMMAND[@]}"
 }
 
-# vs_write_tool_config SRC DEST URL: DEST = SRC with retrieval_service_url set to URL (SRC is never modified).
-vs_write_tool_config() {
-    "$PYTHON" -m verl_search.launch.tool_yaml "$1" "$2" --url "$3" >/dev/null \
-        || vs_die "cannot write the run's tool config $2 from $1"
-}
-
-# vs_prepare_run: create RUN_DIR and write the run's copy of TOOL_CONFIG with RETRIEVER_URL in it (the name the knobs
-# module composes into the overrides; the user's file is never edited).
-vs_prepare_run() {
-    mkdir -p "$RUN_DIR"
-    vs_write_tool_config "$TOOL_CONFIG" "${RUN_DIR}/search_tool_config.yaml" "$RETRIEVER_URL"
-}
-
 # vs_print_command ARGV...: the command quoted for pasting into a shell: the program and its flags on the first line,
 # then one override (key=value) per line.
 vs_print_command() {
@@ -130,37 +117,10 @@ vs_print_command() {
     printf '\n'
 }
 
-# vs_preflight [PREFLIGHT_FLAGS...] -- OVERRIDES...: run the preflight, print the verl command and set VS_COMMAND
-# to it. With DRY_RUN=1 the script ends here (exit 0); a failed preflight ends it with exit 1. A real launch that
-# passes is recorded in its checkpoint folder (the experiment that writes there), which the next launch's check reads.
-vs_preflight() {
-    local flags=(--probe-timeout "$PROBE_TIMEOUT")
-    while [[ $# -gt 0 && "$1" != "--" ]]; do
-        flags+=("$1")
-        shift
-    done
-    [[ $# -gt 0 ]] || vs_die "vs_preflight: missing -- before the overrides"
-    shift
-    VS_COMMAND=("$PYTHON" -m verl.trainer.main_ppo "$@")
-    if [[ "$DRY_RUN" == 1 ]]; then
-        flags+=(--dry-run)
-    else
-        flags+=(--record-run)
-    fi
-    if [[ "$SKIP_PREFLIGHT" == 1 ]]; then
-        echo "warning: SKIP_PREFLIGHT=1: launching without checks" >&2
-    else
-        "$PYTHON" -m verl_search.launch.preflight "${flags[@]}" -- "$@" \
-            || vs_die "preflight failed: fix the problems listed above (DRY_RUN=1 runs only the checks)"
-    fi
-    vs_show_command
-}
-
 # vs_metrics_file: the launch's per-step metrics go to RUN_DIR/metrics.jsonl (verl's file logger;
 # VERL_FILE_LOGGER_PATH wins when set). verl empties the file when it starts, so a relaunch into the same run folder
 # first moves the previous launch's file into metrics/ beside it, named by its time; `python -m verl_search.report
-# RUN_DIR` reads them all, oldest first. Call it after vs_preflight (a dry run moves nothing). vs_metrics_path: that
-# file's absolute path.
+# RUN_DIR` reads them all, oldest first. A dry run moves nothing. vs_metrics_path: that file's absolute path.
 vs_metrics_path() {
     vs_abs "${VERL_FILE_LOGGER_PATH:-${RUN_DIR}/metrics.jsonl}"
 }

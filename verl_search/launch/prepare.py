@@ -6,7 +6,7 @@ Usage: ``python -m verl_search.launch.prepare RECIPE [--knobs-only [--notes]] [-
 [--probe-timeout S] [--user N] -- OVERRIDES...``: the script's literal overrides, then the user's ``N`` trailing ones;
 the added overrides go between them, so the user's still win. The knobs are read from the environment (the script
 exports them); the flags are ``common.sh``'s ``DRY_RUN``, ``SKIP_PREFLIGHT`` and ``PROBE_TIMEOUT``, as
-``vs_preflight`` passes them. ``--knobs-only`` prints the recipe's notes only with ``--notes`` (a script that hands
+``vs_prepare`` passes them. ``--knobs-only`` prints the recipe's notes only with ``--notes`` (a script that hands
 the run to another one), so a script that checks its knobs early does not print them twice.
 
 Invariant: a bad knob is one ``error:`` line naming it, exit 1, and nothing written; the user's overrides come last.
