@@ -143,6 +143,12 @@ def printed_overrides(stdout: str) -> list[str]:
     return words[words.index("verl.trainer.main_ppo") + 1 :]
 
 
+@pytest.fixture(scope="session")
+def overrides_of() -> Callable[[str], list[str]]:
+    """:func:`printed_overrides`, for the test modules here (they cannot import this conftest)."""
+    return printed_overrides
+
+
 @dataclass(frozen=True)
 class CheckedRun:
     """A script's dry run with its preflight skipped, then that preflight run here on the command the script printed.

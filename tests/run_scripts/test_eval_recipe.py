@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -31,12 +30,6 @@ def _dry_run(env: dict[str, str], cwd: Path, *extra: str) -> subprocess.Complete
     return subprocess.run(["bash", str(SCRIPT), *extra], env=env, cwd=cwd, capture_output=True, text=True, timeout=180)
 
 
-def _printed(stdout: str) -> list[str]:
-    command = stdout.split("command:\n", 1)[1].split("DRY_RUN=1")[0]
-    words = shlex.split(command.replace("\\\n", " "))
-    return words[words.index("verl.trainer.main_ppo") + 1 :]
-
-
 def _values(printed: list[str]) -> dict[str, str]:
     return dict(o.split("=", 1) for o in printed)
 
@@ -49,14 +42,14 @@ def test_every_knob_has_its_default_in_the_script():
         assert re.search(declared, text, re.M) or re.search(rf'^{knob}="\$\w+"', text, re.M), knob
 
 
-def test_every_printed_override_but_the_derived_ones_is_written_in_the_script(tmp_path):
+def test_every_printed_override_but_the_derived_ones_is_written_in_the_script(tmp_path, overrides_of):
     text = SCRIPT.read_text().replace('"$multi_turn"', "actor_rollout_ref.rollout.multi_turn")
     text = text.replace('"$actor"', "actor_rollout_ref.actor").replace('"$rollout"', "actor_rollout_ref.rollout")
     text = text.replace('"$val_kwargs"', "actor_rollout_ref.rollout.val_kwargs")
     for env in ({}, {"AGENT": "search_r1_agent", "TRAINER": "colocate_async"}):
         done = _dry_run({"RUN_DIR": str(tmp_path / "run"), **env}, tmp_path)
         assert done.returncode == 0, done.stderr
-        printed = _printed(done.stdout)
+        printed = overrides_of(done.stdout)
         assert "actor_rollout_ref.rollout.skip_tokenizer_init=False" in printed or not env
         for override in printed:
             key = override.split("=", 1)[0]
@@ -64,10 +57,10 @@ def test_every_printed_override_but_the_derived_ones_is_written_in_the_script(tm
                 assert f"{key}=" in text, f"{override} is not written in the script"
 
 
-def test_the_defaults_evaluate_the_recipes_model_on_the_validation_subset_greedily(tmp_path):
+def test_the_defaults_evaluate_the_recipes_model_on_the_validation_subset_greedily(tmp_path, overrides_of):
     done = _dry_run({"DATA_DIR": "/d", "RUN_DIR": "run"}, tmp_path)
     assert done.returncode == 0, done.stderr
-    values = _values(_printed(done.stdout))
+    values = _values(overrides_of(done.stdout))
     assert values["actor_rollout_ref.model.path"] == "Qwen/Qwen2.5-3B-Instruct"
     assert values["actor_rollout_ref.rollout.name"] == "sglang"
     assert values["data.val_files"] == values["data.train_files"] == "/d/val_subset.parquet"
@@ -79,11 +72,11 @@ def test_the_defaults_evaluate_the_recipes_model_on_the_validation_subset_greedi
     assert values["trainer.logger"] == '["console"]'
 
 
-def test_the_users_overrides_come_last_after_what_python_adds(tmp_path):
+def test_the_users_overrides_come_last_after_what_python_adds(tmp_path, overrides_of):
     env = {"TRAINER": "colocate_async", "RUN_DIR": str(tmp_path / "r"), "ROLLOUT": "vllm"}
     done = _dry_run(env, tmp_path, "trainer.nnodes=2", "trainer.v1.trainer_mode=search_sync")
     assert done.returncode == 0, done.stderr
-    printed = _printed(done.stdout)
+    printed = overrides_of(done.stdout)
     assert printed[-2:] == ["trainer.nnodes=2", "trainer.v1.trainer_mode=search_sync"]
     assert "trainer.v1.trainer_mode=search_colocate_async" in printed[:-2]
     assert "actor_rollout_ref.rollout.name=vllm" in printed
@@ -99,35 +92,35 @@ def _checkpoints(root: Path, step: int, marker: str | None = None) -> Path:
     return root
 
 
-def test_a_checkpoint_folder_means_its_latest_step_on_top_of_model_path(tmp_path):
+def test_a_checkpoint_folder_means_its_latest_step_on_top_of_model_path(tmp_path, overrides_of):
     checkpoints = _checkpoints(tmp_path / "checkpoints", 7)
     done = _dry_run({"CHECKPOINT": str(checkpoints), "MODEL_PATH": "/base", "RUN_DIR": "r"}, tmp_path)
     assert done.returncode == 0, done.stderr
-    values = _values(_printed(done.stdout))
+    values = _values(overrides_of(done.stdout))
     assert values["trainer.resume_mode"] == "resume_path"
     assert values["trainer.resume_from_path"] == f"{checkpoints}/global_step_7"
     assert values["actor_rollout_ref.model.path"] == "/base"  # the actor is loaded on top of the base model
     assert values["trainer.experiment_name"] == "eval-checkpoints-tool_agent"
 
 
-def test_a_marker_that_is_not_a_number_means_the_highest_step(tmp_path):
+def test_a_marker_that_is_not_a_number_means_the_highest_step(tmp_path, overrides_of):
     checkpoints = _checkpoints(tmp_path / "checkpoints", 9, marker="soon")
     (checkpoints / "global_step_10" / "actor").mkdir(parents=True)
     done = _dry_run({"CHECKPOINT": str(checkpoints), "RUN_DIR": "r"}, tmp_path)
     assert done.returncode == 0, done.stderr
-    assert _values(_printed(done.stdout))["trainer.resume_from_path"] == f"{checkpoints}/global_step_10"
+    assert _values(overrides_of(done.stdout))["trainer.resume_from_path"] == f"{checkpoints}/global_step_10"
 
 
-def test_a_step_folder_resumes_itself_and_a_model_folder_is_the_model(tmp_path):
+def test_a_step_folder_resumes_itself_and_a_model_folder_is_the_model(tmp_path, overrides_of):
     step = _checkpoints(tmp_path / "checkpoints", 3) / "global_step_3"
     done = _dry_run({"CHECKPOINT": str(step), "RUN_DIR": "r"}, tmp_path)
-    assert _values(_printed(done.stdout))["trainer.resume_from_path"] == str(step)
+    assert _values(overrides_of(done.stdout))["trainer.resume_from_path"] == str(step)
     merged = tmp_path / "merged"
     merged.mkdir()
     (merged / "config.json").write_text("{}")
     done = _dry_run({"CHECKPOINT": "merged", "RESUME_MODE": "resume_path", "RUN_DIR": "r"}, tmp_path)
     assert done.returncode == 0, done.stderr
-    values = _values(_printed(done.stdout))
+    values = _values(overrides_of(done.stdout))
     assert values["actor_rollout_ref.model.path"] == str(merged)  # made absolute
     assert values["trainer.resume_mode"] == "disable" and "trainer.resume_from_path" not in values
     assert values["trainer.experiment_name"] == "eval-merged-tool_agent"
@@ -178,10 +171,10 @@ def test_an_explicit_val_data_wins_over_full_test_and_says_so():
     assert data_notes(_knobs(FULL_TEST="1", VAL_DATA="/d/test.parquet")) == []  # no such file: the preflight says
 
 
-def test_full_test_in_the_script_means_the_test_split(tmp_path):
+def test_full_test_in_the_script_means_the_test_split(tmp_path, overrides_of):
     done = _dry_run({"DATA_DIR": "/d", "FULL_TEST": "1", "RUN_DIR": "r"}, tmp_path)
     assert done.returncode == 0, done.stderr
-    values = _values(_printed(done.stdout))
+    values = _values(overrides_of(done.stdout))
     assert values["data.val_files"] == values["data.train_files"] == "/d/test.parquet"
 
 
@@ -217,14 +210,14 @@ def test_a_missing_subset_names_the_command_that_makes_it_and_the_full_test_set(
     assert missing_data_hint(_knobs(DATA_DIR=str(data))) is None
 
 
-def test_on_a_cpu_the_notes_are_printed_and_the_cpu_script_gets_the_evaluations_overrides(tmp_path):
+def test_on_a_cpu_the_notes_are_printed_and_the_cpu_script_gets_the_evaluations_overrides(tmp_path, overrides_of):
     env = {"DEVICE": "cpu", "ROLLOUT": "hf_cpu", "MODEL_PATH": "/m", "DATA_DIR": str(tmp_path / "none")}
     env["RUN_DIR"] = str(tmp_path / "r")
     done = _dry_run(env, tmp_path, "trainer.total_epochs=1")
     assert done.returncode == 0, done.stderr
     assert f"eval: VAL_DATA={tmp_path}/none/val_subset.parquet does not exist" in done.stderr
     assert "rollout engine:" not in done.stderr  # the GPU notes are not the CPU run's
-    printed = _printed(done.stdout)
+    printed = overrides_of(done.stdout)
     assert printed[-1] == "trainer.total_epochs=1"
     values = _values(printed)
     assert values["data.max_prompt_length"] == "1024"  # run_tiny_search_cpu.sh's own default

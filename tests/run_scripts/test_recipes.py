@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import stat
 import subprocess
 import sys
@@ -52,12 +51,6 @@ def _dry_run(
     return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=180)
 
 
-def _printed(stdout: str) -> list[str]:
-    command = stdout.split("command:\n", 1)[1].split("DRY_RUN=1")[0]
-    words = shlex.split(command.replace("\\\n", " "))
-    return words[words.index("verl.trainer.main_ppo") + 1 :]
-
-
 @pytest.mark.parametrize("script", RECIPES)
 def test_every_knob_has_its_default_in_the_script(script):
     text = (SCRIPTS / script).read_text()
@@ -67,25 +60,25 @@ def test_every_knob_has_its_default_in_the_script(script):
 
 
 @pytest.mark.parametrize("script", RECIPES)
-def test_every_printed_override_but_the_derived_ones_is_written_in_the_script(tmp_path, script):
+def test_every_printed_override_but_the_derived_ones_is_written_in_the_script(tmp_path, script, overrides_of):
     text = (SCRIPTS / script).read_text().replace('"$multi_turn"', "actor_rollout_ref.rollout.multi_turn")
     text = text.replace('"$actor"', "actor_rollout_ref.actor").replace('"$rollout"', "actor_rollout_ref.rollout")
     text = text.replace('"$ref"', "actor_rollout_ref.ref")
     for env in ({}, RECIPES[script][2]):
         done = _dry_run(script, {"RUN_DIR": str(tmp_path / "run"), **env}, tmp_path)
         assert done.returncode == 0, done.stderr
-        for override in _printed(done.stdout):
+        for override in overrides_of(done.stdout):
             key = override.split("=", 1)[0]
             if not key.startswith(DERIVED):
                 assert f"{key}=" in text, f"{override} is not written in the script"
 
 
 @pytest.mark.parametrize("script", RECIPES)
-def test_the_users_overrides_come_last_after_what_python_adds(tmp_path, script):
+def test_the_users_overrides_come_last_after_what_python_adds(tmp_path, script, overrides_of):
     env = {"TRAINER": "fully_async", "RUN_DIR": str(tmp_path / "r"), "N_GPUS": "4", "ROLLOUT_GPUS": "4"}
     done = _dry_run(script, env, tmp_path, "trainer.total_epochs=2", "trainer.v1.trainer_mode=search_sync")
     assert done.returncode == 0, done.stderr
-    printed = _printed(done.stdout)
+    printed = overrides_of(done.stdout)
     assert printed[-2:] == ["trainer.total_epochs=2", "trainer.v1.trainer_mode=search_sync"]
     assert "trainer.v1.trainer_mode=search_separate_async" in printed[:-2]
     assert f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp_path}/r/search_tool_config.yaml" in printed
@@ -148,15 +141,15 @@ def test_the_cpu_script_starts_one_python_process_before_verl(tmp_path):
     assert len(starts) == 1 and starts[0].startswith("-m verl_search.launch.prepare cpu"), starts
 
 
-def test_the_cpu_engines_context_is_prompt_plus_response_and_separate_pools_get_logical_gpus(tmp_path):
+def test_the_cpu_engines_context_is_prompt_plus_response_and_separate_pools_get_logical_gpus(tmp_path, overrides_of):
     env = {"RUN_DIR": str(tmp_path / "r"), "ROLLOUT": "sglang", "MAX_PROMPT_LENGTH": "256", "N_RANKS": "2"}
     done = _dry_run(CPU, env | {"TRAINER": "fully_async", "ROLLOUT_GPUS": "3"}, tmp_path)
     assert done.returncode == 0, done.stderr
-    printed = _printed(done.stdout)
+    printed = overrides_of(done.stdout)
     assert "actor_rollout_ref.rollout.max_model_len=768" in printed
     assert "+ray_kwargs.ray_init.num_gpus=5" in printed  # the trainer's 2 ranks and the rollout pool's 3
     done = _dry_run(CPU, {"RUN_DIR": str(tmp_path / "r")}, tmp_path)
-    printed = _printed(done.stdout)
+    printed = overrides_of(done.stdout)
     assert "+ray_kwargs.ray_init.num_gpus=1" in printed
     assert not any(o.startswith("actor_rollout_ref.rollout.max_model_len=") for o in printed)  # hf_cpu has none
 
