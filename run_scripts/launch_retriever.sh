@@ -6,6 +6,7 @@
 #   DATA_DIR=$HOME/data/wiki-18 bash run_scripts/launch_retriever.sh                 # every GPU if any, else CPU
 #   GPUS=6,7 bash run_scripts/launch_retriever.sh                                    # the index split over GPUs 6, 7
 #   GPUS=none bash run_scripts/launch_retriever.sh                                   # CPU only
+#   GPUS=none INDEX_PATH=$HOME/data/wiki-18/e5_ivf_sq8.index bash run_scripts/launch_retriever.sh   # compressed, CPU
 #   CUDA_VISIBLE_DEVICES=7 FAISS_GPU=1 bash run_scripts/launch_retriever.sh          # faiss sharded over GPU 7
 #   EMBEDDED=1 bash run_scripts/launch_retriever.sh                                  # toy corpus, for smoke tests
 #   SERVE=1 RAY_ADDRESS=auto REPLICAS=4 bash run_scripts/launch_retriever.sh         # a Ray Serve fleet, one URL
@@ -23,7 +24,10 @@
 # H100, taken evenly from every FSDP rank (each keeps ~34 GiB beside the rollout's half). On one GPU it is about
 # 32 GiB, 40% of it: that rank keeps ~8 GiB where the others keep ~40 GiB, and FSDP needs the same room on every rank,
 # so that one GPU bounds (or OOMs) the actor. GPUS=none maps the 60.1 GiB float32 file and scans all of it for every
-# batch (32 GFLOP per query): a training step's thousands of searches take minutes instead of seconds on a GPU.
+# batch (32 GFLOP per query): a training step's thousands of searches take minutes instead of seconds on a GPU. To
+# take no GPU and stay fast, serve a compressed index on the CPU: `build_index.py --from_index e5_Flat.index
+# --index_type ivf_sq8 --output e5_ivf_sq8.index` builds one from the downloaded flat index (about a quarter of its size,
+# its recall against flat stored beside it), then INDEX_PATH=.../e5_ivf_sq8.index GPUS=none serves it.
 #
 # SERVERS=N starts N server processes on ports PORT..PORT+N-1, each with its own copy of the index on the same
 # devices, and prints their URLs as one comma-separated RETRIEVER_URL: the search tool sends each call to the server

@@ -54,9 +54,10 @@ class RecallQueries:
 
 
 def _samples(rows: int, train: int, held_out: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Disjoint sorted row samples: ``train`` rows to train on and ``held_out`` rows as recall queries."""
+    """Disjoint sorted row samples: ``train`` rows to train on and ``held_out`` rows (at most a fifth) as recall
+    queries."""
     rng = np.random.default_rng([seed, 0x1D8])
-    held_out = min(held_out, max(rows - 1, 0))
+    held_out = min(held_out, max(1, rows // 5))  # the rest trains: small corpora keep most of their rows for it
     order = rng.permutation(rows)
     queries = np.sort(order[:held_out])
     rest = order[held_out:]

@@ -326,3 +326,35 @@ def test_the_wait_shows_the_loaders_lines_and_health_lists_no_gpus(run_script, t
         assert health["status"] == "ready" and health["gpus"] == []
     finally:
         stop(result.stdout)
+
+
+def test_the_cpu_route_serves_a_compressed_index_built_from_the_downloaded_flat_one(run_script, tmp_path):
+    """The README's option for a node whose GPUs all train: build IVF-SQ8 from the flat index, serve it with
+    GPUS=none; what it serves is the IVF index, on the CPU, answering searches."""
+    from local_dense_retriever.artifacts.build_index import main as build_index
+    from local_dense_retriever.toy.corpus import generate_toy_dataset
+    from local_dense_retriever.toy.embedded_default import bundled_minilm_path
+
+    data = tmp_path / "wiki-18"
+    toy = generate_toy_dataset(data, num_passages=200, seed=0)
+    model = ["--retriever_name", "minilm", "--retriever_model", str(bundled_minilm_path()), "--device", "cpu"]
+    flat, ivf = data / "e5_Flat.index", data / "e5_ivf_sq8.index"
+    assert (
+        build_index(["--corpus_path", str(toy.corpus_path), "--output", str(flat), "--max_length", "64", *model]) == 0
+    )
+    assert build_index(["--from_index", str(flat), "--index_type", "ivf_sq8", "--output", str(ivf)]) == 0
+    knobs = {"DATA_DIR": str(data), "INDEX_PATH": str(ivf), "CORPUS_PATH": str(toy.corpus_path), "GPUS": "none",
+             "RETRIEVER_NAME": "minilm", "RETRIEVER_MODEL": str(bundled_minilm_path())}  # fmt: skip
+    result = run_script("launch_retriever.sh", PORT=str(free_port()), LOG_FILE=str(tmp_path / "retriever.log"), **knobs)
+    try:
+        assert result.returncode == 0, result.stderr
+        url = result.stdout.strip().splitlines()[-1].removeprefix("RETRIEVER_URL=")
+        health = requests.get(url + "/health", timeout=10).json()
+        assert health["passages"] == 200
+        assert "IVF" in health["detail"] and "on cpu" in health["detail"]
+        answer = requests.post(
+            url + "/retrieve", json={"queries": ["Where was the river born?"], "topk": 3}, timeout=30
+        )
+        assert answer.status_code == 200 and len(answer.json()["result"][0]) == 3
+    finally:
+        stop(result.stdout)
