@@ -95,6 +95,13 @@ class ServerConfig(WebSettings):
     (ASearcher/RLinf server discovery)."""
     faiss_gpu_id: int | None = Field(default=None, ge=0)
     """Accepted for SkyRL's launch script; we use every visible GPU (pick them with CUDA_VISIBLE_DEVICES)."""
+    nprobe: int | None = Field(default=None, ge=1)
+    """faiss IVF index: inverted lists searched per query (more: higher recall, slower); None: the value stored in the
+    index file. Refused for an index without lists (HNSW, flat) and for the torch and bm25 backends."""
+    ef_search: int | None = Field(default=None, ge=1)
+    """faiss HNSW index: candidates kept while walking the graph (efSearch; more: higher recall, slower); None: the
+    value stored in the index file. Refused for an index without a graph (IVF, flat) and for the torch and bm25
+    backends."""
 
     @model_validator(mode="after")
     def _check_web(self) -> ServerConfig:
@@ -197,12 +204,27 @@ class ServerConfig(WebSettings):
             raise ValueError(f"rerank_candidates={self.rerank_candidates} is below topk={self.topk}")
         if self.topk > self.max_topk:
             raise ValueError(f"topk={self.topk} exceeds max_topk={self.max_topk}")
+        self._check_index_knobs()
         if self.max_queue < self.max_queries_per_request:
             raise ValueError(
                 f"max_queue={self.max_queue} is below max_queries_per_request={self.max_queries_per_request}: "
                 "a full request could never be queued"
             )
         return self
+
+    def _check_index_knobs(self) -> None:
+        """--nprobe / --ef_search need a compressed faiss index."""
+        backend = self.resolved_backend()
+        flat = backend == "torch" or (self.index_path is not None and is_flat_ip(self.index_path))
+        for field, flag in (("nprobe", "--nprobe"), ("ef_search", "--ef_search")):
+            if getattr(self, field) is None:
+                continue
+            if backend in ("bm25", "web"):
+                raise ValueError(f"{flag} tunes a faiss index; the {backend} backend has none: drop it")
+            if flat:
+                raise ValueError(f"{flag} tunes a compressed faiss index (nprobe: IVF, ef_search: HNSW), but "
+                                 f"{self.index_path or 'the embedded default'} is a flat index, searched exactly: drop "
+                                 "it")  # fmt: skip
 
     @property
     def embedded_default(self) -> bool:

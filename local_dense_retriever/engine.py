@@ -279,6 +279,15 @@ def _local_backend(
                 else:
                     from local_dense_retriever.index.faiss_index import FaissIndex
 
-                    index = FaissIndex(Path(config.index_path), gpu=config.faiss_gpu, progress=stage)
+                    index = FaissIndex(
+                        Path(config.index_path),
+                        gpu=config.faiss_gpu,
+                        progress=stage,
+                        nprobe=config.nprobe,
+                        ef_search=config.ef_search,
+                        recall_k=config.topk,
+                    )
         backend = DenseSearch(encoder, index)
+        if callable(getattr(index, "index_info", None)):  # what is served: type, search-time parameter, recall, size
+            logger.info("%s", index.index_info(config.topk).log_line())
     return corpus, backend

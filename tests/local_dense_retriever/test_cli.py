@@ -124,6 +124,34 @@ def test_bad_settings_exit_2_with_one_line(argv, message, capsys):
     assert len(err) == 1 and err[0].startswith("retrieval_server: error:") and message in err[0]
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--index_path", "{flat}", "--nprobe", "8"], "--nprobe tunes a compressed faiss index (nprobe: IVF, "
+         "ef_search: HNSW), but {flat} is a flat index, searched exactly: drop it"),
+        (["--index_path", "{flat}", "--backend", "faiss", "--ef_search", "8"], "--ef_search tunes a compressed faiss"),
+        (["--index_path", "{npy}", "--ef_search", "8"], "{npy} is a flat index"),
+        (["--retriever_name", "bm25", "--nprobe", "4"], "--nprobe tunes a faiss index; the bm25 backend has none"),
+        (["--index_path", "{flat}", "--nprobe", "0"], "nprobe: Input should be greater than or equal to 1"),
+    ],
+)  # fmt: skip
+def test_a_search_knob_that_cannot_apply_exits_2(tmp_path, capsys, argv, message):
+    import faiss
+    import numpy as np
+
+    files = {"flat": tmp_path / "flat.index", "npy": tmp_path / "e.npy", "ivf": tmp_path / "ivf.index",
+             "missing": tmp_path / "none.index"}  # fmt: skip
+    faiss.write_index(faiss.IndexFlatIP(4), str(files["flat"]))
+    np.save(files["npy"], np.eye(4, dtype=np.float32))
+    ivf = faiss.index_factory(4, "IVF1,Flat", faiss.METRIC_INNER_PRODUCT)
+    ivf.train(np.eye(4, dtype=np.float32))
+    faiss.write_index(ivf, str(files["ivf"]))
+    argv = [a.format(**files) for a in argv] + ["--corpus_path", "c.jsonl"]
+    assert main(argv) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("retrieval_server: error:") and message.format(**files) in line
+
+
 def test_unknown_choice_is_rejected_by_argparse(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--backend", "elasticsearch"])
