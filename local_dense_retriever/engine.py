@@ -150,6 +150,12 @@ class RetrievalEngine:
         """Rows of the corpus served; None for a document backend (web), which has no corpus."""
         return len(self.corpus) if self.corpus is not None else None
 
+    def index_report(self, k: int) -> dict | None:
+        """The /health ``index`` field: what the dense index is, its search-time parameter and stored recall@``k``;
+        None for a backend without a vector index (bm25, web) or one that cannot say."""
+        info = getattr(getattr(self.backend, "index", None), "index_info", None)
+        return info(k).to_dict() if callable(info) else None
+
     def backend_stats(self) -> dict | None:
         """The backend's own /metrics block (the web backend's cache and budget), if it keeps one."""
         stats = getattr(self.backend, "stats", None)

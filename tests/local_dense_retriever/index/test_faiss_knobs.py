@@ -1,16 +1,23 @@
 """--nprobe / --ef_search on real faiss indexes, and what a served index says of itself (type, search-time parameter,
-stored recall, memory) in describe() and the ``index:`` line, with and without a build record."""
+stored recall, memory) in describe(), the ``index:`` line and /health ``index``, with and without a build record."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import faiss
+import httpx
 import numpy as np
 import pytest
 import torch
 
+from cpu_bench.background_server import BackgroundServer
+from local_dense_retriever.app import create_app
+from local_dense_retriever.config import ServerConfig
+from local_dense_retriever.corpus_store import CorpusStore
+from local_dense_retriever.engine import RetrievalEngine
 from local_dense_retriever.errors import IndexLoadError
+from local_dense_retriever.index.base import DenseSearch
 from local_dense_retriever.index.build_record import BuildRecord, RecallPoint, write_record
 from local_dense_retriever.index.faiss_index import FaissIndex
 from local_dense_retriever.index.faiss_params import search_param
@@ -131,3 +138,48 @@ def test_a_record_of_another_index_is_ignored(tmp_path, vectors, caplog):
     info = FaissIndex(path).info
     assert info.type == "IndexIVFScalarQuantizer" and info.recall_note == "no build record"
     assert "ignoring ivf.index.build.json: it describes 2001 x 32 rows" in caplog.text
+
+
+class VectorEncoder:
+    """Query i of the test encodes to row i of ``queries`` (queries are the texts "0", "1", ...)."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, queries: np.ndarray) -> None:
+        self.queries, self.dim = queries, queries.shape[1]
+
+    def encode(self, texts: list[str], *, is_query: bool = True) -> torch.Tensor:
+        return torch.from_numpy(self.queries[[int(t) for t in texts]])
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, make_corpus) -> CorpusStore:
+    path = make_corpus(tmp_path_factory.mktemp("corpus") / "corpus.jsonl", [f"passage {i}" for i in range(ROWS)])
+    return CorpusStore(path, progress=False)
+
+
+def test_health_shows_the_served_index_and_its_nprobe(ivf, vectors, corpus):
+    """/health ``index`` says what is served at the value --nprobe set; its other keys are as before."""
+    config = ServerConfig(topk=3)
+    queries = clustered(np.random.default_rng(2), 4)
+    engine = RetrievalEngine(DenseSearch(VectorEncoder(queries), FaissIndex(ivf, nprobe=6)), corpus)
+    with BackgroundServer(create_app(config, engine=engine)) as srv:
+        body = httpx.get(f"{srv.url}/health").json()
+        hits = httpx.post(f"{srv.url}/retrieve", json={"queries": ["0"], "topk": 3}).json()["result"][0]
+    assert {"status", "detail", "passages", "batching", "pages", "gpus"} < set(body)
+    assert body["index"] == {"type": "IndexIVFScalarQuantizer", "factory": None, "search_param": "nprobe",
+                             "search_value": 6, "recall": None, "recall_note": "no build record",
+                             "bytes": ivf.stat().st_size}  # fmt: skip
+    assert "faiss IndexIVFScalarQuantizer (nprobe 6, no build record), 2,000 x 32 on cpu" in body["detail"]
+    assert len(hits) == 3
+
+
+def test_health_index_of_the_torch_flat_backend_and_of_bm25(make_hash_engine, animal_corpus):
+    engine = make_hash_engine(animal_corpus)
+    assert engine.index_report(3) == {"type": "flat", "factory": None, "search_param": None, "search_value": None,
+                                      "recall": {"3": 1.0}, "recall_note": "exact: every row scored (float32)",
+                                      "bytes": 50 * 16384 * 4}  # fmt: skip
+    from local_dense_retriever.engine import load_engine
+
+    bm25 = load_engine(ServerConfig(corpus_path=animal_corpus, retriever_name="bm25"), progress=False)
+    assert bm25.index_report(3) is None
