@@ -128,14 +128,20 @@ def test_bad_settings_exit_2_with_one_line(argv, message, capsys):
     ("argv", "message"),
     [
         (["--index_path", "{flat}", "--nprobe", "8"], "--nprobe tunes a compressed faiss index (nprobe: IVF, "
-         "ef_search: HNSW), but {flat} is a flat index, searched exactly: drop it"),
+         "ef_search: HNSW), but {flat} is a flat index, searched exactly: drop it, or give --cpu_index"),
         (["--index_path", "{flat}", "--backend", "faiss", "--ef_search", "8"], "--ef_search tunes a compressed faiss"),
         (["--index_path", "{npy}", "--ef_search", "8"], "{npy} is a flat index"),
         (["--retriever_name", "bm25", "--nprobe", "4"], "--nprobe tunes a faiss index; the bm25 backend has none"),
         (["--index_path", "{flat}", "--nprobe", "0"], "nprobe: Input should be greater than or equal to 1"),
+        (["--index_path", "{flat}", "--cpu_index", "{missing}"], "--cpu_index {missing}: no such index file"),
+        (["--index_path", "{ivf}", "--cpu_index", "auto"], "--cpu_index is the CPU fallback of a flat index on GPUs; "
+         "--index_path {ivf} is served by the faiss backend as it is"),
+        (["--retriever_name", "bm25", "--cpu_index", "auto"], "--cpu_index is the CPU fallback of a flat index"),
+        (["--index_path", "{flat}", "--gpu_memory_fraction", "1.5"], "gpu_memory_fraction: Input should be less"),
+        (["--index_path", "{flat}", "--gpu_memory_fraction", "0"], "gpu_memory_fraction: Input should be greater"),
     ],
 )  # fmt: skip
-def test_a_search_knob_that_cannot_apply_exits_2(tmp_path, capsys, argv, message):
+def test_a_search_knob_or_fallback_that_cannot_apply_exits_2(tmp_path, capsys, argv, message):
     import faiss
     import numpy as np
 
