@@ -209,6 +209,35 @@ def test_published_command_serves_a_faiss_flat_index(minilm_index, toy_dataset, 
     assert "loaded encoder in" in out and "loaded torch index in" in out and "ready:" in out
 
 
+def test_an_ivf_index_is_served_at_the_nprobe_asked(tmp_path, minilm_index, toy_dataset, minilm_path, toy_questions,
+                                                    start_cli_server):  # fmt: skip
+    """The real CLI with a compressed index and --nprobe: /health ``index`` and the load log say what is served."""
+    import faiss
+    import numpy as np
+
+    vectors = np.load(minilm_index["npy"])
+    ivf = faiss.index_factory(vectors.shape[1], "IVF4,Flat", faiss.METRIC_INNER_PRODUCT)
+    ivf.train(vectors)
+    ivf.add(vectors)
+    faiss.write_index(ivf, str(tmp_path / "minilm_ivf.index"))
+    args = ["--index_path", str(tmp_path / "minilm_ivf.index"), "--corpus_path", str(toy_dataset.corpus_path),
+            "--retriever_name", "minilm", "--retriever_model", str(minilm_path), "--nprobe", "4"]  # fmt: skip
+    proc, url = start_cli_server(args, tmp_path / "server.log")
+    try:
+        health = httpx.get(f"{url}/health").json()
+        q = next(q for q in toy_questions if q["metadata"]["hops"] == 1)
+        r = httpx.post(f"{url}/retrieve", json={"queries": [q["question"]], "topk": 3, "return_scores": False})
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    assert health["index"]["search_param"] == "nprobe" and health["index"]["search_value"] == 4
+    assert health["index"]["type"] == "IndexIVFFlat" and health["index"]["recall_note"] == "no build record"
+    assert "faiss IndexIVFFlat (nprobe 4, no build record), 300 x 384 on cpu" in health["detail"]
+    assert set(q["metadata"]["supporting_ids"]) & {d["id"] for d in r.json()["result"][0]}
+    log = (tmp_path / "server.log").read_text()
+    assert "index: IndexIVFFlat, nprobe 4; no build record;" in log
+
+
 def test_missing_index_exits_1_with_the_cause(toy_dataset, tmp_path, minilm_path):
     proc, _ = _start(["--index_path", str(tmp_path / "e5_Flat.index"), "--corpus_path", str(toy_dataset.corpus_path),
                       "--retriever_name", "minilm", "--retriever_model", str(minilm_path)])  # fmt: skip
