@@ -95,6 +95,21 @@ class ServerConfig(WebSettings):
     (ASearcher/RLinf server discovery)."""
     faiss_gpu_id: int | None = Field(default=None, ge=0)
     """Accepted for SkyRL's launch script; we use every visible GPU (pick them with CUDA_VISIBLE_DEVICES)."""
+    nprobe: int | None = Field(default=None, ge=1)
+    """faiss IVF index: inverted lists searched per query (more: higher recall, slower); None: the value stored in the
+    index file. Refused for an index without lists (HNSW, flat) and for the torch and bm25 backends."""
+    ef_search: int | None = Field(default=None, ge=1)
+    """faiss HNSW index: candidates kept while walking the graph (efSearch; more: higher recall, slower); None: the
+    value stored in the index file. Refused for an index without a graph (IVF, flat) and for the torch and bm25
+    backends."""
+    gpu_memory_fraction: float = Field(default=0.9, gt=0, le=1)
+    """Most share of each GPU's total memory the memory plan may use for a flat index on GPUs (torch on CUDA, or
+    --faiss_gpu); over it the plan logs a warning recommending a compressed index on the CPU, or serves --cpu_index."""
+    cpu_index: str | None = None
+    """A compressed faiss index of the same corpus (built by build_index.py, with its .build.json record), served on
+    the CPU instead of a flat index on GPUs whose plan exceeds gpu_memory_fraction. 'auto': of the indexes in the flat
+    index's folder whose build record names it as its source and holds as many rows, the one with the highest stored
+    recall@topk at its stored search value (none: the flat index is served, with a warning). None: no fallback."""
 
     @model_validator(mode="after")
     def _check_web(self) -> ServerConfig:
@@ -197,12 +212,34 @@ class ServerConfig(WebSettings):
             raise ValueError(f"rerank_candidates={self.rerank_candidates} is below topk={self.topk}")
         if self.topk > self.max_topk:
             raise ValueError(f"topk={self.topk} exceeds max_topk={self.max_topk}")
+        self._check_index_knobs()
         if self.max_queue < self.max_queries_per_request:
             raise ValueError(
                 f"max_queue={self.max_queue} is below max_queries_per_request={self.max_queries_per_request}: "
                 "a full request could never be queued"
             )
         return self
+
+    def _check_index_knobs(self) -> None:
+        """--nprobe / --ef_search need a faiss index (the fallback's, with --cpu_index); --cpu_index a flat one."""
+        backend = self.resolved_backend()
+        flat = backend == "torch" or (self.index_path is not None and is_flat_ip(self.index_path))
+        for field, flag in (("nprobe", "--nprobe"), ("ef_search", "--ef_search")):
+            if getattr(self, field) is None:
+                continue
+            if backend in ("bm25", "web"):
+                raise ValueError(f"{flag} tunes a faiss index; the {backend} backend has none: drop it")
+            if flat and self.cpu_index is None:
+                raise ValueError(f"{flag} tunes a compressed faiss index (nprobe: IVF, ef_search: HNSW), but "
+                                 f"{self.index_path or 'the embedded default'} is a flat index, searched exactly: drop "
+                                 "it, or give --cpu_index for a compressed fallback it applies to")  # fmt: skip
+        if self.cpu_index is None:
+            return
+        if backend in ("bm25", "web") or not flat:
+            raise ValueError(f"--cpu_index is the CPU fallback of a flat index on GPUs; --index_path "
+                             f"{self.index_path} is served by the {backend} backend as it is: drop it")  # fmt: skip
+        if self.cpu_index != "auto" and not Path(self.cpu_index).is_file():
+            raise ValueError(f"--cpu_index {self.cpu_index}: no such index file (give a file, or 'auto')")
 
     @property
     def embedded_default(self) -> bool:

@@ -150,6 +150,12 @@ class RetrievalEngine:
         """Rows of the corpus served; None for a document backend (web), which has no corpus."""
         return len(self.corpus) if self.corpus is not None else None
 
+    def index_report(self, k: int) -> dict | None:
+        """The /health ``index`` field: what the dense index is, its search-time parameter and stored recall@``k``;
+        None for a backend without a vector index (bm25, web) or one that cannot say."""
+        info = getattr(getattr(self.backend, "index", None), "index_info", None)
+        return info(k).to_dict() if callable(info) else None
+
     def backend_stats(self) -> dict | None:
         """The backend's own /metrics block (the web backend's cache and budget), if it keeps one."""
         stats = getattr(self.backend, "stats", None)
@@ -228,6 +234,25 @@ def load_engine(config: ServerConfig, *, progress: bool = True, index: VectorInd
     return engine
 
 
+def _planned(config: ServerConfig, backend_name: str) -> tuple[ServerConfig, str, int | None]:
+    """Log the memory plan; a flat index whose plan does not fit under --gpu_memory_fraction gives way to its CPU
+    fallback (``cpu_fallback``). Returns the config and backend to load, and the flat rows when the fallback is."""
+    from local_dense_retriever.cpu_fallback import choose
+    from local_dense_retriever.memory_plan import make_plan
+
+    plan = make_plan(config, backend_name)
+    for line in plan.lines():
+        logger.info("%s", line)
+    if backend_name == "faiss" and plan.layout.rows == 0:  # not a flat index: served as it is
+        return config, backend_name, None
+    fallback = choose(config, plan)
+    if fallback is None:
+        return config, backend_name, None
+    for line in make_plan(fallback, "faiss").lines():
+        logger.info("%s", line)
+    return fallback, "faiss", plan.layout.rows
+
+
 def _local_backend(
     config: ServerConfig, timings: dict[str, float], progress: bool, index: VectorIndex | None
 ) -> tuple[CorpusStore, SearchBackend]:
@@ -254,11 +279,9 @@ def _local_backend(
             torch.cuda.device_count(),
         )
         backend_name = "torch"
+    flat_rows = None  # with a CPU fallback served: the flat index's rows, which it must hold too
     if index is None and backend_name != "bm25":  # before anything loads: what each device will hold
-        from local_dense_retriever.memory_plan import plan_for
-
-        for line in plan_for(config, backend_name):
-            logger.info("%s", line)
+        config, backend_name, flat_rows = _planned(config, backend_name)
     with _stage(timings, "corpus", every_s, Path(config.corpus_path).name) as stage:
         corpus = CorpusStore(Path(config.corpus_path), progress=progress, load_progress=stage)
     backend: SearchBackend
@@ -279,6 +302,19 @@ def _local_backend(
                 else:
                     from local_dense_retriever.index.faiss_index import FaissIndex
 
-                    index = FaissIndex(Path(config.index_path), gpu=config.faiss_gpu, progress=stage)
+                    index = FaissIndex(
+                        Path(config.index_path),
+                        gpu=config.faiss_gpu,
+                        progress=stage,
+                        nprobe=config.nprobe,
+                        ef_search=config.ef_search,
+                        recall_k=config.topk,
+                    )
+        if flat_rows is not None and len(index) != flat_rows:
+            name = Path(config.index_path).name
+            raise IndexLoadError(f"--cpu_index {name} holds {len(index):,} rows, the flat index {flat_rows:,}: not "
+                                 "the same corpus")  # fmt: skip
         backend = DenseSearch(encoder, index)
+        if callable(getattr(index, "index_info", None)):  # what is served: type, search-time parameter, recall, size
+            logger.info("%s", index.index_info(config.topk).log_line())
     return corpus, backend

@@ -14,7 +14,7 @@ WEB_REFUSES = ("retriever_name", "retriever_model", "pooling", "faiss_gpu", "ind
 #: with --backend web, flags that only tune the encoder, the index scan or the micro-batches: ignored
 WEB_IGNORES = ("encoder_dtype", "encoder_shape_multiple", "encoder_kernel_cache", "score_buffer_mb",
                "query_max_length", "faiss_gpu_id", "batching", "max_batch_size", "max_batch_tokens", "max_wait_ms",
-               "unbatched_threads")  # fmt: skip
+               "unbatched_threads", "gpu_memory_fraction")  # fmt: skip
 #: with --backend web and no rerank stage, flags only that stage would read: ignored
 RERANK_ONLY = ("device", "fp16")
 

@@ -239,11 +239,28 @@ def _faiss_layout(config: ServerConfig, path: Path) -> tuple[IndexLayout, list[t
     return IndexLayout(rows, dim, *held, **scratch), devices
 
 
-def plan_for(config: ServerConfig, backend: str) -> list[str]:
-    """The plan's lines for serving ``config.index_path`` with the ``torch`` or ``faiss`` backend."""
+@dataclass(frozen=True)
+class Plan:
+    """What serving ``source`` will hold (``shares``, one per device) and how its index is held (``layout``)."""
+
+    shares: list[Share]
+    layout: IndexLayout
+    source: str
+
+    def lines(self) -> list[str]:
+        return plan_lines(self.shares, self.layout, self.source)
+
+
+def make_plan(config: ServerConfig, backend: str) -> Plan:
+    """The plan of serving ``config.index_path`` with the ``torch`` or ``faiss`` backend (reads the files, devices)."""
     assert config.index_path is not None
     path = Path(config.index_path)
     layout, devices = (_torch_layout if backend == "torch" else _faiss_layout)(config, path)
     cpu = Device("cpu", physical_memory() or None)
     planned = _cuda_devices(devices) if devices[0].type == "cuda" else [cpu]
-    return plan_lines(plan_memory(layout, planned, *_model_sizes(config, cpu)), layout, path.name)
+    return Plan(plan_memory(layout, planned, *_model_sizes(config, cpu)), layout, path.name)
+
+
+def plan_for(config: ServerConfig, backend: str) -> list[str]:
+    """The plan's lines for serving ``config.index_path`` with the ``torch`` or ``faiss`` backend."""
+    return make_plan(config, backend).lines()

@@ -87,4 +87,5 @@ def health_report(state: ServiceState) -> dict:
         body["batching"] = state.config.batching
         body["pages"] = len(state.engine.page_file) if state.engine.page_file is not None else None
         body["gpus"] = gpu_report(state.gpus)
+        body["index"] = state.engine.index_report(state.config.topk)
     return body

@@ -11,7 +11,10 @@ import numpy as np
 import torch
 
 from local_dense_retriever.errors import IndexLoadError
-from local_dense_retriever.load_progress import LoadProgress
+from local_dense_retriever.index.build_record import BuildRecord, read_record
+from local_dense_retriever.index.faiss_params import apply_gpu_nprobe, apply_knobs, search_param
+from local_dense_retriever.index.index_info import IndexInfo, stored_recall
+from local_dense_retriever.load_progress import LoadProgress, format_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +80,21 @@ def read_index(path: Path, progress: LoadProgress | None = None, *, chunk_bytes:
 
 
 class FaissIndex:
-    """Wraps a faiss index read from disk."""
+    """Wraps a faiss index read from disk, with its search-time parameter set from the knobs and what its build
+    record (if any) says of it (``info``)."""
 
-    def __init__(self, path: Path, *, gpu: bool = False, progress: LoadProgress | None = None) -> None:
-        """``gpu``: an fp16 copy sharded over every visible GPU. ``progress`` is told the bytes of the file read."""
+    def __init__(
+        self,
+        path: Path,
+        *,
+        gpu: bool = False,
+        progress: LoadProgress | None = None,
+        nprobe: int | None = None,
+        ef_search: int | None = None,
+        recall_k: int = 3,
+    ) -> None:
+        """``gpu``: an fp16 copy sharded over every visible GPU. ``progress`` is told the bytes of the file read.
+        ``nprobe`` / ``ef_search``: set in the index (None: as stored); ``recall_k``: the k its recall is shown at."""
         import faiss
 
         path = Path(path)
@@ -90,10 +104,15 @@ class FaissIndex:
             index = read_index(path, progress)
         except RuntimeError as e:
             raise IndexLoadError(f"{path} is not a faiss index file: {str(e).splitlines()[0]}") from e
+        kind = type(faiss.downcast_index(index)).__name__
+        apply_knobs(index, what=f"{path.name} is a faiss {kind}", nprobe=nprobe, ef_search=ef_search)
+        param, value = search_param(index)
         self._where = "cpu"
         #: the devices holding the index
         self.devices = [torch.device("cpu")]
         set_blas_threshold(int(index.d))
+        rows, dim = int(index.ntotal), int(index.d)
+        held, counted = path.stat().st_size, "the file's size, what a CPU faiss index holds"
         if gpu:
             ngpu = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
             if ngpu == 0:
@@ -103,17 +122,45 @@ class FaissIndex:
             co.shard = True
             logger.info("copying the index to %d GPU(s) as fp16 shards (faiss reports nothing until it is done)", ngpu)
             index = faiss.index_cpu_to_all_gpus(index, co=co)
+            if param == "nprobe":
+                apply_gpu_nprobe(index, value)
             self._where = f"{ngpu} GPU(s), fp16 shards"
             self.devices = [torch.device("cuda", i) for i in range(ngpu)]
+            if kind.startswith("IndexFlat"):
+                held, counted = rows * dim * 2, "fp16 vectors over the GPUs"
+            else:
+                counted = "the file's size (the GPU copy's own layout differs)"
         self._index = index
-        self.dim = int(index.d)
-        self._kind = "sharded" if gpu else type(faiss.downcast_index(index)).__name__
+        self.dim = dim
+        self._facts = (self._record(path), kind, param, value, held, counted)
+        #: what the index is, its recall shown at ``recall_k``
+        self.info = self.index_info(recall_k)
+
+    def _record(self, path: Path) -> BuildRecord | None:
+        """The build record beside ``path``, unless it describes another index (then ignored, with a warning)."""
+        record = read_record(path)
+        if record is not None and (record.rows, record.dim) != (len(self), self.dim):
+            logger.warning("ignoring %s.build.json: it describes %d x %d rows, the index holds %d x %d", path.name,
+                           record.rows, record.dim, len(self), self.dim)  # fmt: skip
+            return None
+        return record
+
+    def index_info(self, k: int) -> IndexInfo:
+        """What the index is, from the index itself and its build record, with its stored recall at ``k``."""
+        record, kind, param, value, held, counted = self._facts
+        if record is None and kind.startswith("IndexFlat"):  # exact: needs no record to know its recall
+            recall, note, shown = {k: 1.0}, "exact: every row scored", k
+        else:
+            recall, note, shown = stored_recall(record, param, value, k)
+        return IndexInfo(record.index_type if record else kind, record.factory if record else None, param, value,
+                         recall, note, held, counted, recall_k=shown)  # fmt: skip
 
     def __len__(self) -> int:
         return int(self._index.ntotal)
 
     def describe(self) -> str:
-        return f"faiss {self._kind}, {len(self):,} x {self.dim} on {self._where}"
+        size = format_bytes(self.info.bytes)
+        return f"faiss {self.info.short()}, {len(self):,} x {self.dim} on {self._where}, {size}"
 
     def search(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
         q = np.ascontiguousarray(queries.detach().float().cpu().numpy())

@@ -14,6 +14,7 @@ import torch
 from local_dense_retriever.config import index_dtype
 from local_dense_retriever.errors import IndexLoadError
 from local_dense_retriever.index.flat_file import STAGING_BYTES, VectorFile, read_flat_vectors, row_blocks, vector_file
+from local_dense_retriever.index.index_info import IndexInfo, flat_info
 from local_dense_retriever.index.scan import CPU_CHUNK_ROWS, SCORE_BYTES, ExactScan, ScanWrapper, ShardScan
 from local_dense_retriever.index.topk import merge_topk
 from local_dense_retriever.load_progress import LoadProgress
@@ -116,6 +117,10 @@ class TorchFlatIndex:
         scan = self._scans[0].describe()
         where = f"{len(self._scans)} x {self.device.type}" + ("" if scan == "exact scan" else f", {scan}")
         return f"torch flat IP, {self._n:,} x {self.dim} {str(self.dtype).removeprefix('torch.')} on {where}"
+
+    def index_info(self, k: int) -> IndexInfo:
+        """Exact (every row scored): recall 1.0; its memory: the vectors as held."""
+        return flat_info(self._n, self.dim, self.dtype.itemsize, k, str(self.dtype).removeprefix("torch."))
 
     @torch.inference_mode()
     def search(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -173,7 +173,8 @@ def test_health_of_a_cpu_server_lists_no_gpus(server):
     assert r.status_code == 200
     body = r.json()
     assert body == {"status": "ready", "detail": body["detail"], "passages": 50, "batching": True, "pages": None,
-                    "gpus": []}  # fmt: skip
+                    "gpus": [], "index": body["index"]}  # fmt: skip
+    assert body["index"]["type"] == "flat" and body["index"]["recall"] == {"3": 1.0}
 
 
 def test_health_names_no_folders(server, animal_corpus):

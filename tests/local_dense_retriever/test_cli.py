@@ -124,6 +124,40 @@ def test_bad_settings_exit_2_with_one_line(argv, message, capsys):
     assert len(err) == 1 and err[0].startswith("retrieval_server: error:") and message in err[0]
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--index_path", "{flat}", "--nprobe", "8"], "--nprobe tunes a compressed faiss index (nprobe: IVF, "
+         "ef_search: HNSW), but {flat} is a flat index, searched exactly: drop it, or give --cpu_index"),
+        (["--index_path", "{flat}", "--backend", "faiss", "--ef_search", "8"], "--ef_search tunes a compressed faiss"),
+        (["--index_path", "{npy}", "--ef_search", "8"], "{npy} is a flat index"),
+        (["--retriever_name", "bm25", "--nprobe", "4"], "--nprobe tunes a faiss index; the bm25 backend has none"),
+        (["--index_path", "{flat}", "--nprobe", "0"], "nprobe: Input should be greater than or equal to 1"),
+        (["--index_path", "{flat}", "--cpu_index", "{missing}"], "--cpu_index {missing}: no such index file"),
+        (["--index_path", "{ivf}", "--cpu_index", "auto"], "--cpu_index is the CPU fallback of a flat index on GPUs; "
+         "--index_path {ivf} is served by the faiss backend as it is"),
+        (["--retriever_name", "bm25", "--cpu_index", "auto"], "--cpu_index is the CPU fallback of a flat index"),
+        (["--index_path", "{flat}", "--gpu_memory_fraction", "1.5"], "gpu_memory_fraction: Input should be less"),
+        (["--index_path", "{flat}", "--gpu_memory_fraction", "0"], "gpu_memory_fraction: Input should be greater"),
+    ],
+)  # fmt: skip
+def test_a_search_knob_or_fallback_that_cannot_apply_exits_2(tmp_path, capsys, argv, message):
+    import faiss
+    import numpy as np
+
+    files = {"flat": tmp_path / "flat.index", "npy": tmp_path / "e.npy", "ivf": tmp_path / "ivf.index",
+             "missing": tmp_path / "none.index"}  # fmt: skip
+    faiss.write_index(faiss.IndexFlatIP(4), str(files["flat"]))
+    np.save(files["npy"], np.eye(4, dtype=np.float32))
+    ivf = faiss.index_factory(4, "IVF1,Flat", faiss.METRIC_INNER_PRODUCT)
+    ivf.train(np.eye(4, dtype=np.float32))
+    faiss.write_index(ivf, str(files["ivf"]))
+    argv = [a.format(**files) for a in argv] + ["--corpus_path", "c.jsonl"]
+    assert main(argv) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("retrieval_server: error:") and message.format(**files) in line
+
+
 def test_unknown_choice_is_rejected_by_argparse(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--backend", "elasticsearch"])
@@ -173,6 +207,35 @@ def test_published_command_serves_a_faiss_flat_index(minilm_index, toy_dataset, 
     finally:
         out = _stop(proc)
     assert "loaded encoder in" in out and "loaded torch index in" in out and "ready:" in out
+
+
+def test_an_ivf_index_is_served_at_the_nprobe_asked(tmp_path, minilm_index, toy_dataset, minilm_path, toy_questions,
+                                                    start_cli_server):  # fmt: skip
+    """The real CLI with a compressed index and --nprobe: /health ``index`` and the load log say what is served."""
+    import faiss
+    import numpy as np
+
+    vectors = np.load(minilm_index["npy"])
+    ivf = faiss.index_factory(vectors.shape[1], "IVF4,Flat", faiss.METRIC_INNER_PRODUCT)
+    ivf.train(vectors)
+    ivf.add(vectors)
+    faiss.write_index(ivf, str(tmp_path / "minilm_ivf.index"))
+    args = ["--index_path", str(tmp_path / "minilm_ivf.index"), "--corpus_path", str(toy_dataset.corpus_path),
+            "--retriever_name", "minilm", "--retriever_model", str(minilm_path), "--nprobe", "4"]  # fmt: skip
+    proc, url = start_cli_server(args, tmp_path / "server.log")
+    try:
+        health = httpx.get(f"{url}/health").json()
+        q = next(q for q in toy_questions if q["metadata"]["hops"] == 1)
+        r = httpx.post(f"{url}/retrieve", json={"queries": [q["question"]], "topk": 3, "return_scores": False})
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    assert health["index"]["search_param"] == "nprobe" and health["index"]["search_value"] == 4
+    assert health["index"]["type"] == "IndexIVFFlat" and health["index"]["recall_note"] == "no build record"
+    assert "faiss IndexIVFFlat (nprobe 4, no build record), 300 x 384 on cpu" in health["detail"]
+    assert set(q["metadata"]["supporting_ids"]) & {d["id"] for d in r.json()["result"][0]}
+    log = (tmp_path / "server.log").read_text()
+    assert "index: IndexIVFFlat, nprobe 4; no build record;" in log
 
 
 def test_missing_index_exits_1_with_the_cause(toy_dataset, tmp_path, minilm_path):
