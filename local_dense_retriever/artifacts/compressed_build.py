@@ -21,6 +21,7 @@ import numpy as np
 from local_dense_retriever.artifacts import index_types
 from local_dense_retriever.artifacts.recall import RECALL_KS, pick_value, recall_curve
 from local_dense_retriever.index.build_record import BuildRecord, write_record
+from local_dense_retriever.index.faiss_params import search_param, set_search_value
 from local_dense_retriever.index.flat_file import STAGING_BYTES, VectorFile, read_flat_vectors, vector_file
 from verl_search.atomic import atomic_path, remove_stale_temporaries
 
@@ -177,13 +178,13 @@ def build_compressed_index(
         vectors, query_source = queries.load(), queries.source
     if vectors.ndim != 2 or vectors.shape[1] != source.dim:
         raise ValueError(f"recall queries ({query_source}) have shape {vectors.shape}; the index is {source.dim} wide")
-    param = index_types.search_param(index)
+    param, _ = search_param(index)
     logger.info("measuring recall against flat on %d queries: %s", len(vectors), query_source)
     curve = recall_curve(index, source, vectors, param=param, values=index_types.sweep(index, param),
                          own_rows=own_rows if held_out else None, ks=(*RECALL_KS, options.recall_k))  # fmt: skip
     chosen = pick_value(curve, options.recall_k, options.target_recall)
     if param is not None:
-        index_types.set_search_value(index, param, chosen.value)
+        set_search_value(index, param, chosen.value)
     reached = chosen.recall.get(str(options.recall_k), 0.0)
     if reached < options.target_recall:
         logger.warning("%s reaches recall@%d %.3f at best (%s=%s), under the target %.3f", factory, options.recall_k,

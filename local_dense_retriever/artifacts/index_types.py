@@ -1,6 +1,6 @@
-"""The index types ``build_index.py --index_type`` names, as faiss factory strings sized to the corpus, and the one
-search-time parameter each family has (IVF: ``nprobe``, HNSW: ``efSearch``), read and set through faiss's own
-ParameterSpace so wrapped indexes (pre-transforms, refinement) work alike."""
+"""The index types ``build_index.py --index_type`` names, as faiss factory strings sized to the corpus, and the values
+of each family's search-time parameter (IVF: ``nprobe``, HNSW: ``efSearch``: ``index.faiss_params``) a build
+measures."""
 
 from __future__ import annotations
 
@@ -55,44 +55,6 @@ def make_index(factory: str, dim: int):
         return faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as e:
         raise ValueError(f"faiss cannot build index type {factory!r}: {str(e).splitlines()[0]}") from e
-
-
-def search_param(index) -> str | None:
-    """``nprobe`` for an IVF index, ``efSearch`` for an HNSW one (wrapped or not), None for the rest."""
-    import faiss
-
-    try:
-        faiss.extract_index_ivf(index)
-        return "nprobe"
-    except RuntimeError:
-        pass
-    inner = index
-    while True:
-        inner = faiss.downcast_index(inner)
-        if hasattr(inner, "hnsw"):
-            return "efSearch"
-        nested = getattr(inner, "index", None) or getattr(inner, "base_index", None)
-        if nested is None:
-            return None
-        inner = nested
-
-
-def search_value(index, param: str) -> int:
-    """The value of ``param`` the index is searched with now."""
-    import faiss
-
-    if param == "nprobe":
-        return int(faiss.extract_index_ivf(index).nprobe)
-    inner = index
-    while not hasattr(inner := faiss.downcast_index(inner), "hnsw"):
-        inner = getattr(inner, "index", None) or inner.base_index
-    return int(inner.hnsw.efSearch)
-
-
-def set_search_value(index, param: str, value: int) -> None:
-    import faiss
-
-    faiss.ParameterSpace().set_index_parameter(index, param, value)
 
 
 def sweep(index, param: str | None) -> list[int | None]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from local_dense_retriever.artifacts.index_types import set_search_value
 from local_dense_retriever.index.build_record import RecallPoint
+from local_dense_retriever.index.faiss_params import set_search_value
 from local_dense_retriever.index.flat_file import VectorFile
 from local_dense_retriever.index.topk import merge_topk
 

@@ -57,7 +57,14 @@ def apply_knobs(index, *, what: str, nprobe: int | None, ef_search: int | None) 
         nlist = int(faiss.try_extract_index_ivf(index).nlist) if name == "nprobe" else 0
         if name == "nprobe" and value > nlist:
             logger.warning("--nprobe %d exceeds the index's %d lists: every list is searched", value, nlist)
-        faiss.ParameterSpace().set_index_parameter(index, name, value)
+        set_search_value(index, name, value)
+
+
+def set_search_value(index, param: str, value: int) -> None:
+    """Set ``nprobe`` or ``efSearch`` on a CPU index, through its wrappers (faiss's ParameterSpace)."""
+    import faiss
+
+    faiss.ParameterSpace().set_index_parameter(index, param, value)
 
 
 def apply_gpu_nprobe(gpu_index, nprobe: int) -> None:

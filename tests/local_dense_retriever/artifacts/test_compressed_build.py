@@ -13,8 +13,8 @@ import pytest
 from local_dense_retriever.artifacts import compressed_build
 from local_dense_retriever.artifacts.build_index import main
 from local_dense_retriever.artifacts.compressed_build import CompressedOptions, build_compressed_index
-from local_dense_retriever.artifacts.index_types import search_param, search_value
 from local_dense_retriever.index.build_record import read_record, record_path
+from local_dense_retriever.index.faiss_params import search_param
 
 ROWS, DIM = 6000, 32
 
@@ -47,7 +47,7 @@ def test_ivf_sq8_from_a_npy_serves_every_row_and_records_its_recall(clustered, t
     assert record.rows == ROWS and record.dim == DIM and record.bytes == out.stat().st_size
     assert record.bytes < (clustered / "flat.npy").stat().st_size / 2  # 8 bits a value instead of 32, and its id
     # the stored nprobe is the file's own, the cheapest measured that reaches the target
-    assert record.search_param == "nprobe" and search_value(index, "nprobe") == record.search_value
+    assert search_param(index) == ("nprobe", record.search_value)
     values = [p.value for p in record.curve]
     assert values == sorted(values) and values[-1] == faiss.extract_index_ivf(index).nlist
     assert record.recall_at(record.search_value, 3) >= 0.9
@@ -74,7 +74,7 @@ def test_each_type_builds_with_its_search_parameter(clustered, tmp_path, index_t
     out = tmp_path / "x.index"
     record = build_compressed_index(clustered / "flat.npy", out, _options(index_type=index_type))
     index = faiss.read_index(str(out))
-    assert index.ntotal == ROWS and search_param(index) == record.search_param == param
+    assert index.ntotal == ROWS and search_param(index)[0] == record.search_param == param
     assert record.index_type == index_type
     if index_type == "IVF16,Flat":  # every list scanned: exactly flat's answers
         assert record.recall_at(16, 3) == 1.0
