@@ -332,6 +332,7 @@ def test_the_cpu_route_serves_a_compressed_index_built_from_the_downloaded_flat_
     """The README's option for a node whose GPUs all train: build IVF-SQ8 from the flat index, serve it with
     GPUS=none; what it serves is the IVF index, on the CPU, answering searches."""
     from local_dense_retriever.artifacts.build_index import main as build_index
+    from local_dense_retriever.index.build_record import read_record
     from local_dense_retriever.toy.corpus import generate_toy_dataset
     from local_dense_retriever.toy.embedded_default import bundled_minilm_path
 
@@ -352,6 +353,9 @@ def test_the_cpu_route_serves_a_compressed_index_built_from_the_downloaded_flat_
         health = requests.get(url + "/health", timeout=10).json()
         assert health["passages"] == 200
         assert "IVF" in health["detail"] and "on cpu" in health["detail"]
+        record = read_record(ivf)  # what the build measured is what /health reports, at the value it stored
+        assert health["index"]["type"] == "ivf_sq8" and health["index"]["search_value"] == record.search_value
+        assert health["index"]["recall"]["3"] == record.recall_at(record.search_value, 3)
         answer = requests.post(
             url + "/retrieve", json={"queries": ["Where was the river born?"], "topk": 3}, timeout=30
         )
