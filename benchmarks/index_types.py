@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import retriever_load as rl  # noqa: E402
 
 DEFAULT_TYPES = ("ivf_sq8", "IVF4096,SQ6", "ivf_pq", "hnsw")
-DEFAULT_VALUES = {"nprobe": (16, 64, 128, 256), "efSearch": (64, 128, 256, 512)}
+#: each type is served at the cheapest measured value reaching each of these recall@3 figures
+RECALL_STEPS = (0.9, 0.95, 0.98, 0.99)
 #: wiki-18 under e5-base-v2: passages and width
 WIKI_ROWS, WIKI_DIM = 21_015_324, 768
 
@@ -51,6 +52,13 @@ def prepare(data: Path, passages: int, max_length: int) -> None:
                         str(data / "corpus.jsonl"), "--output", str(data / "minilm_flat.npy"), "--retriever_name",
                         "minilm", "--retriever_model", str(rl.bundled_minilm()), "--device", "cpu", "--batch_size",
                         "128", "--max_length", str(max_length)], check=True)  # fmt: skip
+
+
+def serve_values(record) -> list[int]:
+    """The cheapest value of the record's curve reaching each of ``RECALL_STEPS`` (the best one if none does)."""
+    from local_dense_retriever.artifacts.recall import pick_value
+
+    return sorted({pick_value(record.curve, 3, step).value for step in RECALL_STEPS})
 
 
 def question_vectors(data: Path) -> Path:
@@ -187,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prepare", type=int, metavar="N", help="first make DATA: a toy corpus of N passages, encoded")
     p.add_argument("--max_length", type=int, default=32, help="--prepare: tokens of each passage encoded")
     p.add_argument("--types", default=",".join(DEFAULT_TYPES), help="index types, ';'-separated or ',' between names")
-    p.add_argument("--values", help="nprobe / efSearch values to serve each type at (default: per family)")
+    p.add_argument("--values", help="nprobe / efSearch values to serve each type at (default: where its recall@3 "
+                   "first reaches 0.9, 0.95, 0.98 and 0.99)")  # fmt: skip
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--threads", type=int, default=0, help="server threads (0: all cores)")
@@ -214,9 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# {index_type}: {record.factory}, {record.bytes / 2**20:,.0f} MiB{took}; recall@3 curve "
               + ", ".join(f"{p.value}: {p.recall['3']:.3f}" for p in record.curve))  # fmt: skip
         param = record.search_param
-        values = (
-            [int(v) for v in args.values.split(",")] if args.values and param else DEFAULT_VALUES.get(param, [None])
-        )
+        values = serve_values(record) if param else [None]
+        if args.values and param:
+            values = [int(v) for v in args.values.split(",")]
         for value in values:
             flag = {"nprobe": ["--nprobe", str(value)], "efSearch": ["--ef_search", str(value)]}.get(param, [])
             row = {"type": index_type, "factory": record.factory, "path": path, "param": param, "value": value,
