@@ -9,7 +9,7 @@ import math
 #: the named types; any other --index_type is taken as a faiss factory string
 NAMED_TYPES = ("flat", "hnsw", "ivf_sq8", "ivf_pq")
 #: the values of each parameter a build measures recall at (those above the index's own bound are skipped)
-SWEEPS = {"nprobe": (1, 2, 4, 8, 16, 32, 64, 128, 256, 512), "efSearch": (16, 32, 64, 128, 256, 512)}
+SWEEPS = {"nprobe": tuple(2**i for i in range(13)), "efSearch": (16, 32, 64, 128, 256, 512, 1024)}
 #: training vectors per IVF list: faiss warns below 39, and more than a few hundred changes little
 TRAIN_PER_LIST = 64
 MIN_TRAIN = 10_000
