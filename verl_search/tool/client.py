@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from collections.abc import Sequence
 
 from verl_search.errors import RequestRejected, RetrievalError
@@ -19,7 +18,7 @@ from verl_search.tool.cache import CachedCalls, LRUCache
 from verl_search.tool.config import SearchToolConfig
 from verl_search.tool.limits import Endpoint
 from verl_search.tool.stats import STATS, SearchStats
-from verl_search.tool.transport import Transport
+from verl_search.tool.transport import SharedClient, Transport
 from verl_search.tool.wire import FORM_NAMES, batch_body, parse_hits, parse_single, single_body
 
 logger = logging.getLogger(__name__)
@@ -27,55 +26,15 @@ logger = logging.getLogger(__name__)
 CacheKey = tuple[str, int]
 
 
-class RetrievalClient:
+class RetrievalClient(SharedClient):
     """Talks to one or more /retrieve endpoints. Use :meth:`shared` to get the process/loop-wide instance."""
-
-    _instances: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[SearchToolConfig, RetrievalClient]] = (
-        weakref.WeakKeyDictionary()
-    )
 
     def __init__(self, config: SearchToolConfig, *, stats: SearchStats = STATS) -> None:
         self.config = config
         self.stats = stats
-        self._loop = asyncio.get_running_loop()
         self.transport = Transport(config.retrieval_service_url, config, stats)
         self.cache: LRUCache[CacheKey, list[Document]] = LRUCache(config.cache_size, config.cache_max_bytes)
         self._calls = CachedCalls(self.cache, stats)
-
-    @property
-    def endpoints(self):
-        return self.transport.endpoints
-
-    @property
-    def pool(self):
-        return self.transport.pool
-
-    @property
-    def limiter(self):
-        return self.transport.limiter
-
-    @classmethod
-    def shared(cls, config: SearchToolConfig) -> RetrievalClient:
-        """The client for ``config`` in the running event loop, created on first use."""
-        loop = asyncio.get_running_loop()
-        per_loop = cls._instances.setdefault(loop, {})
-        client = per_loop.get(config)
-        if client is None or client.closed:
-            client = per_loop[config] = cls(config)
-        return client
-
-    @classmethod
-    async def close_all(cls) -> None:
-        """Close every client of the running loop."""
-        for client in list(cls._instances.pop(asyncio.get_running_loop(), {}).values()):
-            await client.close()
-
-    @property
-    def closed(self) -> bool:
-        return self.transport.closed
-
-    async def close(self) -> None:
-        await self.transport.close()
 
     async def search(
         self, queries: Sequence[str], topk: int, *, deadline: float

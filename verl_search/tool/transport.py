@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+import weakref
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import Any, ClassVar, Self, TypeVar
 
 import aiohttp
 
@@ -152,6 +153,50 @@ class Transport:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise BadResponse(f"{endpoint.url} sent a reply that is not JSON") from e
+
+
+class SharedClient:
+    """Base of the tool clients: one per class, config and event loop (``shared``), each over its own
+    :class:`Transport`; ``close_all`` closes every client of the running loop, of whatever class."""
+
+    _instances: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[type, Hashable], Any]]] = (
+        weakref.WeakKeyDictionary()
+    )
+    transport: Transport
+
+    @classmethod
+    def shared(cls, config: Hashable) -> Self:
+        """The client for ``config`` in the running event loop, created on first use."""
+        per_loop = SharedClient._instances.setdefault(asyncio.get_running_loop(), {})
+        client = per_loop.get((cls, config))
+        if client is None or client.closed:
+            client = per_loop[(cls, config)] = cls(config)
+        return client
+
+    @classmethod
+    async def close_all(cls) -> None:
+        """Close every client of the running loop."""
+        for client in list(SharedClient._instances.pop(asyncio.get_running_loop(), {}).values()):
+            await client.close()
+
+    @property
+    def endpoints(self) -> EndpointSet:
+        return self.transport.endpoints
+
+    @property
+    def pool(self) -> WorkerPool:
+        return self.transport.pool
+
+    @property
+    def limiter(self) -> TokenBucket | None:
+        return self.transport.limiter
+
+    @property
+    def closed(self) -> bool:
+        return self.transport.closed
+
+    async def close(self) -> None:
+        await self.transport.close()
 
 
 def _endpoint_at_fault(e: RetrievalError) -> bool:
