@@ -204,3 +204,17 @@ async def test_each_call_returns_its_metrics(pages_server, access_config):
     assert failed["access/calls"] == 1 and failed["access/windows_read"] == 0 and failed["access/failed/not_found"] == 1
     stats = access_stats()
     assert (stats["calls"], stats["failed_calls"], stats["queries"]) == (2, 1, 2)
+
+
+@pytest.mark.parametrize("reply", [{"result": "oops"}, {"result": [{"title": "no contents"}]}, {"pages": []}])
+async def test_a_reply_that_is_not_the_access_shape_is_labelled_bad_response(access_config, reply):
+    from fastapi import FastAPI
+
+    from cpu_bench.background_server import BackgroundServer
+
+    app = FastAPI()
+    app.post("/access")(lambda: reply)
+    with BackgroundServer(app) as server:
+        text, metrics = await read(access_config(access_url=server.url), {"url": WALKER})
+    assert text.startswith("[access failed: bad_response] The page service sent an unreadable reply.")
+    assert metrics["access/failed/bad_response"] == 1
