@@ -11,17 +11,31 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["SearchTool", "SearchToolConfig", "compute_score", "run_search", "search_stats"]
+__all__ = [
+    "AccessTool",
+    "AccessToolConfig",
+    "SearchTool",
+    "SearchToolConfig",
+    "access_stats",
+    "compute_score",
+    "run_access",
+    "run_search",
+    "search_stats",
+]
 
 if TYPE_CHECKING:
     from verl_search.reward import compute_score
-    from verl_search.tool.config import SearchToolConfig
+    from verl_search.tool.access_tool import AccessTool, run_access
+    from verl_search.tool.config import AccessToolConfig, SearchToolConfig
     from verl_search.tool.search_tool import SearchTool, run_search
 
 _LAZY = {
     "SearchTool": "verl_search.tool.search_tool",
     "run_search": "verl_search.tool.search_tool",
     "SearchToolConfig": "verl_search.tool.config",
+    "AccessTool": "verl_search.tool.access_tool",
+    "run_access": "verl_search.tool.access_tool",
+    "AccessToolConfig": "verl_search.tool.config",
     "compute_score": "verl_search.reward",
 }
 
@@ -31,6 +45,13 @@ def search_stats() -> dict[str, Any]:
     from verl_search.tool.stats import STATS
 
     return STATS.snapshot()
+
+
+def access_stats() -> dict[str, Any]:
+    """This process's access counters: calls, urls asked, failures by kind, cache hits, retries, latency percentiles."""
+    from verl_search.tool.stats import ACCESS_STATS
+
+    return ACCESS_STATS.snapshot()
 
 
 def __getattr__(name: str) -> Any:

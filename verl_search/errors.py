@@ -12,6 +12,7 @@
     │       ├── ServerError              the service answered 5xx other than 503 (never retried)
     │       ├── BudgetSpent              the service's web search budget for this run is spent (never retried)
     │       ├── NotCached                the service replays a web cache that lacks the query (never retried)
+    │       ├── PageNotFound             /access answered null: the service holds no page for the url (never retried)
     │       └── BadResponse              the reply was not JSON or not the /retrieve shape (never retried)
     ├── data.errors.PreprocessError (ValueError)   preprocessing failed; the CLI prints it and exits 1
     │   ├── TemplateError                prompt.yaml is unreadable or a template is invalid / unknown
@@ -40,8 +41,9 @@
 
 Branches outside this module are declared beside the code that raises them (paths relative to ``verl_search``, or
 in ``cpu_bench``); a builtin in parentheses is a second base, kept so callers that catch it still do. ``run_search``
-is the one boundary that turns ``SearchError`` into model-facing text; a tooling error inside a search is reported as
-internal, and each command turns its own into one line and a non-zero exit. ``kind`` labels texts and counters.
+and ``run_access`` are the boundaries that turn ``SearchError`` into model-facing text (both through
+``tool.failures``); a tooling error inside a search is reported as internal, and each command turns its own into one
+line and a non-zero exit. ``kind`` labels texts and counters.
 """
 
 from __future__ import annotations
@@ -128,6 +130,13 @@ class NotCached(RetrievalError):
     cannot help and the endpoint is not at fault."""
 
     kind = "unavailable"
+
+
+class PageNotFound(RetrievalError):
+    """``POST /access`` answered null for the url: no page is stored under it. A retry cannot help and the endpoint is
+    not at fault."""
+
+    kind = "not_found"
 
 
 class CpuBackendError(VerlSearchError):

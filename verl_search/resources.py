@@ -11,9 +11,10 @@ from pathlib import Path
 
 #: the files, by their path relative to the repository root (and to ``_shipped/`` in a wheel)
 SEARCH_TOOL_YAML = "tool_config/search_tool_config.yaml"
+SEARCH_ACCESS_TOOL_YAML = "tool_config/search_access_tool_config.yaml"
 AGENT_LOOP_YAML = "tool_config/search_r1_agent.yaml"
 PROMPT_YAML = "data_preprocess/prompt.yaml"
-SHIPPED = (SEARCH_TOOL_YAML, AGENT_LOOP_YAML, PROMPT_YAML)
+SHIPPED = (SEARCH_TOOL_YAML, SEARCH_ACCESS_TOOL_YAML, AGENT_LOOP_YAML, PROMPT_YAML)
 #: the folder of the copies inside the installed package
 SHIPPED_DIR = "_shipped"
 #: the folder of the version locks (``make lock``) and the lock files in it that ship, as glob patterns

@@ -19,7 +19,7 @@ _PREVIEW = 60
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _describe(value: Any) -> str:
+def describe_value(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -35,7 +35,7 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
-def _preview(value: Any) -> str:
+def preview_value(value: Any) -> str:
     """The start of ``value`` as JSON; a value nested too deeply for ``json`` and ``repr`` is named, not shown."""
     try:
         try:
@@ -43,7 +43,7 @@ def _preview(value: Any) -> str:
         except (TypeError, ValueError):
             text = repr(value)
     except RecursionError:
-        return f"{_describe(value)} nested too deeply to show"
+        return f"{describe_value(value)} nested too deeply to show"
     return text if len(text) <= _PREVIEW else text[:_PREVIEW] + "..."
 
 
@@ -60,19 +60,19 @@ def extract_queries(parameters: Any) -> list[str]:
             raise InvalidArguments(f"missing 'query_list' (got keys: {keys}); {EXPECTED}")
         raw = [parameters[key]] if isinstance(parameters[key], str) else parameters[key]
     else:
-        raise InvalidArguments(f"arguments must be an object, got {_describe(parameters)}; {EXPECTED}")
+        raise InvalidArguments(f"arguments must be an object, got {describe_value(parameters)}; {EXPECTED}")
 
     if not isinstance(raw, list):
-        raise InvalidArguments(f"'query_list' must be a list of strings, got {_describe(raw)}; {EXPECTED}")
+        raise InvalidArguments(f"'query_list' must be a list of strings, got {describe_value(raw)}; {EXPECTED}")
     if not raw:
         raise InvalidArguments(f"'query_list' is empty; {EXPECTED}")
     for i, item in enumerate(raw, start=1):
         if isinstance(item, (list, dict)):
             raise InvalidArguments(
-                f"query {i} is nested ({_preview(item)}); each query must be a plain string; {EXPECTED}"
+                f"query {i} is nested ({preview_value(item)}); each query must be a plain string; {EXPECTED}"
             )
         if not isinstance(item, str):
-            raise InvalidArguments(f"query {i} is {_describe(item)}, not a string; {EXPECTED}")
+            raise InvalidArguments(f"query {i} is {describe_value(item)}, not a string; {EXPECTED}")
         if not item.strip():
             raise InvalidArguments(f"query {i} is empty; {EXPECTED}")
     return raw

@@ -1,4 +1,5 @@
-"""SearchToolConfig: every key of the tool's YAML ``config:`` block, its default and meaning, declared once.
+"""SearchToolConfig and AccessToolConfig: every key of the tools' YAML ``config:`` blocks, its default and meaning,
+declared once (the keys both share in ``ClientConfig``).
 
 Unknown keys are an error naming the key; values are checked when verl builds the tool, never mid-rollout.
 """
@@ -6,7 +7,7 @@ Unknown keys are an error naming the key; values are checked when verl builds th
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Self
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -24,20 +25,49 @@ DEPRECATED_KEYS: dict[str, str] = {
 _warned: set[str] = set()
 
 
-def normalise_endpoint(url: str) -> str:
-    """``http://host:port`` or ``http://host:port/`` → ``http://host:port/retrieve``; other paths are kept."""
+def normalise_endpoint(url: str, route: str = "/retrieve", key: str = "retrieval_service_url") -> str:
+    """``http://host:port`` or ``http://host:port/`` → ``http://host:port/retrieve`` (or ``route``); other paths are
+    kept."""
     url = url.strip()
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"retrieval_service_url {url!r} is not an http(s) URL like {DEFAULT_URL!r}")
-    path = parts.path if parts.path not in ("", "/") else "/retrieve"
+        raise ValueError(f"{key} {url!r} is not an http(s) URL like 'http://127.0.0.1:8000{route}'")
+    path = parts.path if parts.path not in ("", "/") else route
     return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
-class SearchToolConfig(BaseModel):
-    """Configuration of :class:`verl_search.SearchTool` (and of the native ``search_r1_agent`` loop)."""
+def access_endpoint(retrieve_url: str) -> str:
+    """The ``/access`` endpoint beside a (normalised) ``/retrieve`` one: ``http://h/x/retrieve`` → ``http://h/x/access``."""
+    parts = urlsplit(retrieve_url)
+    if not parts.path.endswith("/retrieve"):
+        raise ValueError(
+            f"the /access URL cannot be derived from retrieval_service_url {retrieve_url!r} (its path does not end in "
+            "/retrieve); set access_url"
+        )
+    path = parts.path[: -len("retrieve")] + "access"
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def _url_list(value: Any, key: str) -> list[str]:
+    """One URL or a non-empty list of URL strings, as a list."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"{key} must be a URL or a non-empty list of URLs")
+    for item in value:
+        if not isinstance(item, str):
+            raise ValueError(f"{key} entries must be strings, got {type(item).__name__}")
+    return list(value)
+
+
+class ClientConfig(BaseModel):
+    """The keys every tool of ours that calls the retrieval service shares: where it is, the HTTP client's limits
+    (pool, rate, deadline, retries, ejection), the per-process cache and the stats log."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    #: what error messages call the tool whose config this is
+    tool_label: ClassVar[str] = "tool"
 
     type: Literal["native"] = Field(default="native", description="verl tool type; must be 'native'.")
     retrieval_service_url: tuple[str, ...] = Field(
@@ -45,7 +75,6 @@ class SearchToolConfig(BaseModel):
         description="One URL or a list of URLs of /retrieve endpoints; a bare host:port gets '/retrieve' appended. "
         "With several, calls go to the endpoint with the fewest requests in flight and fail over.",
     )
-    topk: int = Field(default=3, ge=1, le=100, description="Passages returned per query.")
     num_workers: int = Field(default=120, ge=1, le=100_000, description="Max concurrent HTTP requests per process.")
     rate_limit: float | None = Field(
         default=120.0, ge=0, description="Requests per second per process (token bucket); null or 0 = unlimited."
@@ -66,36 +95,18 @@ class SearchToolConfig(BaseModel):
         default=0.1, ge=0, description="First retry waits up to this many seconds (full jitter), doubling each time."
     )
     backoff_max: float = Field(default=2.0, ge=0, description="Cap on a single backoff wait in seconds.")
-    request_format: Literal["auto", "search_r1", "skyrl"] = Field(
-        default="auto",
-        description="Wire form of /retrieve: 'search_r1' = one request per call ({queries: [...]}); 'skyrl' = one "
-        "request per query ({query: str}); 'auto' = the batch form, switching an endpoint that rejects it with a 4xx "
-        "to the single-query form when that works.",
-    )
     eject_seconds: float = Field(
         default=1.0, ge=0, description="A failing endpoint is skipped this long, doubling per failed re-probe."
     )
     eject_max_seconds: float = Field(default=10.0, ge=0, description="Cap on one ejection in seconds.")
-    max_queries: int = Field(
-        default=8, ge=1, le=256, description="Queries per call; extra queries are dropped and the model is told."
-    )
-    max_query_chars: int = Field(
-        default=512, ge=8, le=100_000, description="Characters per query; longer queries are cut and the model is told."
-    )
     cache_size: int = Field(
-        default=100_000, ge=0, description="Entries of the per-process LRU cache of (query, topk) results; 0 = off."
+        default=100_000, ge=0, description="Entries of the per-process LRU cache of answers; 0 = off."
     )
     cache_max_bytes: int = Field(
-        default=64 * 1024 * 1024, ge=0, description="Estimated bytes the per-process result cache may hold; 0 = off."
-    )
-    max_result_chars: int = Field(
-        default=6000, ge=100, description="Cap on the text returned to the model for one call (all queries)."
+        default=64 * 1024 * 1024, ge=0, description="Estimated bytes the per-process cache may hold; 0 = off."
     )
     stats_log_interval: float = Field(
         default=300.0, ge=0, description="Seconds between log lines with the per-process counters; 0 = never."
-    )
-    gc_freeze: bool = Field(
-        default=False, description="gc.freeze() the rollout worker's start-up objects once (process-wide, so opt-in)."
     )
 
     @model_validator(mode="before")
@@ -109,25 +120,16 @@ class SearchToolConfig(BaseModel):
                 raw.pop(key)
                 if key not in _warned:
                     _warned.add(key)
-                    logger.warning("search tool config key '%s' is deprecated and ignored (%s)", key, why)
+                    logger.warning("%s config key '%s' is deprecated and ignored (%s)", cls.tool_label, key, why)
         return raw
 
     @field_validator("retrieval_service_url", mode="before")
     @classmethod
     def _urls(cls, value: Any) -> tuple[str, ...]:
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, (list, tuple)) or not value:
-            raise ValueError("retrieval_service_url must be a URL or a non-empty list of URLs")
-        urls = []
-        for item in value:
-            if not isinstance(item, str):
-                raise ValueError(f"retrieval_service_url entries must be strings, got {type(item).__name__}")
-            urls.append(normalise_endpoint(item))
-        return tuple(dict.fromkeys(urls))
+        return tuple(dict.fromkeys(normalise_endpoint(u) for u in _url_list(value, "retrieval_service_url")))
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any] | None) -> SearchToolConfig:
+    def from_dict(cls, raw: dict[str, Any] | None) -> Self:
         """Build from the YAML ``config:`` mapping; raise :class:`ConfigError` naming each bad key."""
         try:
             return cls.model_validate(dict(raw or {}))
@@ -139,8 +141,72 @@ class SearchToolConfig(BaseModel):
                     problems.append(f"unknown key '{key}' (known keys: {', '.join(sorted(cls.known_keys()))})")
                 else:
                     problems.append(f"'{key}': {err['msg']}")
-            raise ConfigError("invalid search tool config: " + "; ".join(problems)) from e
+            raise ConfigError(f"invalid {cls.tool_label} config: " + "; ".join(problems)) from e
 
     @classmethod
     def known_keys(cls) -> set[str]:
         return set(cls.model_fields) | {"default_timeout"} | set(DEPRECATED_KEYS)
+
+
+class SearchToolConfig(ClientConfig):
+    """Configuration of :class:`verl_search.SearchTool` (and of the native ``search_r1_agent`` loop)."""
+
+    tool_label: ClassVar[str] = "search tool"
+
+    topk: int = Field(default=3, ge=1, le=100, description="Passages returned per query.")
+    request_format: Literal["auto", "search_r1", "skyrl"] = Field(
+        default="auto",
+        description="Wire form of /retrieve: 'search_r1' = one request per call ({queries: [...]}); 'skyrl' = one "
+        "request per query ({query: str}); 'auto' = the batch form, switching an endpoint that rejects it with a 4xx "
+        "to the single-query form when that works.",
+    )
+    max_queries: int = Field(
+        default=8, ge=1, le=256, description="Queries per call; extra queries are dropped and the model is told."
+    )
+    max_query_chars: int = Field(
+        default=512, ge=8, le=100_000, description="Characters per query; longer queries are cut and the model is told."
+    )
+    max_result_chars: int = Field(
+        default=6000, ge=100, description="Cap on the text returned to the model for one call (all queries)."
+    )
+    gc_freeze: bool = Field(
+        default=False, description="gc.freeze() the rollout worker's start-up objects once (process-wide, so opt-in)."
+    )
+
+
+class AccessToolConfig(ClientConfig):
+    """Configuration of :class:`verl_search.AccessTool`: the transport keys of ``ClientConfig`` plus where /access is
+    (``access_url``, else beside each ``retrieval_service_url``) and the size of one window of a page."""
+
+    tool_label: ClassVar[str] = "access tool"
+
+    access_url: tuple[str, ...] | None = Field(
+        default=None,
+        description="One URL or a list of URLs of /access endpoints (a bare host:port gets '/access' appended); "
+        "null = each retrieval_service_url with its '/retrieve' replaced by '/access'.",
+    )
+    max_result_chars: int = Field(
+        default=6000,
+        ge=1000,
+        description="Cap on the text of one call: a page is read in windows of this size, header and hint included.",
+    )
+
+    @field_validator("access_url", mode="before")
+    @classmethod
+    def _access_urls(cls, value: Any) -> tuple[str, ...] | None:
+        if value is None:
+            return None
+        urls = (normalise_endpoint(u, "/access", "access_url") for u in _url_list(value, "access_url"))
+        return tuple(dict.fromkeys(urls))
+
+    @model_validator(mode="after")
+    def _derivable(self) -> AccessToolConfig:
+        self.access_urls  # noqa: B018 - a retrieval_service_url it cannot derive from fails start-up, not a call
+        return self
+
+    @property
+    def access_urls(self) -> tuple[str, ...]:
+        """The /access endpoints the tool calls."""
+        if self.access_url is not None:
+            return self.access_url
+        return tuple(dict.fromkeys(access_endpoint(u) for u in self.retrieval_service_url))

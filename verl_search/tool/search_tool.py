@@ -1,4 +1,5 @@
-"""SearchTool (a verl ``BaseTool``) and ``run_search``: the one boundary where search errors become model-facing text.
+"""SearchTool (a verl ``BaseTool``) and ``run_search``: the boundary where search errors become model-facing text
+(worded by ``tool.failures``).
 
 Invariant: ``execute`` and ``run_search`` never raise for anything the model or the retriever does; every failure is
 a short labelled text (``[search failed: <kind>] ...`` / ``[search error: invalid arguments] ...``) plus metrics.
@@ -17,7 +18,8 @@ from uuid import uuid4
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
-from verl_search.errors import BudgetSpent, InvalidArguments, NotCached, SearchError
+from verl_search.errors import SearchError
+from verl_search.tool import failures
 from verl_search.tool.arguments import extract_queries, fit_queries
 from verl_search.tool.client import RetrievalClient
 from verl_search.tool.config import SearchToolConfig
@@ -25,17 +27,6 @@ from verl_search.tool.formatting import format_results
 from verl_search.tool.stats import STATS
 
 logger = logging.getLogger(__name__)
-
-_FAILURE_TEXT = {
-    "timeout": "The search engine did not answer in time.",
-    "unavailable": "The search engine could not be reached.",
-    "rejected": "The search engine refused the request.",
-    "server_error": "The search engine had an internal error.",
-    "bad_response": "The search engine sent an unreadable reply.",
-    "budget": "The search budget of this run is spent.",
-}
-_AFTER_FAILURE = "This is a tool failure, not an empty result: retry later or answer with what you know."
-_AFTER_FINAL = "This is a tool failure, not an empty result: searching again will not help; answer with what you know."
 
 
 @dataclass
@@ -104,16 +95,8 @@ def record_result_place(fields: dict[str, Any], agent_data: Any, text: str) -> N
 
 
 def failure_text(error: SearchError, config: SearchToolConfig) -> str:
-    """The stable text the model sees for a failed call."""
-    if isinstance(error, InvalidArguments):
-        return f"[search error: invalid arguments] {error}"
-    what = _FAILURE_TEXT.get(error.kind, "The search failed.")
-    if error.kind == "timeout":
-        what = f"The search engine did not answer within {config.timeout:g} s."
-    if isinstance(error, NotCached):
-        what = "The search engine replays recorded searches offline and this search was not recorded."
-    after = _AFTER_FINAL if isinstance(error, (BudgetSpent, NotCached)) else _AFTER_FAILURE
-    return f"[search failed: {error.kind}] {what} {after}"
+    """The stable text the model sees for a failed search call."""
+    return failures.failure_text(error, failures.SEARCH, timeout=config.timeout)
 
 
 async def run_search(config: SearchToolConfig, queries: Any) -> SearchOutcome:
@@ -138,7 +121,7 @@ async def run_search(config: SearchToolConfig, queries: Any) -> SearchOutcome:
     except Exception as e:  # noqa: BLE001 - a bug must not crash a rollout; it is logged loudly and labelled
         logger.exception("unexpected error in search")
         outcome = SearchOutcome(
-            text=f"[search failed: internal] {type(e).__name__}. {_AFTER_FAILURE}",
+            text=failures.internal_text(e, failures.SEARCH),
             ok=False,
             failure="internal",
             num_queries=num_queries,

@@ -1,4 +1,5 @@
-"""Per-process search counters (verl's ToolAgentLoop discards tool metrics, so we keep our own).
+"""Per-process counters of each tool of ours (verl's ToolAgentLoop discards tool metrics, so we keep our own):
+``STATS`` for search, ``ACCESS_STATS`` for access (its ``queries`` count the urls asked for).
 
 Invariant: recording is O(1) and never raises; latencies are kept in a bounded ring for percentiles.
 """
@@ -28,9 +29,10 @@ def percentile(sorted_values: list[float], q: float) -> float:
 class SearchStats:
     """Counters for calls, queries, HTTP requests, retries, cache hits, failures by kind and call latency."""
 
-    def __init__(self, log_interval: float = 300.0) -> None:
+    def __init__(self, log_interval: float = 300.0, *, name: str = "search") -> None:
         self._lock = threading.Lock()
         self.log_interval = log_interval
+        self.name = name
         self.reset()
 
     def reset(self) -> None:
@@ -54,7 +56,7 @@ class SearchStats:
             if due:
                 self._last_log = time.monotonic()
         if due:
-            logger.info("search stats: %s", self.summary_line())
+            logger.info("%s stats: %s", self.name, self.summary_line())
 
     def add(self, **counts: int) -> None:
         with self._lock:
@@ -83,5 +85,6 @@ class SearchStats:
         )
 
 
-#: the process-wide counters; read with ``verl_search.search_stats()``
+#: the process-wide counters; read with ``verl_search.search_stats()`` and ``verl_search.access_stats()``
 STATS = SearchStats()
+ACCESS_STATS = SearchStats(name="access")

@@ -1,5 +1,6 @@
-"""The request bodies the search client sends and the replies it reads, in both wire forms found in the wild:
-``search_r1`` (``{"queries": [...], ...}`` → one hit list per query) and ``skyrl`` (``{"query": q, ...}`` → one).
+"""The request bodies the tool clients send and the replies they read: /retrieve in both wire forms found in the wild,
+``search_r1`` (``{"queries": [...], ...}`` → one hit list per query) and ``skyrl`` (``{"query": q, ...}`` → one), and
+ASearcher's /access (``{"urls": [...]}`` → a page or null per url).
 
 Invariant: every body asks for ``return_scores: true`` (the reference servers fail on ``false``), and a hit is
 accepted scored or bare; anything else raises :class:`BadResponse`.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from verl_search.errors import BadResponse
@@ -67,6 +69,45 @@ def parse_single(body: Any) -> list[Document]:
     if all(isinstance(item, dict) for item in result):
         return _hit_list(result)
     raise BadResponse(f"reply has {len(result)} result lists for 1 query")
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of /access: its text (``contents``), its title ('' when the service gives none) and its url."""
+
+    url: str
+    title: str
+    contents: str
+
+
+def access_body(urls: Sequence[str]) -> dict[str, Any]:
+    """The /access request body for ``urls``."""
+    return {"urls": list(urls)}
+
+
+def parse_pages(body: Any, urls: Sequence[str]) -> list[Page | None]:
+    """An /access reply → per url its :class:`Page`, or None where the service answered null (it has no such page)."""
+    if not isinstance(body, dict) or not isinstance(body.get("result"), list):
+        raise BadResponse("reply has no 'result' list")
+    result = body["result"]
+    if len(result) != len(urls):
+        raise BadResponse(f"reply has {len(result)} pages for {len(urls)} urls")
+    pages: list[Page | None] = []
+    for url, item in zip(urls, result, strict=True):
+        if item is None:
+            pages.append(None)
+            continue
+        if not isinstance(item, dict) or not isinstance(item.get("contents"), str):
+            raise BadResponse("a page has no 'contents' string")
+        title, own_url = item.get("title"), item.get("url")
+        pages.append(
+            Page(
+                url=own_url if isinstance(own_url, str) and own_url else url,
+                title=title.strip() if isinstance(title, str) else "",
+                contents=item["contents"],
+            )
+        )
+    return pages
 
 
 def error_reply(raw: bytes) -> tuple[str | None, str]:

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from verl_search import SearchTool, search_stats
-from verl_search.tool.client import LRUCache, RetrievalClient
+from verl_search.tool.cache import LRUCache
+from verl_search.tool.client import RetrievalClient
 from verl_search.tool.config import SearchToolConfig
 from verl_search.tool.search_tool import run_search
 
@@ -73,7 +74,7 @@ def test_lru_evicts_least_recently_used():
 
 def test_cache_is_bounded_in_bytes_evicting_least_recently_used():
     from verl_search.protocol import Document
-    from verl_search.tool.client import entry_bytes
+    from verl_search.tool.cache import entry_bytes
 
     docs = [Document(id=str(i), contents='"T"\n' + "w" * 1500) for i in range(3)]  # ~4.8 KB, as wiki-18 hits
     one = entry_bytes(("q000", 3), docs)
