@@ -189,6 +189,31 @@ def extrapolate(rows: list[dict], n: int, dim: int) -> None:
                       f"{same} of {wiki_nlist:,} reads the same share")  # fmt: skip
 
 
+def query_curves(data: Path, types: list[str], sample: int) -> None:
+    """Each built type's recall@3 over the whole sweep (``index_types.sweep``) twice: on the toy questions, and on
+    ``sample`` passages of the corpus as queries (their own row left out, like the build's default queries)."""
+    import faiss
+
+    from local_dense_retriever.artifacts import index_types
+    from local_dense_retriever.artifacts.recall import recall_curve
+    from local_dense_retriever.index.faiss_params import search_param
+    from local_dense_retriever.index.flat_file import read_flat_vectors, vector_file
+
+    flat = data / "minilm_flat.npy"
+    source = vector_file(flat)
+    rows = np.sort(np.random.default_rng(0).choice(source.rows, sample, replace=False))
+    sets = {"toy questions": (np.load(question_vectors(data)), None),
+            f"{sample} passages": (np.asarray(read_flat_vectors(flat)[rows]), rows)}  # fmt: skip
+    for index_type in types:
+        index = faiss.read_index(str(data / f"minilm_{index_type.replace(',', '_').lower()}.index"))
+        param, _ = search_param(index)
+        for name, (queries, own) in sets.items():
+            curve = recall_curve(index, source, queries, param=param, values=index_types.sweep(index, param),
+                                 own_rows=own, ks=(3,))  # fmt: skip
+            print(f"# {index_type}, {name}: recall@3 at {param} "
+                  + ", ".join(f"{p.value}: {p.recall['3']:.3f}" for p in curve), flush=True)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, required=True, help="folder with corpus.jsonl, qa.jsonl and minilm_flat.npy")
@@ -200,8 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--threads", type=int, default=0, help="server threads (0: all cores)")
+    p.add_argument("--curves", type=int, metavar="N", help="only print each built type's recall@3 over the whole "
+                   "sweep, on the toy questions and on N passages as queries (own row left out)")  # fmt: skip
     args = p.parse_args(argv)
     types = args.types.split(";") if ";" in args.types else _split_types(args.types)
+    if args.curves:
+        query_curves(args.data, types, args.curves)
+        return 0
     if args.prepare:
         args.data.mkdir(parents=True, exist_ok=True)
         prepare(args.data, args.prepare, args.max_length)
