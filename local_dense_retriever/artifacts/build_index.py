@@ -27,6 +27,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see retrieval_server.py: 
 
 from local_dense_retriever.artifacts.compressed_build import CompressedOptions, RecallQueries, build_compressed_index
 from local_dense_retriever.artifacts.index_types import NAMED_TYPES
+from local_dense_retriever.artifacts.work_dir import claim_work_dir
 from local_dense_retriever.config import Precision, refuse_removed_flags
 from local_dense_retriever.corpus_store import CorpusStore
 from local_dense_retriever.encoder import Encoder
@@ -81,13 +82,7 @@ def build_flat_index(
         "shard_size": shard_size,
         "max_length": getattr(encoder, "max_length", None),  # tokens kept per passage change every vector
     }
-    meta_path = shard_dir / "meta.json"
-    if shard_dir.exists() and (not meta_path.is_file() or json.loads(meta_path.read_text()) != meta):
-        logger.warning("discarding shards in %s: they belong to another corpus/model/shard size", shard_dir)
-        shutil.rmtree(shard_dir)
-    shard_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_path(meta_path) as tmp:
-        tmp.write_text(json.dumps(meta))
+    claim_work_dir(shard_dir, meta, "corpus, model, shard size or passage length")
     starts = list(range(0, n, shard_size))
     paths = [shard_dir / f"shard-{i:05d}.npy" for i in range(len(starts))]
     done = sum(min(shard_size, n - s) for s, p in zip(starts, paths, strict=True) if p.is_file())

@@ -20,6 +20,7 @@ import numpy as np
 
 from local_dense_retriever.artifacts import index_types
 from local_dense_retriever.artifacts.recall import RECALL_KS, pick_value, recall_curve
+from local_dense_retriever.artifacts.work_dir import claim_work_dir
 from local_dense_retriever.index.build_record import BuildRecord, write_record
 from local_dense_retriever.index.faiss_params import search_param, set_search_value
 from local_dense_retriever.index.flat_file import STAGING_BYTES, VectorFile, read_flat_vectors, vector_file
@@ -81,13 +82,7 @@ class _Parts:
         self.dir = output.with_name(output.name + ".parts")
         remove_stale_temporaries(output.parent, [output.name, output.name + ".build.json"])
         remove_stale_temporaries(self.dir)
-        meta = self.dir / "meta.json"
-        if self.dir.exists() and (not meta.is_file() or json.loads(meta.read_text()) != fingerprint):
-            logger.warning("discarding %s: it belongs to another source, index type or sample", self.dir)
-            shutil.rmtree(self.dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with atomic_path(meta) as tmp:
-            tmp.write_text(json.dumps(fingerprint))
+        claim_work_dir(self.dir, fingerprint, "source, index type or sample")
         self.trained = self.dir / "trained.index"
         self.checkpoint = self.dir / "checkpoint.index"
         self.added = self.dir / "checkpoint.json"

@@ -220,6 +220,9 @@ def test_cli_bad_recall_queries_are_clear_errors_before_any_work(clustered, tmp_
     bad.write_text('{"question": "fine"}\n{"answer": "no question"}\n')
     assert main([*base, "--recall_queries", str(bad)]) == 1
     assert "q.jsonl:2 has no string question, query, text field" in capsys.readouterr().err
+    bad.write_text('{"question": "fine"}\n{not json\n')
+    assert main([*base, "--recall_queries", str(bad)]) == 1
+    assert "q.jsonl:2 is not JSON" in capsys.readouterr().err
     narrow = tmp_path / "q.npy"
     np.save(narrow, np.ones((5, DIM + 1), dtype=np.float32))
     assert main([*base, "--recall_queries", str(narrow)]) == 1
