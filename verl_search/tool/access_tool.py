@@ -12,9 +12,7 @@ import logging
 import time
 from dataclasses import dataclass
 from typing import Any
-from uuid import uuid4
 
-from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from verl_search.errors import InvalidArguments, PageNotFound, SearchError
@@ -22,6 +20,7 @@ from verl_search.tool import failures
 from verl_search.tool.access_arguments import EXPECTED, parse_access
 from verl_search.tool.access_client import AccessClient
 from verl_search.tool.config import AccessToolConfig
+from verl_search.tool.quiet_tool import QuietTool
 from verl_search.tool.stats import ACCESS_STATS
 from verl_search.tool.windows import windows
 
@@ -116,30 +115,14 @@ def default_tool_schema() -> OpenAIFunctionToolSchema:
     return OpenAIFunctionToolSchema.model_validate({"type": "function", "function": function})
 
 
-class AccessTool(BaseTool):
+class AccessTool(QuietTool):
     """verl tool ``access`` (``class_name: verl_search.AccessTool``): ``{"url": ..., "page": n}`` → window n of the
     page's text. Construction only validates the config; the HTTP client is made on the first call."""
 
     def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None = None) -> None:
         self.access_config = AccessToolConfig.from_dict(config)
-        # what verl's BaseTool.__init__ does, without its print of the schema on stdout
-        self.config = config
-        self.tool_schema = tool_schema or default_tool_schema()
-        self.name = self.tool_schema.function.name
-        logger.debug("access tool %s: %s", self.name, self.tool_schema.model_dump_json(exclude_none=True))
-
-    def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
-        return self.tool_schema
-
-    async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, ToolResponse]:
-        return instance_id or str(uuid4()), ToolResponse()
+        super().__init__(config, tool_schema or default_tool_schema())
 
     async def execute(self, instance_id: str, parameters: Any, **kwargs: Any) -> tuple[ToolResponse, float, dict]:
         outcome = await run_access(self.access_config, parameters)
         return ToolResponse(text=outcome.text), 0.0, outcome.metrics()
-
-    async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
-        return 0.0
-
-    async def release(self, instance_id: str, **kwargs: Any) -> None:
-        return None

@@ -13,9 +13,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from uuid import uuid4
 
-from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from verl_search.errors import SearchError
@@ -24,6 +22,7 @@ from verl_search.tool.arguments import extract_queries, fit_queries
 from verl_search.tool.client import RetrievalClient
 from verl_search.tool.config import SearchToolConfig
 from verl_search.tool.formatting import format_results
+from verl_search.tool.quiet_tool import QuietTool
 from verl_search.tool.stats import STATS
 
 logger = logging.getLogger(__name__)
@@ -159,25 +158,15 @@ def default_tool_schema() -> OpenAIFunctionToolSchema:
     return OpenAIFunctionToolSchema.model_validate({"type": "function", "function": function})
 
 
-class SearchTool(BaseTool):
+class SearchTool(QuietTool):
     """verl tool ``search`` (``class_name: verl_search.SearchTool``): ``{"query_list": [...]}`` → Search-R1 formatted
     passages. Construction only validates the config; the HTTP client is made on the first call."""
 
     def __init__(self, config: dict, tool_schema: OpenAIFunctionToolSchema | None = None) -> None:
         self.search_config = SearchToolConfig.from_dict(config)
-        # what verl's BaseTool.__init__ does, without its print of the schema on stdout
-        self.config = config
-        self.tool_schema = tool_schema or default_tool_schema()
-        self.name = self.tool_schema.function.name
-        logger.debug("search tool %s: %s", self.name, self.tool_schema.model_dump_json(exclude_none=True))
+        super().__init__(config, tool_schema or default_tool_schema())
         if self.search_config.gc_freeze:
             freeze_startup_objects()
-
-    def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
-        return self.tool_schema
-
-    async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, ToolResponse]:
-        return instance_id or str(uuid4()), ToolResponse()
 
     async def execute(self, instance_id: str, parameters: Any, **kwargs: Any) -> tuple[ToolResponse, float, dict]:
         outcome = await run_search(self.search_config, parameters)
@@ -187,9 +176,3 @@ class SearchTool(BaseTool):
             record_search(fields, outcome)
             record_result_place(fields, kwargs.get("agent_data"), outcome.text)
         return ToolResponse(text=outcome.text), 0.0, outcome.metrics()
-
-    async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
-        return 0.0
-
-    async def release(self, instance_id: str, **kwargs: Any) -> None:
-        return None
