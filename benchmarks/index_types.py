@@ -73,6 +73,11 @@ def question_vectors(data: Path) -> Path:
     return path
 
 
+def index_file(data: Path, index_type: str) -> Path:
+    """Where this benchmark keeps the build of ``index_type`` (kept in DATA for reruns)."""
+    return data / f"minilm_{index_type.replace(',', '_').lower()}.index"
+
+
 def built(data: Path, index_type: str, queries: Path) -> tuple[Path, dict, float | None]:
     """(index path, its build record, build seconds or None when it was already built)."""
     from local_dense_retriever.artifacts.compressed_build import (
@@ -82,7 +87,7 @@ def built(data: Path, index_type: str, queries: Path) -> tuple[Path, dict, float
     )
     from local_dense_retriever.index.build_record import read_record
 
-    out = data / f"minilm_{index_type.replace(',', '_').lower()}.index"
+    out = index_file(data, index_type)
     record = read_record(out)
     seconds = None
     if record is None:
@@ -205,7 +210,7 @@ def query_curves(data: Path, types: list[str], sample: int) -> None:
     sets = {"toy questions": (np.load(question_vectors(data)), None),
             f"{sample} passages": (np.asarray(read_flat_vectors(flat)[rows]), rows)}  # fmt: skip
     for index_type in types:
-        index = faiss.read_index(str(data / f"minilm_{index_type.replace(',', '_').lower()}.index"))
+        index = faiss.read_index(str(index_file(data, index_type)))
         param, _ = search_param(index)
         for name, (queries, own) in sets.items():
             curve = recall_curve(index, source, queries, param=param, values=index_types.sweep(index, param),
