@@ -1,5 +1,5 @@
 """The memory plan: what the server will hold on each device, logged as ``memory plan:`` lines before it loads.
-Invariant: ``plan_memory`` and ``plan_lines`` are arithmetic over any devices; ``plan_for`` alone reads the files and
+Invariant: ``plan_memory`` and ``plan_lines`` are arithmetic over any devices; ``make_plan`` alone reads the files and
 devices, and places the index with the loader's own rules (``index.torch_flat.shard_bounds``)."""
 
 from __future__ import annotations
@@ -259,8 +259,3 @@ def make_plan(config: ServerConfig, backend: str) -> Plan:
     cpu = Device("cpu", physical_memory() or None)
     planned = _cuda_devices(devices) if devices[0].type == "cuda" else [cpu]
     return Plan(plan_memory(layout, planned, *_model_sizes(config, cpu)), layout, path.name)
-
-
-def plan_for(config: ServerConfig, backend: str) -> list[str]:
-    """The plan's lines for serving ``config.index_path`` with the ``torch`` or ``faiss`` backend."""
-    return make_plan(config, backend).lines()

@@ -13,7 +13,7 @@ from local_dense_retriever.memory_plan import (
     Device,
     EncoderSize,
     IndexLayout,
-    plan_for,
+    make_plan,
     plan_lines,
     plan_memory,
     weight_bytes,
@@ -113,12 +113,12 @@ def flat_file(tmp_path_factory):
 
 def test_plan_of_a_real_file_on_this_cpu(flat_file, minilm_path):
     common = {"index_path": flat_file, "corpus_path": flat_file, "retriever_model": str(minilm_path), "device": "cpu"}
-    mapped = plan_for(ServerConfig(**common, index_prefilter="off", encoder_dtype="float32"), "torch")
+    mapped = make_plan(ServerConfig(**common, index_prefilter="off", encoder_dtype="float32"), "torch").lines()
     assert mapped[0] == "memory plan: flat.index, 1,000 x 384 in float32 on the CPU"
     assert "encoder 87 MiB (float32); maps the file's 1.5 MiB of float32 rows" in mapped[1]
-    converted = plan_for(ServerConfig(**common, index_dtype="bfloat16", encoder_dtype="float32"), "torch")
+    converted = make_plan(ServerConfig(**common, index_dtype="bfloat16", encoder_dtype="float32"), "torch").lines()
     assert ": index 750 KiB + encoder 87 MiB (float32)" in converted[1] and "maps" not in converted[1]
-    read = plan_for(ServerConfig(**common, backend="faiss", encoder_dtype="float32"), "faiss")
+    read = make_plan(ServerConfig(**common, backend="faiss", encoder_dtype="float32"), "faiss").lines()
     assert read[0] == "memory plan: flat.index, 1,000 x 384 in float32 on the CPU"
     assert ": index 1.5 MiB + encoder 87 MiB (float32)" in read[1]
 
@@ -126,7 +126,8 @@ def test_plan_of_a_real_file_on_this_cpu(flat_file, minilm_path):
 def test_a_reranker_is_planned_beside_the_encoder_on_its_device(flat_file, minilm_path):
     common = {"index_path": flat_file, "corpus_path": flat_file, "retriever_model": str(minilm_path), "device": "cpu"}
     config = ServerConfig(**common, index_dtype="bfloat16", encoder_dtype="float32", reranker_model=str(minilm_path))
-    assert ": index 750 KiB + encoder 87 MiB (float32) + reranker 87 MiB (float32)" in plan_for(config, "torch")[1]
+    lines = make_plan(config, "torch").lines()
+    assert ": index 750 KiB + encoder 87 MiB (float32) + reranker 87 MiB (float32)" in lines[1]
     devices = [Device("cuda:0", H100), Device("cuda:1", H100)]
     layout = IndexLayout(WIKI_ROWS, DIM, "float16", WIKI_ROWS * DIM * 2)
     reranker = EncoderSize(devices[0], 560_000_000 * 2, "float16", "reranker")  # a bge-reranker-large in float16
