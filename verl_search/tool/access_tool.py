@@ -19,6 +19,7 @@ from verl_search.errors import InvalidArguments, PageNotFound, SearchError
 from verl_search.tool import failures
 from verl_search.tool.access_arguments import EXPECTED, parse_access
 from verl_search.tool.access_client import AccessClient
+from verl_search.tool.access_record import record_access
 from verl_search.tool.config import AccessToolConfig
 from verl_search.tool.quiet_tool import QuietTool
 from verl_search.tool.stats import ACCESS_STATS
@@ -39,6 +40,7 @@ class AccessOutcome:
     windows: int = 0  # how many windows the page has (0 when it was not read)
     cached: bool = False  # the page came from the cache
     joined: bool = False  # the page came from an identical call in flight
+    url: str | None = None  # the url asked for (None when the arguments named none)
 
     def metrics(self) -> dict[str, Any]:
         metrics = {
@@ -63,9 +65,10 @@ async def run_access(config: AccessToolConfig, parameters: Any) -> AccessOutcome
     started = time.perf_counter()  # not loop.time(): under uvloop it moves in whole ms, and only between iterations
     deadline = asyncio.get_running_loop().time() + config.timeout
     asked = 0
+    url = None
     try:
         request = parse_access(parameters)
-        asked = 1
+        asked, url = 1, request.url
         client = AccessClient.shared(config)
         page, cached, joined = await client.page(request.url, deadline=deadline)
         if page is None:
@@ -92,6 +95,7 @@ async def run_access(config: AccessToolConfig, parameters: Any) -> AccessOutcome
         logger.exception("unexpected error in access")
         outcome = AccessOutcome(text=failures.internal_text(e, failures.ACCESS), ok=False, failure="internal")
     outcome.latency_s = time.perf_counter() - started
+    outcome.url = url
     ACCESS_STATS.log_interval = config.stats_log_interval
     ACCESS_STATS.record_call(latency_s=outcome.latency_s, num_queries=asked, failure=outcome.failure)
     return outcome
@@ -125,4 +129,8 @@ class AccessTool(QuietTool):
 
     async def execute(self, instance_id: str, parameters: Any, **kwargs: Any) -> tuple[ToolResponse, float, dict]:
         outcome = await run_access(self.access_config, parameters)
+        # verl's ToolAgentLoop drops the metrics dict but keeps agent_data.extra_fields in the trajectory's output
+        fields = getattr(kwargs.get("agent_data"), "extra_fields", None)
+        if isinstance(fields, dict):
+            record_access(fields, outcome, outcome.url)
         return ToolResponse(text=outcome.text), 0.0, outcome.metrics()

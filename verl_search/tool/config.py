@@ -172,6 +172,11 @@ class SearchToolConfig(ClientConfig):
     gc_freeze: bool = Field(
         default=False, description="gc.freeze() the rollout worker's start-up objects once (process-wide, so opt-in)."
     )
+    show_urls: bool = Field(
+        default=False,
+        description="Show each hit's url (where the retriever gives one) as 'Doc 1(Title: T)(URL: u) text', so a "
+        "model with the access tool can open it; off keeps Search-R1's exact format.",
+    )
 
 
 class AccessToolConfig(ClientConfig):

@@ -110,7 +110,9 @@ async def run_search(config: SearchToolConfig, queries: Any) -> SearchOutcome:
         num_queries = len(fitted.queries)
         client = RetrievalClient.shared(config)
         hits, cached, joined = await client.search(fitted.queries, config.topk, deadline=deadline)
-        text = format_results(fitted.queries, hits, max_chars=config.max_result_chars, notes=fitted.notes)
+        text = format_results(
+            fitted.queries, hits, max_chars=config.max_result_chars, notes=fitted.notes, show_urls=config.show_urls
+        )
         outcome = SearchOutcome(
             text=text, ok=True, num_queries=num_queries, cached=cached + joined, joined=joined, notes=fitted.notes
         )

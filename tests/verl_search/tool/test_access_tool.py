@@ -218,3 +218,27 @@ async def test_a_reply_that_is_not_the_access_shape_is_labelled_bad_response(acc
         text, metrics = await read(access_config(access_url=server.url), {"url": WALKER})
     assert text.startswith("[access failed: bad_response] The page service sent an unreadable reply.")
     assert metrics["access/failed/bad_response"] == 1
+
+
+class AgentData:
+    """What verl's ToolAgentLoop passes as ``agent_data``: the trajectory's ``extra_fields`` travel with it."""
+
+    def __init__(self) -> None:
+        self.extra_fields: dict = {}
+
+
+async def test_each_call_lands_in_the_trajectory_fields(pages_server, access_config):
+    tool = AccessTool(access_config())
+    data = AgentData()
+    instance_id, _ = await tool.create()
+    calls = [{"url": WALKER}, {"url": WALKER, "page": 2}, {"url": WALKER}, {"url": WIKI + "Nobody"}, {"page": 1}]
+    for arguments in calls:
+        await tool.execute(instance_id, arguments, agent_data=data)
+    fields = data.extra_fields
+    assert fields["access_calls"] == 5
+    assert fields["access_windows_read"] == 3
+    assert fields["access_pages_opened"] == 1  # two windows of one page
+    assert fields["access_repeats"] == 1  # window 1 again
+    assert fields["access_failures"] == 2
+    assert fields["access_failed_not_found"] == 1 and fields["access_failed_invalid_arguments"] == 1
+    assert fields["access_latency_s"] > 0

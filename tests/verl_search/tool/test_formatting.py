@@ -50,3 +50,14 @@ def test_a_title_field_repeated_in_contents_shows_once():
     assert format_passages([quoted]) == "Doc 1(Title: Paris) Paris is the capital of France."
     assert format_passages([plain]) == "Doc 1(Title: Paris) Paris is the capital of France."
     assert format_passages([other]) == 'Doc 1(Title: Paris) "Lutetia" The Roman city.'
+
+
+def test_show_urls_names_each_hit_url_and_leaves_hits_without_one_as_before():
+    with_url = doc('"Paris"\nThe capital.', url="https://en.wikipedia.org/wiki/Paris")
+    without = doc('"Lyon"\nA city.')
+    text = format_results(["q"], [[with_url, without]], max_chars=1000, show_urls=True)
+    assert text.splitlines() == [
+        'Doc 1(Title: "Paris")(URL: https://en.wikipedia.org/wiki/Paris) The capital.',
+        'Doc 2(Title: "Lyon") A city.',
+    ]
+    assert format_results(["q"], [[with_url]], max_chars=1000) == 'Doc 1(Title: "Paris") The capital.'
