@@ -111,12 +111,36 @@ class _Parts:
 
 
 def _train(index, vectors: np.ndarray, rows: np.ndarray) -> None:
+    import faiss
+
     if index.is_trained:
         return
     logger.info("training on %d sampled vectors", len(rows))
     t0 = time.perf_counter()
-    index.train(np.ascontiguousarray(vectors[rows], dtype=np.float32))
+    sample = np.ascontiguousarray(vectors[rows], dtype=np.float32)
+    if isinstance(index, faiss.IndexPreTransform):
+        _train_linear_chain(index, sample)
+    else:
+        index.train(sample)
     logger.info("trained in %.1f s", time.perf_counter() - t0)
+
+
+def _train_linear_chain(index, sample: np.ndarray) -> None:
+    """Train an ``IndexPreTransform`` as faiss does, each transform on the last one's output, but with every learned
+    offset (PCA's centering) set to zero before its output is used: inner products are ranked after an affine map
+    ``A(x - mean)`` by ``q·A'A·x - mean·A'A·x``, and that second term moves each row by its own amount, while the linear
+    map ``A x`` keeps the ranking of the components it keeps."""
+    import faiss
+
+    for i in range(index.chain.size()):
+        transform = faiss.downcast_VectorTransform(index.chain.at(i))
+        if not transform.is_trained:
+            transform.train(sample)
+        if isinstance(transform, faiss.LinearTransform) and transform.have_bias:
+            faiss.copy_array_to_vector(np.zeros(transform.d_out, dtype=np.float32), transform.b)
+        sample = transform.apply(sample)
+    index.index.train(sample)
+    index.is_trained = True
 
 
 def add_block(index, block: np.ndarray) -> None:

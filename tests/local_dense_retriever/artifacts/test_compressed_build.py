@@ -238,3 +238,22 @@ def test_an_unreadable_record_is_ignored_with_a_warning(clustered, tmp_path, cap
         assert read_record(out) is None
     assert "ignoring x.index.build.json" in caplog.text
     assert read_record(tmp_path / "none.index") is None
+
+
+def test_a_pca_keeps_the_inner_product_ranking_of_vectors_that_share_a_mean(tmp_path):
+    # Like sentence-encoder vectors: one direction common to all, the differences in a few others. Centred, a PCA
+    # would rank rows partly by their own offset; the build keeps its map linear, so ranking is kept.
+    rng = np.random.default_rng(3)
+    common = np.zeros(DIM, dtype=np.float32)
+    common[0] = 1.0
+    spread = np.zeros((ROWS, DIM), dtype=np.float32)
+    spread[:, 1:13] = 0.5 * rng.standard_normal((ROWS, 12))
+    spread[:, 13:] = 0.002 * rng.standard_normal((ROWS, DIM - 13))
+    x = common + spread
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    np.save(tmp_path / "flat.npy", x)
+    record = build_compressed_index(tmp_path / "flat.npy", tmp_path / "pca.index", _options(index_type="PCA16,Flat"))
+    assert record.recall_at(None, 3) >= 0.98
+    loaded = faiss.read_index(str(tmp_path / "pca.index"))  # kept alive: the views below point into it
+    pca = faiss.downcast_VectorTransform(faiss.downcast_index(loaded).chain.at(0))
+    assert not faiss.vector_to_array(pca.b).any()
