@@ -1,5 +1,6 @@
-"""The search behaviour of one training step's rollouts as flat ``search/...`` metrics, from each trajectory's
-``extra_fields`` (the loops' stats and the reward's keys) and, where the trainer has them, its length and timings.
+"""The search behaviour of one training step's rollouts as flat ``search/...`` metrics (with their page access as
+``access/...`` ones, :mod:`~verl_search.monitor.access_metrics`), from each trajectory's ``extra_fields`` (the loops'
+stats and the reward's keys) and, where the trainer has them, its length and timings.
 
 Invariant: pure and total: any trajectory may lack any key (a row of another loop, a padding row, a reward without
 our keys) and is then left out of that metric only; an empty step gives an empty dict.
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from verl_search.monitor.access_metrics import access_step_metrics
 from verl_search.monitor.values import as_list, mean, nearest_rank, number, numbers
 from verl_search.tool.search_tool import (
     CALL_LATENCIES,
@@ -37,8 +39,8 @@ def search_step_metrics(
     max_result_chars: int | None = None,
     masked_tokens: Iterable[Any] | None = None,
 ) -> dict[str, float]:
-    """``search/*`` metrics of one step's trajectories (one ``extra_fields`` dict each); the optional columns,
-    aligned with it, are each one's response tokens, loop timings and loss-masked tokens, and verl's
+    """``search/*`` and ``access/*`` metrics of one step's trajectories (one ``extra_fields`` dict each); the optional
+    columns, aligned with it, are each one's response tokens, loop timings and loss-masked tokens, and verl's
     ``max_tool_response_length``: without them the metrics that need them are left out."""
     given = list(extra_fields)
     columns = [[None] * len(given) if c is None else list(c) for c in (response_lens, timings, masked_tokens)]
@@ -83,6 +85,7 @@ def search_step_metrics(
     out.update(_unmasked_results(kept))
     if shares := [s for f, _, t, _ in kept if (s := _wait_share(f, t)) is not None]:
         out["search/wait_share"] = mean(shares)  # trajectories run concurrently: each one's own share, averaged
+    out.update(access_step_metrics(rows, rewards))
     return out
 
 
