@@ -1,5 +1,6 @@
-"""The search behaviour of one training step's rollouts as flat ``search/...`` metrics, from each trajectory's
-``extra_fields`` (the loops' stats and the reward's keys) and, where the trainer has them, its length and timings.
+"""The search behaviour of one training step's rollouts as flat ``search/...`` metrics (with their page access as
+``access/...`` ones, :mod:`~verl_search.monitor.access_metrics`), from each trajectory's ``extra_fields`` (the loops'
+stats and the reward's keys) and, where the trainer has them, its length and timings.
 
 Invariant: pure and total: any trajectory may lack any key (a row of another loop, a padding row, a reward without
 our keys) and is then left out of that metric only; an empty step gives an empty dict.
@@ -7,10 +8,11 @@ our keys) and is then left out of that metric only; an empty step gives an empty
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from verl_search.monitor.access_metrics import access_step_metrics
+from verl_search.monitor.values import as_list, mean, nearest_rank, number, numbers
 from verl_search.tool.search_tool import (
     CALL_LATENCIES,
     FAILED_PREFIX,
@@ -29,27 +31,6 @@ Trajectory = tuple[Mapping[str, Any], Any, Any, Any]
 MANY_SEARCHES = 3
 
 
-def _number(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _values(rows: list[Mapping[str, Any]], key: str) -> list[float]:
-    return [v for r in rows if (v := _number(r.get(key))) is not None]
-
-
-def _nearest_rank(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
-
-
 def search_step_metrics(
     extra_fields: Iterable[Any],
     *,
@@ -58,8 +39,8 @@ def search_step_metrics(
     max_result_chars: int | None = None,
     masked_tokens: Iterable[Any] | None = None,
 ) -> dict[str, float]:
-    """``search/*`` metrics of one step's trajectories (one ``extra_fields`` dict each); the optional columns,
-    aligned with it, are each one's response tokens, loop timings and loss-masked tokens, and verl's
+    """``search/*`` and ``access/*`` metrics of one step's trajectories (one ``extra_fields`` dict each); the optional
+    columns, aligned with it, are each one's response tokens, loop timings and loss-masked tokens, and verl's
     ``max_tool_response_length``: without them the metrics that need them are left out."""
     given = list(extra_fields)
     columns = [[None] * len(given) if c is None else list(c) for c in (response_lens, timings, masked_tokens)]
@@ -71,10 +52,10 @@ def search_step_metrics(
     calls = [
         c
         for row, reward in zip(rows, rewards, strict=True)
-        if (c := _number(row.get("search_calls", reward.get("num_searches")))) is not None
+        if (c := number(row.get("search_calls", reward.get("num_searches")))) is not None
     ]
     if calls:
-        out["search/calls_per_traj/mean"] = _mean(calls)
+        out["search/calls_per_traj/mean"] = mean(calls)
         out["search/calls_per_traj/max"] = max(calls)
         for n in range(MANY_SEARCHES):
             out[f"search/calls_per_traj/share_{n}"] = sum(c == n for c in calls) / len(calls)
@@ -85,25 +66,26 @@ def search_step_metrics(
         ("search/answered_share", rewards, "answered"),
         ("search/gold_in_results_share", rewards, "gold_in_results"),
     ):
-        if values := _values(source, key):
-            out[metric] = _mean([float(v > 0) for v in values])
-    if invalid := _values(rows, "invalid_actions"):
-        out["search/invalid_action_share"] = _mean([float(v > 0) for v in invalid])
-    failures = _values(rows, "search_failures")
+        if values := numbers(source, key):
+            out[metric] = mean([float(v > 0) for v in values])
+    if invalid := numbers(rows, "invalid_actions"):
+        out["search/invalid_action_share"] = mean([float(v > 0) for v in invalid])
+    failures = numbers(rows, "search_failures")
     if failures and calls:
         out["search/failed_share"] = sum(failures) / max(sum(calls), 1.0)
     kinds = sorted({k for r in rows for k in r if isinstance(k, str) and k.startswith(FAILED_PREFIX)})
     for key in kinds:
-        out[f"search/failed/{key.removeprefix(FAILED_PREFIX)}"] = sum(_values(rows, key))
+        out[f"search/failed/{key.removeprefix(FAILED_PREFIX)}"] = sum(numbers(rows, key))
     out.update(_reused(rows))
-    latencies = [v for r in rows for x in _list(r.get(CALL_LATENCIES)) if (v := _number(x)) is not None]
+    latencies = [v for r in rows for x in as_list(r.get(CALL_LATENCIES)) if (v := number(x)) is not None]
     if latencies:
-        out["search/latency_s/p50"] = _nearest_rank(latencies, 50)
-        out["search/latency_s/p99"] = _nearest_rank(latencies, 99)
+        out["search/latency_s/p50"] = nearest_rank(latencies, 50)
+        out["search/latency_s/p99"] = nearest_rank(latencies, 99)
     out.update(_results_cut(kept, max_result_chars))
     out.update(_unmasked_results(kept))
     if shares := [s for f, _, t, _ in kept if (s := _wait_share(f, t)) is not None]:
-        out["search/wait_share"] = _mean(shares)  # trajectories run concurrently: each one's own share, averaged
+        out["search/wait_share"] = mean(shares)  # trajectories run concurrently: each one's own share, averaged
+    out.update(access_step_metrics(rows, rewards))
     return out
 
 
@@ -112,9 +94,9 @@ def _reused(rows: list[Mapping[str, Any]]) -> dict[str, float]:
     counts = [
         (queries, cached, joined)
         for r in rows
-        if (queries := _number(r.get(SEARCH_QUERIES)))
-        and (cached := _number(r.get("search_cached"))) is not None
-        and (joined := _number(r.get(SEARCH_JOINED))) is not None
+        if (queries := number(r.get(SEARCH_QUERIES)))
+        and (cached := number(r.get("search_cached"))) is not None
+        and (joined := number(r.get(SEARCH_JOINED))) is not None
     ]
     if not counts:
         return {}
@@ -125,10 +107,6 @@ def _reused(rows: list[Mapping[str, Any]]) -> dict[str, float]:
     }
 
 
-def _list(value: Any) -> list:
-    return list(value) if isinstance(value, list | tuple) else []
-
-
 def _results_cut(kept: list[Trajectory], max_result_chars: int | None) -> dict[str, float]:
     """Search results that reached the model incomplete: cut to ``max_result_chars`` or dropped whole (placed at or past
     the response's end) by verl's ``tool_agent``, or cut at the response length by ``search_r1_agent``."""
@@ -136,23 +114,23 @@ def _results_cut(kept: list[Trajectory], max_result_chars: int | None) -> dict[s
     tokens_cut = 0.0
     seen = False
     for fields, response_len, _, _ in kept:
-        places, sizes = _list(fields.get(RESULT_AT)), _list(fields.get(RESULT_CHARS))
-        length = _number(response_len)
+        places, sizes = as_list(fields.get(RESULT_AT)), as_list(fields.get(RESULT_CHARS))
+        length = number(response_len)
         if places and length is not None:
             seen = True
             for i, place in enumerate(places):
-                at = _number(place)
-                chars = _number(sizes[i]) if i < len(sizes) else None
+                at = number(place)
+                chars = number(sizes[i]) if i < len(sizes) else None
                 lost = at is not None and at >= length
                 shortened = max_result_chars is not None and chars is not None and chars > max_result_chars
                 results += 1
                 dropped += int(lost)
                 cut += int(lost or shortened)
-        elif (native_cut := _number(fields.get(RESULTS_CUT))) is not None:
+        elif (native_cut := number(fields.get(RESULTS_CUT))) is not None:
             seen = True
-            results += int(_number(fields.get("search_calls")) or 0)
+            results += int(number(fields.get("search_calls")) or 0)
             cut += int(native_cut)
-            tokens_cut += _number(fields.get(RESULT_TOKENS_CUT)) or 0.0
+            tokens_cut += number(fields.get(RESULT_TOKENS_CUT)) or 0.0
     if not seen:
         return {}
     return {
@@ -167,10 +145,10 @@ def _unmasked_results(kept: list[Trajectory]) -> dict[str, float]:
     the model had written them (0 unless a loop's mask is broken)."""
     shown = unmasked = 0
     for fields, response_len, _, masked_count in kept:
-        count, length = _number(masked_count), _number(response_len)
-        if count is None or not (_number(fields.get("search_calls")) or 0) > 0:
+        count, length = number(masked_count), number(response_len)
+        if count is None or not (number(fields.get("search_calls")) or 0) > 0:
             continue
-        places = [_number(p) for p in _list(fields.get(RESULT_AT))]
+        places = [number(p) for p in as_list(fields.get(RESULT_AT))]
         if places and length is not None and all(p is not None and p >= length for p in places):
             continue
         shown += 1
@@ -181,10 +159,10 @@ def _unmasked_results(kept: list[Trajectory]) -> dict[str, float]:
 def _wait_share(fields: Mapping[str, Any], timing: Any) -> float | None:
     """The share of a trajectory's time spent waiting on search: of its wall time where the loop measured it, else of
     its generation plus tool time."""
-    wall = _number(fields.get(ROLLOUT_WALL_S))
+    wall = number(fields.get(ROLLOUT_WALL_S))
     if wall:
-        return min(1.0, (_number(fields.get("search_latency_s")) or 0.0) / wall)
-    if not isinstance(timing, Mapping) or not (generation := _number(timing.get("generate_sequences"))):
+        return min(1.0, (number(fields.get("search_latency_s")) or 0.0) / wall)
+    if not isinstance(timing, Mapping) or not (generation := number(timing.get("generate_sequences"))):
         return None
-    tools = _number(timing.get("tool_calls")) or 0.0  # absent when the trajectory called no tool
+    tools = number(timing.get("tool_calls")) or 0.0  # absent when the trajectory called no tool
     return tools / (tools + generation)

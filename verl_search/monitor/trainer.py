@@ -4,7 +4,8 @@ metrics (:mod:`~verl_search.monitor.step_metrics`) to each step's metrics and wa
 (below); registered through verl's ``register_trainer`` by the plugin's import hook.
 
 Collapse alarms (:class:`AlarmSettings`, under ``+search_monitor.alarms``): the model stops searching or searches every
-turn, stops answering, runs into the length cap, its reward falls from its best moving average, or searches fail.
+turn, stops answering, runs into the length cap, its reward falls from its best moving average, or searches fail; and
+on page access (:mod:`~verl_search.monitor.access_alarms`), it stops opening pages or re-reads the same ones.
 
 Invariants: the trainer behaves as verl's of the same mode (the config names verl's mode again before verl reads it),
 except that the synchronous one polls for finished rollouts every :data:`SYNC_POLL_INTERVAL_S`. The metrics never fail
@@ -24,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from verl_search.monitor.access_alarms import AccessAlarmSettings, AccessWatch
 from verl_search.monitor.step_metrics import search_step_metrics
 
 logger = logging.getLogger(__name__)
@@ -185,6 +187,9 @@ class AlarmSettings(BaseModel):
     stop_after: int = Field(
         default=0, ge=0, description="Stop the run after this many steps in a row in alarm (0: warn only, never stop)."
     )
+    access: AccessAlarmSettings = Field(
+        default_factory=AccessAlarmSettings, description="The alarms on page access (``alarms.access.<field>``)."
+    )
 
     @model_validator(mode="after")
     def _bounds_in_order(self) -> AlarmSettings:
@@ -210,6 +215,7 @@ class CollapseWatcher:
         self._active: set[str] = set()
         self._rewards: deque[float] = deque(maxlen=self.settings.reward_window)
         self._best_reward_avg: float | None = None
+        self._access = AccessWatch(self.settings.access)
         self._steps_seen = 0
         self.alarmed_steps = 0  # consecutive steps with at least one condition
         self.history: list[Alarm] = []
@@ -252,6 +258,7 @@ class CollapseWatcher:
                         f"reward's {s.reward_window}-step average {avg:.3f} is {1 - avg / best:.0%} below its best "
                         f"{best:.3f} (alarm at {s.reward_drop:.0%})"
                     )
+        found.update(self._access.conditions(m))
         return found
 
     def observe(self, step: int, metrics: Mapping[str, float]) -> list[Alarm]:
