@@ -21,6 +21,12 @@ INVALID_ACTION_MESSAGE = (
     "\nMy previous action is invalid. If I want to search, I should put the query between <search> and </search>. "
     "If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n"
 )
+#: the same message when the loop also reads pages (``<access>``, ASearcher's protocol)
+INVALID_ACTION_MESSAGE_WITH_ACCESS = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and </search>. "
+    "If I want to read a page, I should put its url between <access> and </access>. "
+    "If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n"
+)
 #: added before the last turn unless the agent-loop YAML sets ``final_turn_instruction``
 FINAL_TURN_INSTRUCTION = (
     "\nI have used all my searches. I must now give the final answer between <answer> and </answer>.\n"
@@ -28,14 +34,15 @@ FINAL_TURN_INSTRUCTION = (
 #: the trajectory's ``extra_fields`` key (the reward's ``extra_info``) listing the messages the loop added
 LOOP_MESSAGES_KEY = "loop_messages"
 #: what the loop says with no agent-loop YAML: the reward removes these even when ``extra_info`` lists nothing
-DEFAULT_LOOP_MESSAGES = (INVALID_ACTION_MESSAGE, FINAL_TURN_INSTRUCTION)
+DEFAULT_LOOP_MESSAGES = (INVALID_ACTION_MESSAGE, INVALID_ACTION_MESSAGE_WITH_ACCESS, FINAL_TURN_INSTRUCTION)
 #: keyword arguments verl's reward managers add on their own; they carry nothing for this reward
 _FRAMEWORK_KWARGS = frozenset({"reward_router_address", "reward_model_tokenizer"})
 
 _RETRIEVED = re.compile(r"<(information|tool_response)>(.*?)(?:</\1>|\Z)", re.DOTALL)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _SEARCH_BLOCK = re.compile(r"<search>.*?</search>|<tool_call>.*?</tool_call>", re.DOTALL)
-_STRUCTURE_TAG = re.compile(r"<(/?)(think|search|tool_call|answer)>")
+_ACCESS_BLOCK = re.compile(r"<access>.*?</access>", re.DOTALL)  # the native loop's page reads (ASearcher)
+_STRUCTURE_TAG = re.compile(r"<(/?)(think|search|access|tool_call|answer)>")
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 
@@ -209,7 +216,7 @@ def compute_score(
     else:
         score = options.final_format_score if answered else 0.0
     searches = len(_SEARCH_BLOCK.findall(own_text))
-    if not searches:
+    if not searches and not _ACCESS_BLOCK.search(own_text):  # reading a page uses the search engine too
         score = max(score - options.no_search_penalty, 0.0)
     return {
         "score": float(score),

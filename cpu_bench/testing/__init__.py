@@ -2,6 +2,7 @@
 users may use for their own CI from a checkout.
 
 - ``stub_retriever``: a tiny ``/retrieve`` server with fault modes (``python -m cpu_bench.testing.stub_retriever``);
+- ``page_service``: the real retrieval service over a few rows and pages, searched by word overlap (``/access``);
 - ``foreign_retrievers``: stand-ins for other projects' retrieval servers (Search-R1's reference server, SkyRL's);
 - ``scripted_policy`` / ``scripted_rollout``: a scripted stand-in for verl's LLM server manager and a runner of verl's
   real agent loops with it (no language model runs);

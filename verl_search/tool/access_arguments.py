@@ -2,18 +2,20 @@
 
 Invariant: every shape a model can emit either yields a non-empty url of at most MAX_URL_CHARS characters without
 whitespace or lone UTF-16 surrogates and a page >= 1, or raises :class:`InvalidArguments` with a short message naming
-the expected form (and nothing is sent).
+the expected form of the model's protocol (and nothing is sent).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from verl_search.errors import InvalidArguments
+from verl_search.tool.access_forms import TOOL_CALL
 from verl_search.tool.arguments import describe_value, drop_surrogates, preview_value
 
-EXPECTED = 'call access with {"url": "https://...", "page": 1} (page is optional: 1 is the first window)'
+EXPECTED = TOOL_CALL.expected
 #: the longest url accepted (a window's hint repeats it, inside the window's character cap)
 MAX_URL_CHARS = 400
 
@@ -24,32 +26,38 @@ class AccessRequest:
     page: int
 
 
-def parse_access(parameters: Any) -> AccessRequest:
-    """The url (stripped) and 1-based window number of an ``access`` call; a bare string is taken as the url."""
+def parse_access(parameters: Any, expected: str = EXPECTED) -> AccessRequest:
+    """The url (stripped) and 1-based window number of an ``access`` call; a string holding a JSON object is read as
+    that object, any other string as the url; ``expected`` is what the messages tell the model to write."""
+    if isinstance(parameters, str) and parameters.strip().startswith("{"):
+        try:
+            parameters = json.loads(parameters)
+        except json.JSONDecodeError as e:
+            raise InvalidArguments(f"the arguments are not valid JSON ({e.msg}); {expected}") from e
     if isinstance(parameters, str):
         parameters = {"url": parameters}
     if not isinstance(parameters, dict):
-        raise InvalidArguments(f"arguments must be an object, got {describe_value(parameters)}; {EXPECTED}")
+        raise InvalidArguments(f"arguments must be an object, got {describe_value(parameters)}; {expected}")
     if "url" not in parameters:
         keys = ", ".join(sorted(map(str, parameters))) or "none"
-        raise InvalidArguments(f"missing 'url' (got keys: {keys}); {EXPECTED}")
+        raise InvalidArguments(f"missing 'url' (got keys: {keys}); {expected}")
     url = parameters["url"]
     if not isinstance(url, str):
-        raise InvalidArguments(f"'url' must be a string, got {describe_value(url)}; {EXPECTED}")
+        raise InvalidArguments(f"'url' must be a string, got {describe_value(url)}; {expected}")
     url = url.strip()
     if not url:
-        raise InvalidArguments(f"'url' is empty; {EXPECTED}")
+        raise InvalidArguments(f"'url' is empty; {expected}")
     if len(url) > MAX_URL_CHARS:
-        raise InvalidArguments(f"'url' is {len(url)} characters long, more than {MAX_URL_CHARS}; {EXPECTED}")
+        raise InvalidArguments(f"'url' is {len(url)} characters long, more than {MAX_URL_CHARS}; {expected}")
     if drop_surrogates(url)[1] or any(ch.isspace() for ch in url):
-        raise InvalidArguments(f"'url' must be one url without spaces or invalid characters; {EXPECTED}")
+        raise InvalidArguments(f"'url' must be one url without spaces or invalid characters; {expected}")
     page = parameters.get("page", 1)
     if page is None:
         page = 1
     if isinstance(page, bool) or not isinstance(page, int):
         raise InvalidArguments(
-            f"'page' must be a whole number, got {describe_value(page)} ({preview_value(page)}); {EXPECTED}"
+            f"'page' must be a whole number, got {describe_value(page)} ({preview_value(page)}); {expected}"
         )
     if page < 1:
-        raise InvalidArguments(f"'page' must be 1 or more, got {page}; {EXPECTED}")
+        raise InvalidArguments(f"'page' must be 1 or more, got {page}; {expected}")
     return AccessRequest(url=url, page=page)

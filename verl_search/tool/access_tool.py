@@ -17,8 +17,9 @@ from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from verl_search.errors import InvalidArguments, PageNotFound, SearchError
 from verl_search.tool import failures
-from verl_search.tool.access_arguments import EXPECTED, parse_access
+from verl_search.tool.access_arguments import parse_access
 from verl_search.tool.access_client import AccessClient
+from verl_search.tool.access_forms import TOOL_CALL, AccessForm
 from verl_search.tool.access_record import record_access
 from verl_search.tool.config import AccessToolConfig
 from verl_search.tool.quiet_tool import QuietTool
@@ -59,25 +60,25 @@ class AccessOutcome:
         return metrics
 
 
-async def run_access(config: AccessToolConfig, parameters: Any) -> AccessOutcome:
+async def run_access(config: AccessToolConfig, parameters: Any, form: AccessForm = TOOL_CALL) -> AccessOutcome:
     """Open the window of a page that ``parameters`` (``{"url": ..., "page": n}``, or anything the model sent) asks
-    for and return the text for the model."""
+    for and return the text for the model; hints and messages name calls in ``form``, the model's protocol."""
     started = time.perf_counter()  # not loop.time(): under uvloop it moves in whole ms, and only between iterations
     deadline = asyncio.get_running_loop().time() + config.timeout
     asked = 0
     url = None
     try:
-        request = parse_access(parameters)
+        request = parse_access(parameters, form.expected)
         asked, url = 1, request.url
         client = AccessClient.shared(config)
         page, cached, joined = await client.page(request.url, deadline=deadline)
         if page is None:
             raise PageNotFound(f"no page for {request.url}")
-        shown = windows(page, request.url, config.max_result_chars)
+        shown = windows(page, request.url, config.max_result_chars, form)
         if request.page > len(shown):
             raise InvalidArguments(
                 f"page {request.page} is past the end: this url has {len(shown)} window(s), pages 1 to {len(shown)}; "
-                f"{EXPECTED}"
+                f"{form.expected}"
             )
         outcome = AccessOutcome(
             text=shown[request.page - 1],

@@ -1,5 +1,6 @@
 """Fixtures for the agent-loop tests: a real /retrieve server (cpu_bench.testing.stub_retriever on 127.0.0.1), the
-locally trained tokenizer (built once per session), tool/agent-loop YAMLs pointing at the server, and Search-R1 rows."""
+real retrieval service with pages for /access (cpu_bench.testing.page_service), the locally trained tokenizer (built
+once per session), tool/agent-loop YAMLs pointing at the servers, and Search-R1 rows."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cpu_bench.testing.page_service import page_service
 from cpu_bench.testing.stub_retriever import StubServer
 from verl_search.tool.client import RetrievalClient
 
@@ -17,6 +19,18 @@ CORPUS = [
     {"id": "1", "contents": '"Paris"\nParis is the capital and largest city of France.'},
     {"id": "2", "contents": '"Danube"\nThe Danube flows through Vienna, Budapest and Belgrade.'},
 ]
+#: the access world: the search hit for Hamlet gives only its url; the answer is in window 2 of its page
+HAMLET_URL = "https://en.wikipedia.org/wiki/Hamlet"
+ACCESS_CORPUS = [
+    {"id": "0", "contents": '"Hamlet"\nHamlet is a tragedy set in Denmark.', "url": HAMLET_URL},
+    {"id": "1", "contents": '"Paris"\nParis is the capital and largest city of France.'},
+]
+HAMLET_PARAGRAPHS = [
+    f"Paragraph {i} of the Hamlet page. " + " ".join(f"note{i}x{j} on the plot and the staging." for j in range(6))
+    for i in range(1, 9)
+]
+HAMLET_PARAGRAPHS[4] = "The play was written by William Shakespeare around 1600, as the record shows. " * 3
+ACCESS_PAGES = [{"url": HAMLET_URL, "title": "Hamlet", "contents": "\n\n".join(HAMLET_PARAGRAPHS)}]
 QUESTIONS = {
     "who wrote hamlet?": ["William Shakespeare", "Shakespeare"],
     "what is the capital of france?": ["Paris"],
@@ -106,3 +120,28 @@ def oracle():
     from cpu_bench.testing.scripted_policy import OracleReader
 
     return OracleReader(QUESTIONS)
+
+
+@pytest.fixture(scope="session")
+def page_service_server(tmp_path_factory):
+    with page_service(tmp_path_factory.mktemp("pages"), ACCESS_CORPUS, ACCESS_PAGES) as server:
+        yield server
+
+
+@pytest.fixture
+async def pages(page_service_server):
+    """The service with pages; the loop's HTTP sessions (search and access) closed after the test."""
+    yield page_service_server
+    await RetrievalClient.close_all()
+
+
+@pytest.fixture
+def access_tool_yaml(pages, tmp_path) -> Path:
+    """The repo's tool_config/search_access_tool_config.yaml aimed at the service (smallest window, fast failures)."""
+    config = yaml.safe_load((REPO / "tool_config" / "search_access_tool_config.yaml").read_text())
+    search, access = config["tools"]
+    search["config"].update(retrieval_service_url=pages.url, timeout=5.0, max_attempts=1)
+    access["config"].update(retrieval_service_url=pages.url, timeout=5.0, max_attempts=1, max_result_chars=1000)
+    path = tmp_path / "search_access_tool_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path

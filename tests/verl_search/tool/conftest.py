@@ -4,18 +4,16 @@ steerable (held back, or failing) so tests see exactly what reached the server."
 
 from __future__ import annotations
 
-import json
-import re
 import threading
 from types import SimpleNamespace
 
 import pytest
 
+from cpu_bench.testing.page_service import page_service
 from verl_search.tool.client import RetrievalClient
 from verl_search.tool.stats import ACCESS_STATS, STATS
 
 WIKI = "https://en.wikipedia.org/wiki/"
-_WORD = re.compile(r"\w+")
 
 #: the long page: 12 paragraphs of about 250 characters, several windows at the smallest window size (1000)
 PARAGRAPHS = [
@@ -31,30 +29,6 @@ CORPUS = [
     {"id": "1", "contents": '"Paris"\nParis hosts the Louvre.'},
     {"id": "2", "contents": '"Marie Curie"\nMarie Curie was born in Warsaw.'},
 ]
-
-
-class WordOverlap:
-    """A search backend for the real service: the corpus rows sharing the most words with the query."""
-
-    def __init__(self, rows: list[dict]) -> None:
-        self._words = [set(_WORD.findall(row["contents"].lower())) for row in rows]
-
-    def __len__(self) -> int:
-        return len(self._words)
-
-    def describe(self) -> str:
-        return "word overlap"
-
-    def search(self, queries: list[str], k: int):
-        import numpy as np
-
-        scores, ids = [], []
-        for query in queries:
-            q = set(_WORD.findall(query.lower()))
-            ranked = sorted(range(len(self._words)), key=lambda i: (-len(q & self._words[i]), i))[:k]
-            ids.append(ranked)
-            scores.append([float(len(q & self._words[i])) for i in ranked])
-        return np.asarray(scores, dtype=np.float32), np.asarray(ids, dtype=np.int64)
 
 
 class SteerablePages:
@@ -99,26 +73,9 @@ def served():
 @pytest.fixture(scope="session")
 def page_server(tmp_path_factory):
     """The real service, serving CORPUS (search, and pages joined by url) and PAGES (its pages file)."""
-    from cpu_bench.background_server import BackgroundServer
-    from local_dense_retriever.app import create_app
-    from local_dense_retriever.config import ServerConfig
-    from local_dense_retriever.corpus_store import CorpusStore
-    from local_dense_retriever.engine import RetrievalEngine
-    from local_dense_retriever.pages import CorpusPages, PageStore
-
-    folder = tmp_path_factory.mktemp("pages")
-    corpus_path, pages_path = folder / "corpus.jsonl", folder / "pages.jsonl"
-    corpus_path.write_text("".join(json.dumps(row) + "\n" for row in CORPUS))
-    pages_path.write_text("".join(json.dumps(page) + "\n" for page in PAGES))
-    corpus = CorpusStore(corpus_path, progress=False)
-    pages = SteerablePages(PageStore(pages_path, progress=False))
-    engine = RetrievalEngine(
-        WordOverlap(CORPUS), corpus, page_file=pages, corpus_pages=CorpusPages(corpus, progress=False)
-    )
-    with BackgroundServer(create_app(ServerConfig(), engine=engine)) as server:
-        server.pages = pages
+    with page_service(tmp_path_factory.mktemp("pages"), CORPUS, PAGES, SteerablePages) as server:
         yield server
-        pages.gate.set()
+        server.pages.gate.set()
 
 
 @pytest.fixture
