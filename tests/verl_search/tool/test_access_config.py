@@ -60,6 +60,8 @@ def test_the_yaml_documents_every_key_at_its_default_and_search_as_its_own_yaml_
     both = yaml.safe_load(BOTH_YAML.read_text())["tools"]
     assert [t["class_name"] for t in both] == ["verl_search.SearchTool", "verl_search.AccessTool"]
     search_alone = yaml.safe_load(SEARCH_YAML.read_text())["tools"][0]
+    assert both[0]["config"].pop("show_urls") is True  # the one difference: the model sees the urls it can open
+    assert search_alone["config"].pop("show_urls") is False
     assert both[0] == search_alone
     assert AccessToolConfig.from_dict(both[1]["config"]) == AccessToolConfig.from_dict({})
     assert set(both[1]["config"]) == AccessToolConfig.known_keys() - {"default_timeout", "enable_global_rate_limit"}
@@ -89,13 +91,15 @@ async def test_verl_builds_both_tools_from_the_yaml_and_they_answer(pages_server
     tools = {tool.name: tool for tool in initialize_tools_from_config(str(_yaml_for(tmp_path, pages_server.url)))}
     assert set(tools) == {"search", "access"}
     assert isinstance(tools["search"], SearchTool) and isinstance(tools["access"], AccessTool)
-    assert tools["search"].search_config == SearchToolConfig.from_dict({"retrieval_service_url": pages_server.url})
+    shown = SearchToolConfig.from_dict({"retrieval_service_url": pages_server.url, "show_urls": True})
+    assert tools["search"].search_config == shown
     schema = tools["access"].get_openai_tool_schema().model_dump()["function"]["parameters"]
     assert set(schema["properties"]) == {"url", "page"} and schema["required"] == ["url"]
     assert schema["properties"]["page"]["type"] == "integer"
 
     search, _, search_metrics = await tools["search"].execute("t", {"query_list": ["Paris capital"]})
-    assert search_metrics["ok"] and search.text.startswith('Doc 1(Title: "Paris") Paris is the capital')
+    assert search_metrics["ok"] and search.text.startswith('Doc 1(Title: "Paris")(URL: http')
+    assert ") Paris is the capital" in search.text.splitlines()[0]
     page, _, access_metrics = await tools["access"].execute("t", {"url": served.wiki + "Paul_Walker"})
     # the YAML's 6000-character window holds the whole 3,000-character page
     assert access_metrics["ok"] and page.text == "[page 1 of 1] Paul Walker\n" + served.pages[0]["contents"]
