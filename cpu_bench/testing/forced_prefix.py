@@ -4,7 +4,9 @@ A random tiny model never writes a tool call nor a right answer, so GRPO would s
 Named by ``engine_kwargs.hf_cpu.opening_policy`` (``{path: cpu_bench.testing.forced_prefix.ForcedOpenings,
 search_every: 2, answer: Paris, answer_every: 1, record_dir: DIR}``), :class:`ForcedOpenings` serves in place of
 ``CpuRolloutServer``: every k-th first-turn request opens with a real search call on the prompt's question, and every
-k-th request that follows a search result opens with ``<answer> TEXT </answer>``. Exactly those tokens are forced; they
+k-th request that follows a search result opens with ``<answer> TEXT </answer>``; with ``access_every``, every k-th
+request that follows a search result naming a url opens with an ``access`` call of that url instead (and the answer
+follows the page). Exactly those tokens are forced; they
 are scored with the model's real log-probs, and everything after them is the model's own sampling. With
 ``record_dir`` it also appends each server event (start, weight update with the weights' fingerprint, generate call)
 as a JSON line to ``DIR/server-<replica>-<pid>.jsonl``.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,14 @@ from verl_search.errors import CpuRolloutConfigError, validation_text
 
 RESULT_MARKERS = ("</tool_response>", "</information>")
 POLICY_PATH = "cpu_bench.testing.forced_prefix.ForcedOpenings"
+#: the first url a search result names (the search tool's show_urls), and the header of a page the access tool shows
+_URL = re.compile(r"\(URL: (\S+?)\)")
+_PAGE = "[page "
+
+
+def access_opening(url: str) -> str:
+    """A hermes call of the ``access`` tool on ``url``."""
+    return f"<tool_call>\n{json.dumps({'name': 'access', 'arguments': {'url': url}})}\n</tool_call>"
 
 
 def search_opening(prompt_text: str, question: str) -> str:
@@ -60,6 +71,12 @@ class ForcingSettings(BaseModel):
     )
     answer: str | None = Field(None, description="text of a forced '<answer>...</answer>' opening")
     answer_every: int = Field(0, ge=0, description="every k-th request that follows a search result starts with it")
+    access_every: int = Field(
+        0,
+        ge=0,
+        description="every k-th request that follows a search result naming a url starts with an access call of its "
+        "first url (before any answer); 0 = never",
+    )
     record_dir: str | None = Field(None, description="folder where each server appends a JSON line per event")
 
     @classmethod
@@ -80,11 +97,18 @@ class Openings:
         self.settings = settings
         self.first_turns = 0
         self.after_results = 0
+        self.after_urls = 0
 
     def opening_for(self, prompt_text: str) -> str:
         """The text to force at the start of this request's output ("" for none)."""
         after_question = prompt_text.rpartition(QUESTION_MARK)[2]
         if any(marker in after_question for marker in RESULT_MARKERS):
+            latest = after_question.rpartition("<tool_response>")[2]
+            url = _URL.search(latest) if _PAGE not in latest else None
+            if self.settings.access_every and url is not None:
+                self.after_urls += 1
+                if (self.after_urls - 1) % self.settings.access_every == 0:
+                    return access_opening(url.group(1))
             every, text = self.settings.answer_every, self.settings.answer
             self.after_results += 1
             if every and text is not None and (self.after_results - 1) % every == 0:

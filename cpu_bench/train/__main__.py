@@ -8,7 +8,15 @@ import logging
 import sys
 from pathlib import Path
 
-from cpu_bench.train.config import GRPOSettings, SearchSettings, SFTSettings, TrainConfig, demo_config, quick_config
+from cpu_bench.train.config import (
+    GRPOSettings,
+    SearchSettings,
+    SFTSettings,
+    TrainConfig,
+    demo_config,
+    pages_world,
+    quick_config,
+)
 from cpu_bench.train.processes import StageError, exit_on_sigterm
 
 
@@ -21,6 +29,13 @@ def _parser() -> argparse.ArgumentParser:
         "--demo",
         action="store_true",
         help="make demo: make train's warm start (the shipped base model), then 8 GRPO steps, redone each run",
+    )
+    p.add_argument(
+        "--world",
+        choices=["toy", "pages"],
+        default="toy",
+        help="toy (default): search results hold the answers; pages: they name the entity and its url only, and the "
+        "policy (tool_agent, search and access) must open the page that holds the answer",
     )
     p.add_argument("--retriever_url", help="use this retriever instead of starting the embedded default")
     p.add_argument(
@@ -52,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="OPTION=VALUE",
         help="a reward option for GRPO (verl_search.reward.RewardOptions), e.g. no_search_penalty=0.1; repeatable",
     )
+    p.add_argument("--no_baseline", action="store_true", help="skip the answer-only (no-search) baseline")
     p.add_argument("--sft_epochs", type=int, help="SFT epochs")
     p.add_argument("--seed", type=int, help="seed of the question split and data order")
     return p
@@ -84,6 +100,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         config = TrainConfig(out_dir=args.out)
     if not (args.quick or args.demo) and args.retriever_url:
         config = config.model_copy(update={"retriever_url": args.retriever_url})
+    if args.world == "pages":
+        config = pages_world(config)
     if args.search is not None:
         config = config.model_copy(update={"search_backend": args.search})
     if args.web_cache is not None:
@@ -105,6 +123,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if args.no_search_share is not None:
         search = {**config.search.model_dump(), "no_search_share": args.no_search_share}
         config = config.model_copy(update={"search": SearchSettings(**search)})
+    if args.no_baseline:
+        config = config.model_copy(update={"baseline": False})
     if args.seed is not None:
         world = config.world.model_copy(update={"split_seed": args.seed})
         config = config.model_copy(update={"world": world})

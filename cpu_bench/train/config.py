@@ -9,8 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+#: what the retriever holds: the toy world's passages, or (pages) snippets that name each entity and its url but none
+#: of its facts, and a page per url with the passage (``local_dense_retriever.toy.pages_world``)
+WorldKind = Literal["toy", "pages"]
 #: where ``make train`` searches: the toy world's retriever, or its web through the retriever's web backend
 SearchBackend = Literal["dense", "web", "web-replay"]
 
@@ -22,6 +25,11 @@ class _Section(BaseModel):
 class WorldSettings(_Section):
     """The toy world and the question splits (the retriever's embedded default serves the same world)."""
 
+    kind: WorldKind = Field(
+        "toy",
+        description="toy: search results hold the answers; pages: they name the entity and its url only, the page at "
+        "that url holds the answer, the questions are single-hop and the policy calls search and access (tool_agent)",
+    )
     passages: int = Field(2000, ge=50, description="toy corpus size (the retriever's --toy_passages)")
     world_seed: int = Field(0, description="seed of the toy world (the embedded default uses 0)")
     sft_questions: int = Field(1400, ge=2, description="questions for the SFT trajectories")
@@ -159,6 +167,15 @@ class TrainConfig(_Section):
     grpo: GRPOSettings = GRPOSettings()
     baseline: bool = Field(True, description="also train and evaluate the answer-only (no-search) baseline")
 
+    @model_validator(mode="after")
+    def _pages_world_fits(self) -> TrainConfig:
+        if self.world.kind == "pages" and (self.grpo.agent != "tool_agent" or self.search_backend != "dense"):
+            raise ValueError(
+                "world.kind=pages needs grpo.agent=tool_agent (the loop with both tools) and search_backend=dense "
+                f"(got {self.grpo.agent}, {self.search_backend}); pages_world() sets them"
+            )
+        return self
+
     def check_engine(self) -> None:
         """Raise ValueError when the model cannot run on the chosen rollout engine (vLLM's CPU attention takes only
         some head sizes)."""
@@ -193,3 +210,18 @@ def demo_config(out_dir: Path, retriever_url: str | None = None) -> TrainConfig:
     return TrainConfig(
         out_dir=out_dir, retriever_url=retriever_url, grpo=GRPOSettings(steps=8, test_freq=8), baseline=False
     )
+
+
+#: GRPO of the pages world: tool_agent calls both tools; a response holds a search result and a page (~440 tokens
+#: at most), after a prompt with both tools' schemas (~620)
+PAGES_GRPO = {"agent": "tool_agent", "max_response_length": 512}
+PAGES_SFT_MAX_LENGTH = 1280
+
+
+def pages_world(config: TrainConfig) -> TrainConfig:
+    """``config`` in the pages world (``--world pages``): its world kind and the GRPO settings it needs."""
+    grpo = GRPOSettings(**{**config.grpo.model_dump(), **PAGES_GRPO})
+    world = config.world.model_copy(update={"kind": "pages"})
+    sft = SFTSettings(**{**config.sft.model_dump(), "max_length": max(config.sft.max_length, PAGES_SFT_MAX_LENGTH)})
+    parts = {"world": world.model_dump(), "grpo": grpo.model_dump(), "sft": sft.model_dump()}
+    return TrainConfig(**{**config.model_dump(), **parts})

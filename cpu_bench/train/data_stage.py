@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from cpu_bench.train import pages_data
 from cpu_bench.train.config import TrainConfig
 from cpu_bench.train.questions import SplitSizes, split_questions
 from cpu_bench.train.run_settings import settings_of
@@ -31,6 +32,7 @@ from cpu_bench.train.sft_data import (
 )
 from cpu_bench.train.stage import Stage
 from local_dense_retriever.toy.corpus import generate_toy_dataset
+from local_dense_retriever.toy.pages_world import generate_pages_world
 from local_dense_retriever.toy.world import ToyWorld
 from verl_search.atomic import atomic_path
 from verl_search.data.pipeline import PreprocessConfig, run_preprocess
@@ -50,13 +52,14 @@ AGENT_TEMPLATE = {"tool_agent": "tool_call", "search_r1_agent": "search_r1"}
 class DataFiles:
     """What the data stage wrote."""
 
-    tool_yaml: Path
+    tool_yaml: Path  # what SFT trajectories were built with and GRPO uses
     sft: Path
     baseline_sft: Path
     rl: Path
     eval: Path
     corpus: Path
     stats: dict[str, Any]
+    rows_tool_yaml: Path  # the search tool alone: the base model's rows are rendered with its schema, in every world
 
 
 def write_tool_yaml(config: TrainConfig, url: str, path: Path) -> Path:
@@ -79,11 +82,12 @@ def bridge_name(world: ToyWorld, question: dict) -> str | None:
     return world.name[int(support[1])] if len(support) > 1 else None
 
 
-def row_settings(config: TrainConfig, tool_yaml: Path) -> RowSettings:
-    """How SFT rows are rendered: the shipped prompt templates, the tool's schemas, the run's turn limit."""
+def row_settings(config: TrainConfig, tool_yaml: Path, hermes: str = TEMPLATES["hermes"]) -> RowSettings:
+    """How SFT rows are rendered: the shipped prompt templates (``hermes`` names the hermes rows'), the tools'
+    schemas, the run's turn limit."""
     templates = load_templates(shipped_file(PROMPT_YAML))
     return RowSettings(
-        hermes_template=templates.get(TEMPLATES["hermes"])[1],
+        hermes_template=templates.get(hermes)[1],
         native_template=templates.get(TEMPLATES["native"])[1],
         tool_schemas=tool_schemas(tool_yaml),
         max_turns=config.search.max_turns,
@@ -146,44 +150,63 @@ def data_key(config: TrainConfig) -> dict[str, Any]:
 
 def prepare_data(config: TrainConfig, url: str, data_dir: Path) -> DataFiles:
     """Run the data stage (see the module docstring), or reuse its folder when it was built with the same key."""
-    tool_name = "search_tool_config.yaml"
 
     def build(folder: Path) -> dict[str, Any]:
-        return _build_data(config, write_tool_yaml(config, url, folder / tool_name), folder)
+        return _build_data(config, write_tool_yamls(config, url, folder)[0], folder)
 
-    dataset = generate_toy_dataset(
-        Path(config.out_dir) / "toy", num_passages=config.world.passages, seed=config.world.world_seed
-    )
+    w = config.world
+    make = generate_pages_world if w.kind == "pages" else generate_toy_dataset
+    corpus = make(Path(config.out_dir) / w.kind, num_passages=w.passages, seed=w.world_seed).corpus_path
     record = Stage("data", data_dir, data_key(config), build).ensure()
-    tool_yaml = write_tool_yaml(config, url, data_dir / tool_name) if record.reused else data_dir / tool_name
+    tool_yaml, rows_tool_yaml = write_tool_yamls(config, url, data_dir)  # this run's retriever
     files = {name: data_dir / f"{name}.parquet" for name in ("sft", "sft_answer_only")}
     rl, evaluation = data_dir / "rl" / "test.parquet", data_dir / "eval" / "test.parquet"
     stats = record.info
-    return DataFiles(tool_yaml, files["sft"], files["sft_answer_only"], rl, evaluation, dataset.corpus_path, stats)
+    return DataFiles(tool_yaml, files["sft"], files["sft_answer_only"], rl, evaluation, corpus, stats, rows_tool_yaml)
+
+
+def write_tool_yamls(config: TrainConfig, url: str, folder: Path) -> tuple[Path, Path]:
+    """The run's tool YAML and the search-only one the base model's rows are rendered with (the same file but in the
+    pages world, whose YAML adds access)."""
+    search_only = write_tool_yaml(config, url, folder / "search_tool_config.yaml")
+    if config.world.kind != "pages":
+        return search_only, search_only
+    return pages_data.write_tool_yaml(config, url, folder / pages_data.TOOL_YAML), search_only
 
 
 def _build_data(config: TrainConfig, tool_yaml: Path, data_dir: Path) -> dict[str, Any]:
     """Write the stage's files into ``data_dir``; returns the data statistics (also in ``data_stats.json``)."""
     world = ToyWorld(config.world.passages, config.world.world_seed)
     w = config.world
-    splits = split_questions(world, SplitSizes(w.sft_questions, w.rl_questions, w.eval_questions, w.split_seed))
-    agent_template = AGENT_TEMPLATE[config.grpo.agent]
+    sizes = SplitSizes(w.sft_questions, w.rl_questions, w.eval_questions, w.split_seed)
+    pages = w.kind == "pages"
+    splits = pages_data.split_single_hop(world, sizes) if pages else split_questions(world, sizes)
+    agent_template = pages_data.TEMPLATE if pages else AGENT_TEMPLATE[config.grpo.agent]
     preprocess(splits["rl"], agent_template, data_dir / "rl")
     preprocess(splits["eval"], agent_template, data_dir / "eval")
 
-    searched, report, baseline, direct = asyncio.run(_sft_rows(config, world, splits["sft"], tool_yaml))
-    trajectories = searched + direct
-    settings = row_settings(config, tool_yaml)
-    every = round(1 / config.search.hermes_share) if config.search.hermes_share > 0 else 0
-    protocols = [PROTOCOLS[0] if every and i % every == 0 else PROTOCOLS[1] for i in range(len(trajectories))]
-    rows = [sft_row(t, p, settings, hop_source(t.hops)) for t, p in zip(trajectories, protocols, strict=True)]
+    if pages:  # every row in the hermes protocol of tool_agent, with both tools' schemas
+        settings = row_settings(config, tool_yaml, pages_data.TEMPLATE)
+        direct_ids = directly_answered(len(splits["sft"]), config.search.no_search_share, w.split_seed)
+        rows, report, baseline_rows, direct = asyncio.run(
+            pages_data.sft_rows(splits["sft"], direct_ids, tool_yaml, settings)
+        )
+        protocols = ["hermes"] * len(rows)
+    else:
+        searched, report, baseline, answered = asyncio.run(_sft_rows(config, world, splits["sft"], tool_yaml))
+        trajectories = searched + answered
+        settings = row_settings(config, tool_yaml)
+        every = round(1 / config.search.hermes_share) if config.search.hermes_share > 0 else 0
+        protocols = [PROTOCOLS[0] if every and i % every == 0 else PROTOCOLS[1] for i in range(len(trajectories))]
+        rows = [sft_row(t, p, settings, hop_source(t.hops)) for t, p in zip(trajectories, protocols, strict=True)]
+        baseline_rows = [sft_row(t, "native", settings, hop_source(t.hops)) for t in baseline]
+        direct = len(answered)
     write_rows(rows, data_dir / "sft.parquet")
-    baseline_rows = [sft_row(t, "native", settings, hop_source(t.hops)) for t in baseline]
     write_rows(baseline_rows, data_dir / "sft_answer_only.parquet")
     stats = {
         "questions": {name: len(rows) for name, rows in splits.items()},
         "sft_trajectories": report.built,
-        "sft_answered_without_search": len(direct),
+        "sft_answered_without_search": direct,
         "sft_skipped": report.skipped,
         "sft_protocols": {p: protocols.count(p) for p in PROTOCOLS},
     }
@@ -193,7 +216,7 @@ def _build_data(config: TrainConfig, tool_yaml: Path, data_dir: Path) -> dict[st
     logger.info(
         "data: %d SFT, %d RL and %d held-out questions; SFT: %d searched, %d answered from memory, %d skipped "
         "(details: %s)",
-        q.get("sft", 0), q.get("rl", 0), q.get("eval", 0), report.built, len(direct), skipped,
+        q.get("sft", 0), q.get("rl", 0), q.get("eval", 0), report.built, direct, skipped,
         data_dir / "data_stats.json",
     )  # fmt: skip
     return stats

@@ -23,7 +23,7 @@ from cpu_bench.train import base_cache, shipped_base
 from cpu_bench.train.base_model import base_stage, build_base_model, initial_stage
 from cpu_bench.train.config import TrainConfig
 from cpu_bench.train.data_stage import data_key, prepare_data, row_settings
-from cpu_bench.train.processes import retriever
+from cpu_bench.train.processes import retrieval_server, retriever
 from cpu_bench.train.progress import PACE, Progress, base_model_seconds, grpo_seconds, sft_seconds, stage_count
 from cpu_bench.train.run_settings import check_and_record
 from cpu_bench.train.stage import digest
@@ -121,7 +121,7 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
         seconds["retriever_start"] = time.monotonic() - started
         t = time.monotonic()
         data = prepare_data(config, url, out / "data")
-        settings = row_settings(config, data.tool_yaml)
+        settings = row_settings(config, data.rows_tool_yaml)
         restored = base_cache.restore(config, settings, out)  # a base model built by another run folder on this machine
         if restored is None and shipped_base.restore(config, settings, out):  # else the repository's, when it fits
             restored = shipped_base.SHIPPED
@@ -201,6 +201,13 @@ def run_pipeline(config: TrainConfig, redo_grpo: bool = False) -> PipelineResult
 @contextlib.contextmanager
 def _search(config: TrainConfig, out: Path, logs: Path) -> Iterator[str]:
     """The ``/retrieve`` URL every stage searches (``config.search_backend``), for the whole run."""
+    if config.world.kind == "pages" and config.retriever_url is None:
+        from local_dense_retriever.toy.pages_world import generate_pages_world, server_flags
+
+        world = generate_pages_world(out / "pages", config.world.passages, config.world.world_seed)
+        with retrieval_server(server_flags(world), logs / "retriever.log") as base:
+            yield base + "/retrieve"
+        return
     if config.search_backend == "dense":
         with retriever(config.retriever_url, config.world.passages, logs / "retriever.log") as url:
             yield url

@@ -33,7 +33,10 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def settings_of(config: TrainConfig) -> dict[str, Any]:
-    return _flat(config.model_dump(mode="json", exclude=_NOT_SETTINGS))
+    flat = _flat(config.model_dump(mode="json", exclude=_NOT_SETTINGS))
+    if flat["world.kind"] == "toy":  # the default world adds no key: folders built before the option stay reusable
+        del flat["world.kind"]
+    return flat
 
 
 def check_and_record(config: TrainConfig, out: Path, redo_grpo: bool = False) -> None:

@@ -132,7 +132,7 @@ def grpo_knobs(
     config: TrainConfig, model: Path, train: Path, val: Path, tool_yaml: Path, run_dir: Path
 ) -> dict[str, str]:
     """The CPU script's knobs for this run, as the environment variables it reads."""
-    g = config.grpo
+    g, s = config.grpo, config.search
     return {
         "MODEL_PATH": str(model),
         "TRAIN_DATA": str(train),
@@ -151,7 +151,7 @@ def grpo_knobs(
         "MAX_PROMPT_LENGTH": str(g.max_prompt_length),
         "MAX_RESPONSE_LENGTH": str(g.max_response_length),
         # >= the tool's own cap, so verl never cuts a result (the preflight also wants room for topk whole passages)
-        "MAX_TOOL_RESPONSE_LENGTH": str(max(config.search.max_result_chars, config.search.topk * 800)),
+        "MAX_TOOL_RESPONSE_LENGTH": str(max(s.max_result_chars, s.topk * 800, _page_chars(config))),
         "MICRO_BATCH": str(g.batch_size * g.rollout_n),
         "TOTAL_STEPS": str(g.steps),
         "TEST_FREQ": str(g.test_freq),
@@ -159,6 +159,13 @@ def grpo_knobs(
         "RESUME_MODE": "disable",
         "LOGGER": '["console","file"]',
     }
+
+
+def _page_chars(config: TrainConfig) -> int:
+    """The access tool's window in the pages world (0 elsewhere): verl must not cut a page either."""
+    from cpu_bench.train.pages_data import PAGE_WINDOW_CHARS
+
+    return PAGE_WINDOW_CHARS if config.world.kind == "pages" else 0
 
 
 def grpo_overrides(config: TrainConfig, val_only: bool) -> list[str]:

@@ -17,6 +17,9 @@ from verl_search.report import SourceLookup, build_report, gold_retrieved, read_
 from verl_search.reward import gold_answers
 
 _RESULT_BLOCK = re.compile(r"<information>|<tool_response>")
+#: what the access tool returns: a window of a page (``[page 1 of 3] Title``) or its labelled failure
+_ACCESS_REPLY = re.compile(r"<tool_response>\s*\[(?:page \d+ of \d+\]|access (?:failed|error))")
+_PAGE_WINDOW = re.compile(r"<tool_response>\s*\[page \d+ of \d+\] ([^\n]*)")
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class StageResult:
     answer_rate: float
     failed_searches: int
     gold_retrieved: float = 0.0
+    pages_per_question: float = 0.0  # distinct pages the access tool showed (the pages world)
 
 
 def stage_result(stage: str, what: str, val_dir: Path, val_data: Path, step: int | None = None) -> StageResult:
@@ -44,7 +48,10 @@ def stage_result(stage: str, what: str, val_dir: Path, val_data: Path, step: int
     n = sum(d["n"] for d in data.values())
     # searches the loop executed (result blocks it inserted); the reward's num_searches also counts the tags quoted
     # in the loop's corrective message for an invalid turn
-    executed = sum(len(_RESULT_BLOCK.findall(str(r["output"]))) for r in rows) / len(rows)
+    outputs = [str(r["output"]) for r in rows]
+    results = sum(len(_RESULT_BLOCK.findall(o)) for o in outputs)
+    executed = (results - sum(len(_ACCESS_REPLY.findall(o)) for o in outputs)) / len(rows)
+    pages = sum(len(set(_PAGE_WINDOW.findall(o))) for o in outputs) / len(rows)
 
     def weighted(key: str) -> float:
         return sum(d[key] * d["n"] for d in data.values()) / n
@@ -64,6 +71,7 @@ def stage_result(stage: str, what: str, val_dir: Path, val_data: Path, step: int
         answer_rate=weighted("answer_rate"),
         failed_searches=int(sum(d["failed_searches"] for d in data.values())),
         gold_retrieved=weighted("gold_retrieved_rate"),
+        pages_per_question=pages,
     )
 
 
@@ -79,13 +87,16 @@ def em_stderr(r: StageResult) -> float:
 def render_table(results: list[StageResult], gain: Gain | None = None) -> str:
     """A GitHub-markdown table (also readable as plain text), with the EM's standard error, and GRPO's gain below."""
     columns = ["stage", "model", "EM", "± s.e.", "EM 1-hop", "EM 2-hop", "searches/q", "gold in results"]
-    header = "| " + " | ".join([*columns, "failed searches", "n"]) + " |"
-    lines = [header, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    pages = any(r.pages_per_question for r in results)  # a column only where a page was opened
+    columns += ["failed searches", *(["pages opened/q"] if pages else []), "n"]
+    header = "| " + " | ".join(columns) + " |"
+    lines = [header, "|---|---|" + "---:|" * (len(columns) - 2)]
     for r in results:
+        opened = f"{r.pages_per_question:.2f} | " if pages else ""
         lines.append(
             f"| {r.stage} | {r.what} | {_fmt(r.em)} | {em_stderr(r):.3f} | {_fmt(r.em_single_hop)} | "
             f"{_fmt(r.em_two_hop)} | {r.searches_per_question:.2f} | {r.gold_retrieved:.2f} | {r.failed_searches} | "
-            f"{r.n} |"
+            f"{opened}{r.n} |"
         )
     if gain is not None:
         lines += ["", gain.describe()]

@@ -52,11 +52,17 @@ def search_config(raw: dict[str, Any], where: str) -> Any:
         raise PreflightError(f"{where}: {e}") from e
 
 
+#: the tool that names a retriever but is not a search tool (its config is AccessToolConfig, checked by verl)
+ACCESS_CLASS = "AccessTool"
+
+
 def search_tool_configs(ctx: LaunchContext) -> list[Any]:
-    """The validated :class:`SearchToolConfig` of every tool entry that configures a retriever."""
+    """The validated :class:`SearchToolConfig` of every tool entry that configures a retriever to search (the access
+    tool of a two-tool YAML reads pages from it instead)."""
     where = ctx.rollout.multi_turn.tool_config_path
-    entries = [dict(entry.get("config") or {}) for entry in tool_entries(ctx)]
-    return [search_config(raw, where) for raw in entries if "retrieval_service_url" in raw]
+    entries = [e for e in tool_entries(ctx) if str(e.get("class_name", "")).rpartition(".")[2] != ACCESS_CLASS]
+    configs = [dict(entry.get("config") or {}) for entry in entries]
+    return [search_config(raw, where) for raw in configs if "retrieval_service_url" in raw]
 
 
 def retriever_urls(ctx: LaunchContext) -> list[str]:
